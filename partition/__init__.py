@@ -1,0 +1,4 @@
+"""Vertex partitioning for vertex-owned memory, its on-disk format and cost model.
+
+Installed as ``sven.partition``; always import it under that name.
+"""

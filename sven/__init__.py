@@ -1,0 +1,24 @@
+"""Sven: exact, fast, distributed training of memory-based temporal GNNs.
+
+The public API is small: :class:`sven.Trainer` for training and evaluation,
+``sven.datasets`` for the event store, ``sven.partition`` for vertex
+partitioning and ``sven.pipeline`` for batching and sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Trainer", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Import the trainer lazily: `sven --version` and `sven data ...` must not pay
+    # for importing the model stack.
+    if name == "Trainer":
+        from sven.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'sven' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Hot-path kernels: a PyTorch reference (CPU path, test oracle) and Triton kernels on GPU."""
