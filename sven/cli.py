@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Builds the top-level parser with every available subcommand."""
     parser = argparse.ArgumentParser(
         prog="sven",
-        description="Train memory-based temporal GNNs on event streams, from a laptop to a cluster.",
+        description="Train memory-based temporal GNNs on event streams, laptop to cluster.",
     )
     parser.add_argument("--version", action="version", version=f"sven {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

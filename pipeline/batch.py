@@ -1,0 +1,159 @@
+"""The batch: one dataclass carried through the per-rank pipeline stages.
+
+Roots are laid out as ``[src (B), dst (B), neg[:, 0] (B), ..., neg[:, n-1] (B)]``; every
+per-root tensor follows that order. ``nodes`` holds each node the batch reads exactly
+once (the redundancy-free set) and ``root_pos``/``nbr_pos`` index into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sven.pipeline.sampler import NeighborBlock, TemporalSampler
+
+
+@dataclass
+class Batch:
+    """A batch of B positive events with negatives, neighbours and the unique node set.
+
+    Attributes:
+        index: (B,) int64 global event indices.
+        src: (B,) int64 source nodes.
+        dst: (B,) int64 destination nodes.
+        t: (B,) float64 event times.
+        neg: (B, n) int64 negative destinations.
+        edge_feat: (B, d_e) features of the events, or None.
+        nodes: (U,) int64 unique nodes whose state the batch reads.
+        root_pos: (R,) int64 position in ``nodes`` of each root, R = B * (2 + n).
+        root_t: (R,) float64 time of each root.
+        block: Sampled neighbours of the first ``block_roots`` roots, or None.
+        nbr_pos: (block_roots, K) position in ``nodes`` of each neighbour (0 where
+            masked), or None when neighbour state is not read.
+        nbr_edge_feat: (block_roots, K, d_e) features of the neighbour events, or None.
+        node_feat: (U, d_n) static features of ``nodes``, or None.
+    """
+
+    index: torch.Tensor
+    src: torch.Tensor
+    dst: torch.Tensor
+    t: torch.Tensor
+    neg: torch.Tensor
+    edge_feat: torch.Tensor | None
+    nodes: torch.Tensor
+    root_pos: torch.Tensor
+    root_t: torch.Tensor
+    block: NeighborBlock | None = None
+    nbr_pos: torch.Tensor | None = None
+    nbr_edge_feat: torch.Tensor | None = None
+    node_feat: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        """B, the number of positive events."""
+        return self.src.shape[0]
+
+    @property
+    def num_neg(self) -> int:
+        """n, negatives per positive."""
+        return self.neg.shape[1]
+
+    @property
+    def roots(self) -> torch.Tensor:
+        """(R,) root node ids."""
+        return self.nodes[self.root_pos]
+
+
+def make_batch(
+    index: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    t: torch.Tensor,
+    neg: torch.Tensor,
+    *,
+    edge_feat_table: torch.Tensor | None = None,
+    node_feat_table: torch.Tensor | None = None,
+    sampler: TemporalSampler | None = None,
+    sample_roots: str = "all",
+    read_neighbors: bool = True,
+    generator: torch.Generator | None = None,
+) -> Batch:
+    """Builds a :class:`Batch`: samples neighbours and de-duplicates the nodes to read.
+
+    Args:
+        index: (B,) int64 global event indices.
+        src: (B,) int64.
+        dst: (B,) int64.
+        t: (B,) event times (any dtype; stored as float64).
+        neg: (B, n) int64 negatives.
+        edge_feat_table: (E, d_e) features of all events, or None.
+        node_feat_table: (N, d_n) features of all nodes, or None.
+        sampler: Temporal sampler, or None for models that read no neighbours.
+        sample_roots: "all" roots or only the "positive" ones (src and dst).
+        read_neighbors: Whether neighbours join ``nodes`` (their state is read).
+        generator: RNG for uniform sampling.
+
+    Returns:
+        The batch.
+    """
+    b = src.shape[0]
+    t64 = t.to(torch.float64)
+    roots = torch.cat([src, dst, neg.t().reshape(-1)])
+    root_t = t64.repeat(2 + neg.shape[1])
+    block = None
+    nbr_pos = None
+    nbr_edge_feat = None
+    if sampler is not None:
+        n_sample = roots.shape[0] if sample_roots == "all" else 2 * b
+        block = sampler.sample(
+            roots[:n_sample], root_t[:n_sample].to(sampler.tcsr.ts.dtype), generator
+        )[0]
+    if block is not None and read_neighbors:
+        valid_nbr = block.nbr[block.mask]
+        nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)
+        root_pos = inverse[: roots.shape[0]]
+        nbr_pos = torch.zeros_like(block.nbr)
+        nbr_pos[block.mask] = inverse[roots.shape[0] :]
+    else:
+        nodes, root_pos = torch.unique(roots, return_inverse=True)
+    if block is not None and edge_feat_table is not None:
+        nbr_edge_feat = edge_feat_table[block.eid] * block.mask[..., None].to(edge_feat_table.dtype)
+    return Batch(
+        index=index,
+        src=src,
+        dst=dst,
+        t=t64,
+        neg=neg,
+        edge_feat=None if edge_feat_table is None else edge_feat_table[index],
+        nodes=nodes,
+        root_pos=root_pos,
+        root_t=root_t,
+        block=block,
+        nbr_pos=nbr_pos,
+        nbr_edge_feat=nbr_edge_feat,
+        node_feat=None if node_feat_table is None else node_feat_table[nodes],
+    )
+
+
+def last_occurrence(nodes: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each distinct node, the position of its occurrence with the largest key.
+
+    Used for write-back: a node's memory and mail come from its last event in the batch
+    (largest global event index, ties broken by the finer key).
+
+    Args:
+        nodes: (P,) int64 node ids, with repeats.
+        key: (P,) int64 distinct ordering keys.
+
+    Returns:
+        uniq (W,) sorted distinct nodes, and pos (W,) positions into ``nodes``.
+    """
+    order = torch.argsort(key)
+    order = order[torch.argsort(nodes[order], stable=True)]
+    sorted_nodes = nodes[order]
+    is_last = torch.ones_like(sorted_nodes, dtype=torch.bool)
+    is_last[:-1] = sorted_nodes[1:] != sorted_nodes[:-1]
+    return sorted_nodes[is_last], order[is_last]

@@ -1,0 +1,90 @@
+"""PyTorch reference implementations of Sven's hot paths.
+
+These functions are the specification: the CPU path runs them directly, and the Triton
+kernels are tested against them (forward and backward). Keep them simple and exact.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def temporal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Multi-head attention of one query per root over its K sampled neighbours.
+
+    Args:
+        q: (R, H, D) queries, one per root.
+        k: (R, K, H, D) keys of the root's neighbours.
+        v: (R, K, H, D) values of the root's neighbours.
+        mask: (R, K) bool, True where the neighbour slot is valid.
+
+    Returns:
+        (R, H * D) attention output; rows with no valid neighbour are zero (not NaN),
+        so roots without history contribute only through the skip connection.
+    """
+    r, h, d = q.shape
+    scores = torch.einsum("rhd,rkhd->rhk", q, k) / (d**0.5)
+    scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+    has_any = mask.any(dim=1)
+    # A fully masked row would be softmax over -inf only (NaN); give it finite scores
+    # and zero its output below instead.
+    scores = torch.where(has_any[:, None, None], scores, torch.zeros_like(scores))
+    attn = torch.softmax(scores, dim=-1)
+    out = torch.einsum("rhk,rkhd->rhd", attn, v)
+    out = out * has_any[:, None, None].to(out.dtype)
+    return out.reshape(r, h * d)
+
+
+def gru_cell(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+) -> torch.Tensor:
+    """GRU cell, same equations and weight layout as ``torch.nn.GRUCell``.
+
+    Args:
+        x: (U, I) inputs.
+        h: (U, Hd) previous hidden state.
+        w_ih: (3 Hd, I) input weights (reset, update, new gates).
+        w_hh: (3 Hd, Hd) hidden weights.
+        b_ih: (3 Hd,) or None.
+        b_hh: (3 Hd,) or None.
+
+    Returns:
+        (U, Hd) the new hidden state.
+    """
+    gi = F.linear(x, w_ih, b_ih)
+    gh = F.linear(h, w_hh, b_hh)
+    i_r, i_z, i_n = gi.chunk(3, dim=1)
+    h_r, h_z, h_n = gh.chunk(3, dim=1)
+    r = torch.sigmoid(i_r + h_r)
+    z = torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+def rnn_cell(
+    x: torch.Tensor,
+    h: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+) -> torch.Tensor:
+    """Elman RNN cell with tanh, as ``torch.nn.RNNCell``.
+
+    Args:
+        x: (U, I) inputs.
+        h: (U, Hd) previous hidden state.
+        w_ih: (Hd, I), w_hh: (Hd, Hd), b_ih, b_hh: (Hd,) or None.
+
+    Returns:
+        (U, Hd) the new hidden state.
+    """
+    return torch.tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh))

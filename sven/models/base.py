@@ -1,0 +1,285 @@
+"""The shared skeleton of memory-based temporal GNNs.
+
+A model maps (batch, memory rows of the batch's unique nodes) to link scores and a
+:class:`~sven.models.memory.MemoryUpdate`. The step order is the one of TGN/TGL:
+
+1. apply pending mail to memory (the updater; gradients flow through it),
+2. embed each root from the current memory (model specific),
+3. score positive and negative pairs with the decoder,
+4. build the write-back: current memory and a new mail for every node of a positive
+   event, from its last event in the batch.
+
+Models never call collectives and never keep state between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sven.models.memory import MemoryRows, MemoryUpdate, RecurrentUpdater
+from sven.pipeline.batch import Batch, last_occurrence
+
+
+@dataclass
+class ModelOutput:
+    """What a forward pass returns.
+
+    Attributes:
+        pos: (B,) logits of the positive events.
+        neg: (B, n) logits of the negatives.
+        update: The memory write-back of the batch.
+    """
+
+    pos: torch.Tensor
+    neg: torch.Tensor
+    update: MemoryUpdate
+
+
+class LinkDecoder(nn.Module):
+    """MLP link scorer: relu(W_s h_src + W_d h_dst) -> logit (TGN's link predictor).
+
+    Args:
+        dim: Embedding width.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin_src = nn.Linear(dim, dim)
+        self.lin_dst = nn.Linear(dim, dim)
+        self.lin_out = nn.Linear(dim, 1)
+
+    def forward(self, h_src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        """Scores (..., d) pairs into (...,) logits."""
+        return self.lin_out(torch.relu(self.lin_src(h_src) + self.lin_dst(h_dst))).squeeze(-1)
+
+
+class MemoryModel(nn.Module):
+    """Base class: memory updater, decoder and write-back; subclasses define ``embed``.
+
+    Args:
+        num_nodes: N (used only for shape checks by subclasses).
+        memory_dim: d_mem.
+        time_dim: Width of time encodings.
+        embed_dim: Width of root embeddings given to the decoder.
+        edge_dim: d_e (0 without edge features).
+        node_dim: d_n (0 without node features).
+        cell: "gru" or "rnn" memory cell.
+        message: "identity" (raw mail to the cell) or "mlp" (a 2-layer MLP first).
+    """
+
+    #: Which roots get sampled neighbours: "all", "positive" or "none".
+    sample_roots: str = "none"
+    #: Whether the sampled neighbours' memory is read.
+    read_neighbors: bool = False
+    #: Mailbox slots M.
+    mailbox_size: int = 1
+
+    def __init__(
+        self,
+        *,
+        memory_dim: int,
+        time_dim: int,
+        embed_dim: int,
+        edge_dim: int = 0,
+        node_dim: int = 0,
+        cell: str = "gru",
+        message: str = "identity",
+    ) -> None:
+        super().__init__()
+        self.memory_dim = memory_dim
+        self.time_dim = time_dim
+        self.embed_dim = embed_dim
+        self.edge_dim = edge_dim
+        self.node_dim = node_dim
+        self.mail_dim = 2 * memory_dim + edge_dim
+        if message == "identity":
+            self.message: nn.Module = nn.Identity()
+            msg_dim = self.mail_dim
+        elif message == "mlp":
+            msg_dim = memory_dim
+            self.message = nn.Sequential(
+                nn.Linear(self.mail_dim, msg_dim), nn.ReLU(), nn.Linear(msg_dim, msg_dim)
+            )
+        else:
+            raise ValueError(f"unknown message function {message!r} (expected identity or mlp)")
+        self.updater = RecurrentUpdater(cell, msg_dim, time_dim, memory_dim)
+        self.node_proj = nn.Linear(node_dim, memory_dim) if node_dim > 0 else None
+        self.decoder = LinkDecoder(embed_dim)
+
+    # -- step 1 -----------------------------------------------------------------
+    def current_memory(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Applies pending mail; returns memory (U, d_mem) and last_update (U,)."""
+        msg = self.message(rows.mail[:, 0])
+        return self.updater(rows, msg)
+
+    def node_state(self, batch: Batch, memory: torch.Tensor) -> torch.Tensor:
+        """Memory plus projected static node features, (U, d_mem)."""
+        if self.node_proj is not None and batch.node_feat is not None:
+            return memory + self.node_proj(batch.node_feat.to(memory.dtype))
+        return memory
+
+    # -- step 2 -----------------------------------------------------------------
+    def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
+        """Embeds every root; returns (R, embed_dim). Subclasses implement."""
+        raise NotImplementedError
+
+    # -- step 4 -----------------------------------------------------------------
+    def event_mail(self, batch: Batch, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw mails of the positive events from each side.
+
+        Returns:
+            (B, d_mail) mails for the source side and (B, d_mail) for the destination side:
+            [own memory, other memory, edge features] (TGN's identity message).
+        """
+        b = batch.size
+        m_src = memory[batch.root_pos[:b]]
+        m_dst = memory[batch.root_pos[b : 2 * b]]
+        parts_s = [m_src, m_dst]
+        parts_d = [m_dst, m_src]
+        if self.edge_dim > 0 and batch.edge_feat is not None:
+            e = batch.edge_feat.to(memory.dtype)
+            parts_s.append(e)
+            parts_d.append(e)
+        return torch.cat(parts_s, dim=1), torch.cat(parts_d, dim=1)
+
+    def mail_receivers(
+        self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Who receives which mail: by default the two endpoints of each event.
+
+        Returns:
+            receivers (P,), mails (P, d_mail), times (P,) float64, keys (P,) int64.
+        """
+        recv = torch.cat([batch.src, batch.dst])
+        mails = torch.cat([mail_src, mail_dst])
+        ts = torch.cat([batch.t, batch.t])
+        # Key: later events win; within an event the destination side wins (a self-loop
+        # keeps its destination-side mail). Multiples of 4 leave room for neighbour
+        # delivery (APAN).
+        keys = torch.cat([batch.index * 4, batch.index * 4 + 1])
+        return recv, mails, ts, keys
+
+    def write_back(
+        self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor
+    ) -> MemoryUpdate:
+        """Builds the memory update of the batch (all detached)."""
+        b = batch.size
+        memory = memory.detach()
+        pos_nodes = torch.cat([batch.src, batch.dst])
+        pos_keys = torch.cat([batch.index * 4, batch.index * 4 + 1])
+        nodes, p = last_occurrence(pos_nodes, pos_keys)
+        rp = batch.root_pos[: 2 * b][p]
+        mail_src, mail_dst = self.event_mail(batch, memory)
+        recv, mails, ts, keys = self.mail_receivers(batch, mail_src, mail_dst)
+        mail_nodes, q = last_occurrence(recv, keys)
+        return MemoryUpdate(
+            nodes=nodes,
+            memory=memory[rp],
+            last_update=last_update.detach()[rp],
+            key=pos_keys[p],
+            mail_nodes=mail_nodes,
+            mail=mails[q].detach(),
+            mail_ts=ts[q],
+            mail_key=keys[q],
+        )
+
+    def forward(self, batch: Batch, rows: MemoryRows) -> ModelOutput:
+        """One step: scores of the batch and its memory update.
+
+        Args:
+            batch: The batch (roots, neighbours, unique nodes).
+            rows: Memory state of ``batch.nodes`` at the end of the previous batch.
+
+        Returns:
+            Logits and the write-back.
+        """
+        memory, last_update = self.current_memory(batch, rows)
+        h = self.embed(batch, memory, last_update)
+        b, n = batch.size, batch.num_neg
+        h_src, h_dst = h[:b], h[b : 2 * b]
+        h_neg = h[2 * b :].view(n, b, -1).transpose(0, 1)
+        pos = self.decoder(h_src, h_dst)
+        neg = self.decoder(h_src[:, None, :].expand(-1, n, -1), h_neg)
+        return ModelOutput(pos=pos, neg=neg, update=self.write_back(batch, memory, last_update))
+
+
+class TemporalAttentionLayer(nn.Module):
+    """One layer of temporal graph attention over sampled neighbours (TGAT/TGN).
+
+    Query: [h_root, time_enc(0)]; keys/values: [h_nbr, edge features, time_enc(t - t_nbr)].
+    Output: LayerNorm(ReLU(W_o [attention, h_root])). Attention runs in
+    :func:`sven.kernels.temporal_attention`.
+
+    Args:
+        in_dim: Width of node states h.
+        edge_dim: d_e.
+        time_dim: Time encoding width.
+        out_dim: Output width.
+        num_heads: Attention heads.
+        dropout: Dropout on the output.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        edge_dim: int,
+        time_dim: int,
+        out_dim: int,
+        num_heads: int,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        from sven.models.memory import TimeEncoding
+
+        if out_dim % num_heads:
+            raise ValueError(f"embedding dim {out_dim} not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.time_enc = TimeEncoding(time_dim)
+        self.w_q = nn.Linear(in_dim + time_dim, out_dim)
+        self.w_kv = nn.Linear(in_dim + edge_dim + time_dim, 2 * out_dim)
+        self.w_out = nn.Linear(out_dim + in_dim, out_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(out_dim)
+        self.edge_dim = edge_dim
+
+    def forward(
+        self,
+        h_root: torch.Tensor,
+        h_nbr: torch.Tensor,
+        dt: torch.Tensor,
+        mask: torch.Tensor,
+        edge_feat: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attends from each root to its neighbours.
+
+        Args:
+            h_root: (R, in_dim) root states.
+            h_nbr: (R, K, in_dim) neighbour states.
+            dt: (R, K) time since each neighbour event.
+            mask: (R, K) bool validity.
+            edge_feat: (R, K, d_e) neighbour event features, or None.
+
+        Returns:
+            (R, out_dim) embeddings.
+        """
+        from sven import kernels
+
+        r, k = mask.shape
+        dtype = h_root.dtype
+        zero = self.time_enc(torch.zeros(r, device=h_root.device, dtype=dtype)).to(dtype)
+        q = self.w_q(torch.cat([h_root, zero], dim=1))
+        parts = [h_nbr]
+        if self.edge_dim > 0:
+            parts.append(edge_feat.to(dtype))
+        parts.append(self.time_enc(dt.to(dtype)).to(dtype))
+        kv = self.w_kv(torch.cat(parts, dim=2))
+        key, val = kv.chunk(2, dim=2)
+        h = self.num_heads
+        out = kernels.temporal_attention(
+            q.view(r, h, -1), key.reshape(r, k, h, -1), val.reshape(r, k, h, -1), mask
+        )
+        out = self.w_out(torch.cat([out, h_root], dim=1))
+        return self.norm(self.dropout(torch.relu(out)))

@@ -1,0 +1,227 @@
+"""Node memory: explicit state with a lifecycle, and the updaters that advance it.
+
+The state lives in :class:`MemoryState` as plain tensors. A training step reads the rows
+of the nodes it touches (:meth:`MemoryState.gather`), the model computes from those rows
+and returns a :class:`MemoryUpdate`, and the trainer commits it after the optimizer step
+(:meth:`MemoryState.commit`). Nothing is stored on the model during forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sven import kernels
+
+
+@dataclass
+class MemoryRows:
+    """The memory state of U nodes, as read at the start of a batch.
+
+    Attributes:
+        memory: (U, d_mem) memory vectors.
+        last_update: (U,) float64 time of the last mail applied to the memory.
+        mail: (U, M, d_mail) mailbox, newest mail in slot 0.
+        mail_ts: (U, M) float64 time of each mail.
+        mail_valid: (U, M) bool, True where a mail slot holds a mail.
+    """
+
+    memory: torch.Tensor
+    last_update: torch.Tensor
+    mail: torch.Tensor
+    mail_ts: torch.Tensor
+    mail_valid: torch.Tensor
+
+
+@dataclass
+class MemoryUpdate:
+    """What a batch writes back: new memory for some nodes, new mail for others.
+
+    Attributes:
+        nodes: (W,) node ids whose memory is written.
+        memory: (W, d_mem) their new memory (detached).
+        last_update: (W,) float64 their new last-update times.
+        mail_nodes: (W2,) node ids that receive a mail (unique).
+        mail: (W2, d_mail) the mail each receives (detached).
+        mail_ts: (W2,) float64 time of that mail.
+        mail_key: (W2,) int64 ordering key of the event that produced each mail
+            (global event index based); the owner keeps the largest when several
+            writers send mail for one node.
+        key: (W,) int64 ordering key of the event that produced each memory row.
+    """
+
+    nodes: torch.Tensor
+    memory: torch.Tensor
+    last_update: torch.Tensor
+    key: torch.Tensor
+    mail_nodes: torch.Tensor
+    mail: torch.Tensor
+    mail_ts: torch.Tensor
+    mail_key: torch.Tensor
+
+
+class MemoryState:
+    """Memory, last-update time and mailbox of N nodes.
+
+    Args:
+        num_nodes: N.
+        memory_dim: d_mem.
+        mail_dim: d_mail.
+        mailbox_size: M (1 for TGN/JODIE/DyRep, more for APAN).
+        device: Where the state lives.
+        dtype: Floating dtype of memory and mail (float32, or float64 for exactness tests).
+    """
+
+    def __init__(
+        self,
+        num_nodes: int,
+        memory_dim: int,
+        mail_dim: int,
+        mailbox_size: int = 1,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.num_nodes = num_nodes
+        self.memory_dim = memory_dim
+        self.mail_dim = mail_dim
+        self.mailbox_size = mailbox_size
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.memory = torch.zeros(num_nodes, memory_dim, device=self.device, dtype=dtype)
+        self.last_update = torch.zeros(num_nodes, device=self.device, dtype=torch.float64)
+        self.mail = torch.zeros(num_nodes, mailbox_size, mail_dim, device=self.device, dtype=dtype)
+        self.mail_ts = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.float64)
+        self.mail_valid = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.bool)
+
+    _FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
+
+    def reset(self) -> None:
+        """Zeroes the whole state (start of an epoch)."""
+        for name in self._FIELDS:
+            getattr(self, name).zero_()
+
+    def detach(self) -> None:
+        """Cuts any autograd history (the state is stored detached; kept for API symmetry)."""
+        for name in self._FIELDS:
+            setattr(self, name, getattr(self, name).detach())
+
+    def gather(self, nodes: torch.Tensor) -> MemoryRows:
+        """Reads the rows of ``nodes`` (U,) as a :class:`MemoryRows`."""
+        return MemoryRows(*(getattr(self, name)[nodes] for name in self._FIELDS))
+
+    def commit(self, update: MemoryUpdate) -> None:
+        """Writes a batch's update: memory rows, then one new mail per mail node.
+
+        With M > 1 the mailbox is a queue: the new mail enters slot 0 and the oldest
+        falls out of slot M-1.
+        """
+        self.memory[update.nodes] = update.memory.detach().to(self.dtype)
+        self.last_update[update.nodes] = update.last_update
+        n = update.mail_nodes
+        if n.numel() == 0:
+            return
+        if self.mailbox_size > 1:
+            self.mail[n] = torch.roll(self.mail[n], 1, dims=1)
+            self.mail_ts[n] = torch.roll(self.mail_ts[n], 1, dims=1)
+            self.mail_valid[n] = torch.roll(self.mail_valid[n], 1, dims=1)
+        self.mail[n, 0] = update.mail.detach().to(self.dtype)
+        self.mail_ts[n, 0] = update.mail_ts
+        self.mail_valid[n, 0] = True
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """All state tensors (for checkpoints)."""
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restores :meth:`state_dict` output, checking shapes."""
+        for name in self._FIELDS:
+            cur = getattr(self, name)
+            new = state[name]
+            if new.shape != cur.shape:
+                raise ValueError(
+                    f"memory state {name}: shape {tuple(new.shape)} != {tuple(cur.shape)}"
+                )
+            cur.copy_(new.to(cur.device))
+
+
+class TimeEncoding(nn.Module):
+    """cos(dt * w + b), with w initialised to 1 / 10^linspace(0, 9, d).
+
+    The geometric frequencies follow TGAT/DyGLib; they are trainable by default.
+
+    Args:
+        dim: Output dimension d.
+        trainable: Whether w and b receive gradients.
+    """
+
+    def __init__(self, dim: int, trainable: bool = True) -> None:
+        super().__init__()
+        self.dim = dim
+        w = 1.0 / 10 ** torch.linspace(0, 9, dim, dtype=torch.float64)
+        self.weight = nn.Parameter(w.float(), requires_grad=trainable)
+        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=trainable)
+
+    def forward(self, dt: torch.Tensor) -> torch.Tensor:
+        """Encodes time differences.
+
+        Args:
+            dt: (...,) time differences (any float dtype; computed in the parameter dtype).
+
+        Returns:
+            (..., d) encodings.
+        """
+        dt = dt.to(self.weight.dtype)
+        return torch.cos(dt[..., None] * self.weight + self.bias)
+
+
+class RecurrentUpdater(nn.Module):
+    """Applies pending mail to memory with a GRU or RNN cell.
+
+    Input to the cell is [mail, time_enc(mail_ts - last_update)] (TGN/TGL); nodes without
+    a valid mail keep their memory. Hot path through :mod:`sven.kernels`.
+
+    Args:
+        cell: "gru" or "rnn".
+        mail_dim: d_mail.
+        time_dim: Time encoding width.
+        memory_dim: d_mem.
+    """
+
+    def __init__(self, cell: str, mail_dim: int, time_dim: int, memory_dim: int) -> None:
+        super().__init__()
+        if cell not in ("gru", "rnn"):
+            raise ValueError(f"unknown memory cell {cell!r} (expected 'gru' or 'rnn')")
+        self.cell_type = cell
+        cls = nn.GRUCell if cell == "gru" else nn.RNNCell
+        self.cell = cls(mail_dim + time_dim, memory_dim)
+        self.time_enc = TimeEncoding(time_dim)
+
+    def step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One cell step on (U, I) inputs and (U, d_mem) state."""
+        c = self.cell
+        fn = kernels.gru_cell if self.cell_type == "gru" else kernels.rnn_cell
+        return fn(x, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh)
+
+    def forward(
+        self, rows: MemoryRows, message: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Computes current memory from stored memory and pending mail.
+
+        Args:
+            rows: State of U nodes; slot 0 of the mailbox is the pending mail.
+            message: Optional (U, d_mail) aggregated message replacing slot 0 (APAN).
+
+        Returns:
+            memory (U, d_mem) with gradient, and last_update (U,) float64 after the update.
+        """
+        has_mail = rows.mail_valid[:, 0]
+        mail = rows.mail[:, 0] if message is None else message
+        mail_ts = rows.mail_ts[:, 0]
+        dt = (mail_ts - rows.last_update).to(rows.memory.dtype)
+        x = torch.cat([mail, self.time_enc(dt).to(mail.dtype)], dim=1)
+        new = self.step(x, rows.memory)
+        memory = torch.where(has_mail[:, None], new, rows.memory)
+        last_update = torch.where(has_mail, mail_ts, rows.last_update)
+        return memory, last_update

@@ -1,0 +1,42 @@
+"""TGN: Rossi et al., "Temporal Graph Networks for Deep Learning on Dynamic Graphs",
+ICML 2020 GRL workshop (arXiv:2006.10637).
+
+GRU memory, identity message, last-mail aggregation, and one layer of temporal graph
+attention over the K most recent neighbours as the embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sven.models.base import MemoryModel, TemporalAttentionLayer
+from sven.pipeline.batch import Batch
+
+
+class TGN(MemoryModel):
+    """TGN with a one-layer temporal attention embedding.
+
+    Args:
+        num_heads: Attention heads (2 in the paper).
+        dropout: Dropout in the attention layer.
+        **kwargs: See :class:`~sven.models.base.MemoryModel`.
+    """
+
+    sample_roots = "all"
+    read_neighbors = True
+
+    def __init__(self, *, num_heads: int = 2, dropout: float = 0.1, **kwargs) -> None:
+        kwargs.setdefault("cell", "gru")
+        super().__init__(**kwargs)
+        self.attn = TemporalAttentionLayer(
+            self.memory_dim, self.edge_dim, self.time_dim, self.embed_dim, num_heads, dropout
+        )
+
+    def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
+        """Attention of every root over its sampled neighbours; (R, embed_dim)."""
+        z = self.node_state(batch, memory)
+        block = batch.block
+        mask = block.mask
+        h_nbr = z[batch.nbr_pos] * mask[..., None].to(z.dtype)
+        dt = (batch.root_t[:, None] - block.ts.to(torch.float64)).masked_fill(~mask, 0.0)
+        return self.attn(z[batch.root_pos], h_nbr, dt, mask, batch.nbr_edge_feat)

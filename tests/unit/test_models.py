@@ -1,0 +1,166 @@
+"""Models, memory and write-back on tiny hand-built graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sven import kernels
+from sven.models import MODELS, MemoryState, build_model
+from sven.pipeline.batch import last_occurrence, make_batch
+from sven.pipeline.sampler import TCSR, TemporalSampler
+
+# 6 events on 5 nodes; node 4 never appears in an event.
+SRC = torch.tensor([0, 1, 0, 2, 1, 3])
+DST = torch.tensor([1, 2, 2, 3, 0, 0])
+T = torch.tensor([1.0, 2.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+N = 5
+
+
+def _model(name: str, edge_dim: int = 0, dtype: torch.dtype = torch.float64):
+    kw = dict(memory_dim=4, time_dim=3, embed_dim=4, edge_dim=edge_dim)
+    if name in ("tgn", "apan"):
+        kw.update(num_heads=2, dropout=0.0)
+    if name == "apan":
+        kw["mailbox_size"] = 3
+    return build_model(name, **kw).to(dtype)
+
+
+def _batch(model, lo: int, hi: int, neg: torch.Tensor, edge_feat=None):
+    sampler = None
+    if model.sample_roots != "none":
+        sampler = TemporalSampler(TCSR.from_events(SRC, DST, T, N), [2], "recent")
+    idx = torch.arange(lo, hi)
+    return make_batch(
+        idx,
+        SRC[lo:hi],
+        DST[lo:hi],
+        T[lo:hi],
+        neg,
+        edge_feat_table=edge_feat,
+        sampler=sampler,
+        sample_roots=model.sample_roots,
+        read_neighbors=model.read_neighbors,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("edge_dim", [0, 2])
+def test_forward_shapes(name: str, edge_dim: int) -> None:
+    torch.manual_seed(0)
+    model = _model(name, edge_dim)
+    mem = MemoryState(N, 4, model.mail_dim, model.mailbox_size, dtype=torch.float64)
+    ef = torch.randn(6, edge_dim, dtype=torch.float64) if edge_dim else None
+    for lo, hi in [(0, 3), (3, 6)]:
+        neg = torch.tensor([[4, 3], [4, 2], [1, 4]])[: hi - lo]
+        batch = _batch(model, lo, hi, neg, ef)
+        out = model(batch, mem.gather(batch.nodes))
+        assert out.pos.shape == (3,)
+        assert out.neg.shape == (3, 2)
+        assert torch.isfinite(out.pos).all() and torch.isfinite(out.neg).all()
+        mem.commit(out.update)
+    assert mem.mail_valid[:, 0].tolist() == [True, True, True, True, False]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_gradcheck_float64(name: str) -> None:
+    """Backward through updater, embedding and decoder, w.r.t. the memory read."""
+    torch.manual_seed(1)
+    model = _model(name)
+    mem = MemoryState(N, 4, model.mail_dim, model.mailbox_size, dtype=torch.float64)
+    # Give every node a mail and a memory so every path is active.
+    mem.memory.normal_()
+    mem.mail.normal_()
+    mem.mail_valid.fill_(True)
+    mem.mail_ts.fill_(0.5)
+    batch = _batch(model, 3, 6, torch.tensor([[4], [2], [1]]))
+    rows = mem.gather(batch.nodes)
+
+    def f(memory: torch.Tensor, mail: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows.memory, rows.mail = memory, mail
+        out = model(batch, rows)
+        return out.pos, out.neg
+
+    m = rows.memory.clone().requires_grad_(True)
+    ml = rows.mail.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(f, (m, ml), eps=1e-6, atol=1e-5)
+    # Parameters get gradients too.
+    out = model(batch, mem.gather(batch.nodes))
+    (out.pos.sum() - out.neg.sum()).backward()
+    assert model.updater.cell.weight_ih.grad is not None
+    assert model.decoder.lin_out.weight.grad.abs().sum() > 0
+
+
+def test_write_back_keeps_last_event_and_negatives_write_nothing() -> None:
+    model = _model("jodie")
+    mem = MemoryState(N, 4, model.mail_dim, 1, dtype=torch.float64)
+    # Events 0..3: node 0 at events 0 (src) and 2 (src); node 2 at 1 (dst), 2 (dst), 3 (src).
+    batch = _batch(model, 0, 4, torch.tensor([[4], [4], [4], [4]]))
+    out = model(batch, mem.gather(batch.nodes))
+    up = out.update
+    assert up.nodes.tolist() == [0, 1, 2, 3]  # node 4 (only a negative) writes nothing
+    assert up.mail_nodes.tolist() == [0, 1, 2, 3]
+    # Keys are 4 * event index + side (0 src, 1 dst): the last event of each node.
+    assert up.mail_key.tolist() == [4 * 2 + 0, 4 * 1 + 0, 4 * 3 + 0, 4 * 3 + 1]
+    assert up.mail_ts.tolist() == [2.0, 2.0, 3.0, 3.0]
+    # Memory is all zero and no node had mail, so mails are [0, 0] (no edge features).
+    assert torch.equal(up.mail, torch.zeros(4, model.mail_dim, dtype=torch.float64))
+    mem.commit(up)
+    assert mem.mail_valid[:, 0].tolist() == [True, True, True, True, False]
+    assert mem.mail_ts[:, 0].tolist() == [2.0, 2.0, 3.0, 3.0, 0.0]
+
+
+def test_write_back_mail_content_uses_current_memory() -> None:
+    model = _model("tgn")
+    mem = MemoryState(N, 4, model.mail_dim, 1, dtype=torch.float64)
+    mem.memory = torch.arange(N * 4, dtype=torch.float64).view(N, 4)
+    batch = _batch(model, 5, 6, torch.tensor([[4]]))  # event 5: 3 -> 0 at t=5
+    out = model(batch, mem.gather(batch.nodes))
+    up = out.update
+    assert up.mail_nodes.tolist() == [0, 3]
+    # No pending mail: current memory == stored memory; mail = [own, other].
+    assert torch.equal(up.mail[0], torch.cat([mem.memory[0], mem.memory[3]]))
+    assert torch.equal(up.mail[1], torch.cat([mem.memory[3], mem.memory[0]]))
+    assert torch.equal(up.memory, mem.memory[[0, 3]])
+
+
+def test_apan_delivers_mail_to_neighbours_and_queues() -> None:
+    model = _model("apan")
+    mem = MemoryState(N, 4, model.mail_dim, 3, dtype=torch.float64)
+    # Event 4 (1 -> 0, t=4): neighbours strictly before t=4 of 1 are {2 (t=2), 0 (t=1)},
+    # of 0 are {2 (t=2), 1 (t=1)}; both endpoints receive their own side's mail.
+    batch = _batch(model, 4, 5, torch.tensor([[4]]))
+    out = model(batch, mem.gather(batch.nodes))
+    assert out.update.mail_nodes.tolist() == [0, 1, 2]
+    assert out.update.nodes.tolist() == [0, 1]
+    mem.commit(out.update)
+    mem.commit(out.update)
+    assert mem.mail_valid[:3].tolist() == [[True, True, False]] * 3
+
+
+def test_last_occurrence() -> None:
+    nodes = torch.tensor([5, 3, 5, 1, 3, 5])
+    key = torch.tensor([0, 1, 9, 3, 2, 4])
+    uniq, pos = last_occurrence(nodes, key)
+    assert uniq.tolist() == [1, 3, 5]
+    assert pos.tolist() == [3, 4, 2]
+
+
+def test_reference_cells_match_torch() -> None:
+    torch.manual_seed(0)
+    x, h = torch.randn(7, 5, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    for cls, fn in [(torch.nn.GRUCell, kernels.gru_cell), (torch.nn.RNNCell, kernels.rnn_cell)]:
+        c = cls(5, 3).double()
+        assert torch.allclose(
+            fn(x, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh), c(x, h), atol=1e-14
+        )
+
+
+def test_attention_masked_rows_are_zero() -> None:
+    q = torch.randn(3, 2, 4)
+    k = torch.randn(3, 5, 2, 4)
+    mask = torch.tensor([[True] * 5, [False] * 5, [True, False, False, False, False]])
+    out = kernels.temporal_attention(q, k, k, mask)
+    assert torch.equal(out[1], torch.zeros(8))
+    # One valid neighbour: attention is all on it.
+    assert torch.allclose(out[2], k[2, 0].reshape(-1))
