@@ -149,7 +149,7 @@ def _build(cls: type, d: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in d.items():
         if key not in names:
-            raise ConfigError(f"unknown config key {prefix}{key!r}; known: {sorted(names)}")
+            raise ConfigError(f"unknown config key {prefix + key!r}; known: {sorted(names)}")
         typ = hints[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, f"{prefix}{key}.")
@@ -172,6 +172,12 @@ def _coerce(value: Any, typ: Any, name: str) -> Any:
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e-3" (no dot) as a string.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{name}: expected a number, got {value!r}")
     if typ is str:
         return "" if value is None else str(value)

@@ -1,0 +1,90 @@
+"""Config parsing, metrics against sklearn, and checkpoint atomicity/fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from sven.checkpoint import Checkpointer
+from sven.config import load_config
+from sven.errors import ConfigError
+from sven.metrics import average_precision, mrr, roc_auc
+
+
+def test_overrides_and_presets(tmp_path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text("model:\n  name: jodie\ntrain:\n  batch_size: 300\n")
+    cfg = load_config(preset, ["train.epochs=3", "train.lr=1e-3", "out=x", "model.sampling=uniform"])
+    assert cfg.model.name == "jodie"
+    assert cfg.train.batch_size == 300
+    assert cfg.train.epochs == 3
+    assert cfg.train.lr == pytest.approx(1e-3)
+    assert cfg.out == "x"
+    assert cfg.model.sampling == "uniform"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.nope=1", "unknown config key 'train.nope'"),
+        ("model.name=gat", "unknown model 'gat'"),
+        ("train.batch_size=0", "train.batch_size must be positive"),
+        ("train.batch_size=abc", "train.batch_size: expected an integer"),
+        ("train.resume=maybe", "train.resume: expected true/false"),
+        ("epochs", "not of the form key=value"),
+    ],
+)
+def test_bad_overrides(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_presets_in_repo_load() -> None:
+    from pathlib import Path
+
+    for name in ("tgn", "jodie", "apan", "dyrep"):
+        cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
+        assert cfg.model.name == name
+        assert (cfg.model.memory_dim, cfg.model.time_dim, cfg.model.embed_dim) == (100, 100, 100)
+        assert cfg.train.batch_size == 200 and cfg.train.lr == pytest.approx(1e-4)
+
+
+def test_metrics_match_sklearn_with_ties() -> None:
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        n = int(rng.integers(2, 300))
+        s = rng.integers(0, 6, n).astype(float) if i % 2 else rng.random(n)
+        y = rng.integers(0, 2, n)
+        if y.min() == y.max():
+            continue
+        assert average_precision(torch.tensor(s), torch.tensor(y)) == pytest.approx(
+            average_precision_score(y, s), abs=1e-12
+        )
+        assert roc_auc(torch.tensor(s), torch.tensor(y)) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+
+
+def test_mrr_exact() -> None:
+    pos = torch.tensor([3.0, 1.0])
+    neg = torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 5.0]])
+    # ranks: 1, and 1 + 2 (above) + 0.5 (tie) = 3.5
+    assert mrr(pos, neg) == pytest.approx((1 + 1 / 3.5) / 2)
+
+
+def test_checkpoints_atomic_keep_k_and_fallback(tmp_path) -> None:
+    ck = Checkpointer(tmp_path, keep_latest_k=2)
+    for step in (1, 2, 3):
+        ck.save(step, {"x": torch.tensor([step])})
+    assert ck.steps() == [2, 3]
+    assert ck.latest() == 3
+    # Corrupt the newest: it is skipped with a warning in favour of the previous one.
+    (ck.path(3) / "state.pt").write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="corrupt or incomplete"):
+        assert ck.latest() == 2
+    assert ck.load(2)["x"].item() == 2
+    # A partial folder without meta.json is skipped too.
+    (ck.path(4)).mkdir()
+    with pytest.warns(UserWarning):
+        assert ck.latest() == 2
+    assert not any(p.name.startswith(".tmp") for p in ck.root.iterdir())
