@@ -1,0 +1,841 @@
+"""Synthetic temporal interaction streams, realistic enough to train and benchmark on.
+
+The generator is the built-in default data of ``sven train`` and the source of the
+ingest benchmark, so it has to be (1) shaped like real interaction data, so that a
+memory model has something to remember, (2) a pure function of its parameters, and
+(3) streaming: 10^8 events in memory that depends on the node count only.
+
+The model, per event (see ``docs/synthetic.md`` for the full description):
+
+- **Source.** With probability ``p_reply`` the event answers a recent event (u -> v
+  becomes v -> u; not on bipartite graphs). With probability ``p_excite`` the source
+  is an endpoint of a recent event (self-excitation: active nodes stay active for a
+  while, as in a Hawkes process). Otherwise the source is drawn from a Zipf law over
+  activity ranks, so a few nodes carry most of the events.
+- **Partner.** With probability ``p_repeat`` the source re-contacts one of its last
+  ``history`` partners, biased towards the most recent. Otherwise it picks a new
+  partner: with probability ``p_intra`` inside its own community, else anywhere, by a
+  Zipf law over popularity ranks (correlated with activity on non-bipartite graphs).
+- **Time.** Inter-event gaps are a mixture of short exponential gaps (inside a burst)
+  and Pareto gaps (between bursts), so the gaps have a coefficient of variation well
+  above 1, as real streams do.
+- **Node arrival.** Ids are compact 0..N-1 in order of arrival: at stream position
+  ``f`` in [0, 1] the first ``initial_active + (1 - initial_active) * f`` share of each
+  side's ids may take part, so later splits contain unseen (inductive) nodes.
+- **Edge features** (optional): a community centroid of the destination plus a
+  per-pair vector (a hash of the pair, so a repeated pair carries a similar feature)
+  plus noise.
+
+Vectorization and its one approximation: events are produced in fixed blocks of
+``block_size`` events. Inside a block every event is drawn in parallel from the state
+at the start of the block (per-node ring buffers of the last ``history`` partners, and
+the previous block as the pool of "recent events"); the state is updated once at the
+end of the block with numpy scatters. An event therefore cannot repeat, reply to or be
+excited by an event of its own block. With the default 4096-event blocks that is a lag
+of at most a few thousand events, far below the time between a typical node's events.
+
+Determinism: every block draws its randomness from its own stream, keyed by
+``(seed, block index)``, in fixed amounts. The output therefore depends on the
+parameters (including ``block_size``) and never on ``chunk_size``, which only decides
+how the stream is cut into arrays. Two runs with the same parameters produce the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sven.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sven.datasets.store import TemporalEvents
+
+#: Bumped whenever the generated stream changes for the same parameters, so that cached
+#: default datasets from an older generator are not reused.
+GENERATOR_VERSION = 1
+
+#: Size of the built-in default dataset (``sven data synth`` with no arguments, and the
+#: default data of ``sven train``).
+DEFAULT_EVENTS = 100_000
+DEFAULT_NODES = 2_000
+DEFAULT_SEED = 0
+#: Events per array handed to the store; it bounds the generator's transient memory.
+DEFAULT_CHUNK_SIZE = 1 << 20
+
+# Rejection rounds when a Zipf draw lands on a node that has not arrived yet; after
+# them a uniform arrived node is used. With initial_active >= 0.5 fewer than 1 in 8
+# draws fall through.
+_ROUNDS = 3
+# Rows of the per-block uniform matrix (fixed, so each block consumes a fixed amount of
+# randomness whatever the data looks like).
+_U_MECH, _U_RECENT, _U_SIDE, _U_REPEAT, _U_AGE, _U_INTRA, _U_GAP, _U_FB_SRC, _U_FB_DST = range(9)
+_U_SRC = 9  # _ROUNDS rows: Zipf draws of fresh sources
+_U_COMM = _U_SRC + _ROUNDS  # _ROUNDS rows: Zipf draws inside the community
+_U_GLOB = _U_COMM + _ROUNDS  # _ROUNDS rows: Zipf draws over all destinations
+_U_LOOP = _U_GLOB + _ROUNDS  # self-loop repair
+_NUM_U = _U_LOOP + 1
+# SeedSequence spawn keys: one stream for the fixed structure, one per block.
+_STREAM_SETUP, _STREAM_BLOCK = 0, 1
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SynthParams:
+    """Every knob of the generator; the stream is a pure function of these values."""
+
+    events: int = DEFAULT_EVENTS
+    """Number of events E."""
+    nodes: int = DEFAULT_NODES
+    """Number of nodes N; ids are 0..N-1 (bipartite: sources first, then items)."""
+    seed: int = DEFAULT_SEED
+    """Seed of every random stream."""
+    edge_feat_dim: int = 0
+    """Edge feature dimension d_e; 0 writes no edge features."""
+    bipartite: bool = False
+    """Sources (users) and destinations (items) are disjoint sets, as in JODIE data."""
+    src_fraction: float = 0.8
+    """Bipartite only: share of the nodes that are sources (ids 0..num_src_nodes-1)."""
+    communities: int = 0
+    """Number of communities; 0 picks max(1, N // 100)."""
+    activity_exponent: float = 1.0
+    """Zipf exponent of source activity (higher: more concentrated on a few nodes)."""
+    popularity_exponent: float = 0.5
+    """Zipf exponent of destination popularity."""
+    community_exponent: float = 0.5
+    """Zipf exponent of community sizes (0: equal sizes in expectation)."""
+    p_reply: float = 0.2
+    """Probability that an event replies to a recent event (ignored if bipartite)."""
+    p_excite: float = 0.2
+    """Probability that the source is an endpoint of a recent event."""
+    p_repeat: float = 0.65
+    """Probability of re-contacting one of the source's last ``history`` partners."""
+    p_intra: float = 0.85
+    """Probability that a new partner comes from the source's community."""
+    history: int = 8
+    """Partners remembered per node (ring buffer length H)."""
+    initial_active: float = 0.5
+    """Share of each side's nodes present from the start; the rest arrive over time."""
+    burst_prob: float = 0.9
+    """Share of inter-event gaps drawn inside a burst (short exponential gaps)."""
+    burst_gap: float = 1.0
+    """Mean gap inside a burst, in time units."""
+    pause_gap: float = 30.0
+    """Scale of the Pareto gap between bursts, in time units."""
+    pause_shape: float = 2.0
+    """Pareto shape of the gaps between bursts (< 2: infinite variance)."""
+    block_size: int = 0
+    """Events drawn in parallel from one state snapshot (see the module docstring);
+    0 picks N // 4 within [256, 4096], so a typical node rarely occurs twice in a block."""
+
+    def __post_init__(self) -> None:
+        if self.events < 1:
+            raise ConfigError(f"synth: events must be >= 1, got {self.events}")
+        if self.nodes < 2:
+            raise ConfigError(f"synth: nodes must be >= 2, got {self.nodes}")
+        if self.seed < 0:
+            raise ConfigError(f"synth: seed must be >= 0, got {self.seed}")
+        if self.edge_feat_dim < 0:
+            raise ConfigError(f"synth: edge_feat_dim must be >= 0, got {self.edge_feat_dim}")
+        if self.communities < 0:
+            raise ConfigError(f"synth: communities must be >= 0, got {self.communities}")
+        if self.history < 1 or self.block_size < 0:
+            raise ConfigError("synth: history must be >= 1 and block_size >= 0")
+        for name in ("p_reply", "p_excite", "p_repeat", "p_intra", "burst_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"synth: {name} must be in [0, 1], got {value}")
+        if self.p_reply + self.p_excite > 1.0:
+            raise ConfigError("synth: p_reply + p_excite must be <= 1")
+        if not 0.0 < self.initial_active <= 1.0:
+            raise ConfigError(f"synth: initial_active must be in (0, 1], got {self.initial_active}")
+        if self.bipartite:
+            if not 0.0 < self.src_fraction < 1.0:
+                raise ConfigError(f"synth: src_fraction must be in (0, 1), got {self.src_fraction}")
+            if self.num_src_nodes < 1 or self.num_src_nodes >= self.nodes:
+                raise ConfigError("synth: bipartite needs at least one source and one item")
+        if self.burst_gap <= 0 or self.pause_gap <= 0 or self.pause_shape <= 0:
+            raise ConfigError("synth: burst_gap, pause_gap and pause_shape must be > 0")
+        for name in ("activity_exponent", "popularity_exponent", "community_exponent"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"synth: {name} must be >= 0")
+
+    @property
+    def num_src_nodes(self) -> int:
+        """Bipartite: sources are ids 0..num_src_nodes-1; otherwise N."""
+        if not self.bipartite:
+            return self.nodes
+        return round(self.nodes * self.src_fraction)
+
+    @property
+    def block(self) -> int:
+        """The block size actually used."""
+        return self.block_size or min(4096, max(256, self.nodes // 4))
+
+    @property
+    def num_communities(self) -> int:
+        """The community count actually used."""
+        return self.communities or max(1, self.nodes // 100)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as JSON-ready values, with the generator version."""
+        return {"generator_version": GENERATOR_VERSION, **dataclasses.asdict(self)}
+
+    def key(self) -> str:
+        """A short stable digest of the parameters, for cache directory names."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _block_rng(seed: int, stream: int, index: int = 0) -> np.random.Generator:
+    # An independent stream per (seed, stream, index): blocks never share state, so
+    # the output cannot depend on how the caller slices the stream.
+    return np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(stream, index)))
+    )
+
+
+def _zipf_positions(u: np.ndarray, size: np.ndarray | int, exponent: float) -> np.ndarray:
+    """Maps uniforms to Zipf-like ranks by inverting a continuous power law.
+
+    The density is proportional to x^-exponent on [1, size + 1), so rank r gets
+    probability about (r + 1.5)^-exponent: a discretised Zipf law in O(1) per draw
+    (a cumulative-weight binary search costs over 1 us per draw at 10^7 nodes).
+
+    Args:
+        u: uniforms in [0, 1), any shape.
+        size: number of ranks, scalar or broadcastable to ``u``; must be >= 1.
+        exponent: the Zipf exponent (0 is uniform).
+
+    Returns:
+        int64 ranks in [0, size), shape of ``u``.
+    """
+    top = np.asarray(size, dtype=np.float64) + 1.0
+    a = 1.0 - exponent
+    if abs(a) < 1e-9:
+        x = np.power(top, u)
+    else:
+        x = np.power(1.0 + u * (np.power(top, a) - 1.0), 1.0 / a)
+    return np.minimum(x.astype(np.int64) - 1, np.asarray(size, dtype=np.int64) - 1)
+
+
+def _rejection(
+    u: np.ndarray, draw: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rejection sampling in rounds, each round only over the draws still missing.
+
+    The result equals taking, per event, the first of its R candidates that is valid;
+    later rounds just skip the work for events already served.
+
+    Args:
+        u: (R, m) uniforms, one row per round.
+        draw: maps (uniforms (k,), positions (k,) in 0..m-1) to (candidates (k,),
+            valid (k,) bool).
+
+    Returns:
+        (m,) int64 candidates (undefined where not found) and (m,) bool found.
+    """
+    m = u.shape[1]
+    out = np.zeros(m, dtype=np.int64)
+    found = np.zeros(m, dtype=bool)
+    todo = np.arange(m)
+    for r in range(u.shape[0]):
+        if not len(todo):
+            break
+        cand, ok = draw(u[r, todo], todo)
+        out[todo[ok]] = cand[ok]
+        found[todo[ok]] = True
+        todo = todo[~ok]
+    return out, found
+
+
+def _pair_features(
+    src: np.ndarray, dst: np.ndarray, num_nodes: int, seed: int, dim: int
+) -> np.ndarray:
+    """A pseudo-random vector per (src, dst) pair: same pair, same vector, no table.
+
+    Each coordinate is a splitmix64 hash of (pair, coordinate, seed), turned into an
+    approximately standard normal value as the sum of its four 16-bit quarters
+    (Irwin-Hall), which costs one hash per value.
+
+    Returns:
+        (n, dim) float32.
+    """
+    key = src.astype(np.uint64) * np.uint64(num_nodes) + dst.astype(np.uint64)
+    salt = np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF)
+    x = (
+        key[:, None] * np.uint64(0xD1B54A32D192ED03)
+        + np.arange(dim, dtype=np.uint64)[None, :]
+        + salt
+    )
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    m = np.uint64(0xFFFF)
+    total = (x & m) + ((x >> np.uint64(16)) & m) + ((x >> np.uint64(32)) & m) + (x >> np.uint64(48))
+    # Four U(0, 1) have mean 2 and variance 1/3.
+    return ((total.astype(np.float64) / 65536.0 - 2.0) * np.sqrt(3.0)).astype(np.float32)
+
+
+class SynthStream:
+    """The generator's state: per-node ring buffers plus the fixed random structure.
+
+    Memory is O(N * history) (the ring buffers, int32) plus O(N) for the structure and
+    O(block_size) for the previous block; it does not grow with the number of events.
+
+    Args:
+        params: the generator parameters.
+    """
+
+    def __init__(self, params: SynthParams) -> None:
+        self.params = p = params
+        self.id_dtype = np.int32 if p.nodes < 2**31 else np.int64
+        n_src = p.num_src_nodes
+        # Source and destination pools: ids [src_lo, src_lo + src_n) and
+        # [dst_lo, dst_lo + dst_n). Non-bipartite: both are all nodes.
+        self.src_lo, self.src_n = 0, n_src
+        self.dst_lo, self.dst_n = (n_src, p.nodes - n_src) if p.bipartite else (0, p.nodes)
+        c = p.num_communities
+        rng = _block_rng(p.seed, _STREAM_SETUP)
+        # rank -> pool index; the activity rank is independent of arrival order, so
+        # late arrivals can become hubs.
+        self.src_by_rank = rng.permutation(self.src_n).astype(self.id_dtype)
+        if p.bipartite:
+            self.dst_by_rank = rng.permutation(self.dst_n).astype(self.id_dtype)
+        else:
+            # Active senders are also popular receivers, as in messaging data.
+            self.dst_by_rank = self.src_by_rank
+        dst_rank = np.empty(self.dst_n, dtype=np.int64)
+        dst_rank[self.dst_by_rank] = np.arange(self.dst_n)
+        # Community of every node (global id), with Zipf-sized communities.
+        weights = (np.arange(c) + 1.0) ** -p.community_exponent
+        cdf = np.cumsum(weights / weights.sum())
+        cdf[-1] = 1.0
+        self.community = np.searchsorted(cdf, rng.random(p.nodes), side="right").astype(np.int32)
+        # Destinations grouped by community, most popular first inside each one, so a
+        # Zipf rank inside a community is an offset into its segment.
+        dst_comm = self.community[self.dst_lo : self.dst_lo + self.dst_n]
+        order = np.lexsort((dst_rank, dst_comm))
+        self.seg_nodes = order.astype(self.id_dtype)  # pool indices
+        counts = np.bincount(dst_comm, minlength=c)
+        self.seg_size = counts.astype(np.int64)
+        self.seg_start = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        self.centroids = (
+            rng.standard_normal((c, p.edge_feat_dim)).astype(np.float32)
+            if p.edge_feat_dim
+            else None
+        )
+        # Ring buffer of the last H partners per node and the number of pushes so far
+        # (the next slot is pushes % H).
+        self.hist = np.zeros((p.nodes, p.history), dtype=self.id_dtype)
+        self.pushes = np.zeros(p.nodes, dtype=np.int64)
+        self.prev_src: np.ndarray | None = None
+        self.prev_dst: np.ndarray | None = None
+        self.clock = 0.0
+        self.num_blocks = -(-p.events // p.block)
+
+    def state_nbytes(self) -> int:
+        """Bytes held by the state between blocks (constant after the first block)."""
+        arrays = [
+            self.src_by_rank,
+            self.dst_by_rank,
+            self.community,
+            self.seg_nodes,
+            self.seg_size,
+            self.seg_start,
+            self.hist,
+            self.pushes,
+        ]
+        arrays += [a for a in (self.prev_src, self.prev_dst, self.centroids) if a is not None]
+        # dst_by_rank aliases src_by_rank on non-bipartite graphs.
+        seen: dict[int, int] = {id(a): a.nbytes for a in arrays}
+        return sum(seen.values())
+
+    def _arrived(self, pool_n: int, block: int) -> int:
+        # Nodes of a pool that may take part in this block (ids are in arrival order).
+        p = self.params
+        f = min(1.0, block * p.block / p.events)
+        return max(
+            1, min(pool_n, int(np.ceil(pool_n * (p.initial_active + (1 - p.initial_active) * f))))
+        )
+
+    def block(self, index: int) -> dict[str, np.ndarray]:
+        """Draws block ``index`` (blocks must be drawn in order, each once).
+
+        Returns:
+            ``src`` (n,), ``dst`` (n,) compact ids; ``t`` (n,) int64, non-decreasing
+            and >= the previous block's times; ``edge_feat`` (n, d_e) float32 when
+            ``edge_feat_dim`` > 0. n is ``block_size`` except for the last block.
+        """
+        p = self.params
+        start = index * p.block
+        n = min(p.block, p.events - start)
+        rng = _block_rng(p.seed, _STREAM_BLOCK, index)
+        u = rng.random((_NUM_U, n))
+        n_src = self._arrived(self.src_n, index)
+        n_dst = self._arrived(self.dst_n, index)
+
+        # Replies and self-excitation point at an event of the previous block, biased
+        # towards its end (the most recent events); the first block has no past.
+        reply = np.zeros(n, dtype=bool)
+        back = np.zeros(n, dtype=bool)
+        if self.prev_src is not None:
+            p_reply = 0.0 if p.bipartite else p.p_reply
+            reply = u[_U_MECH] < p_reply
+            back = u[_U_MECH] < p_reply + p.p_excite
+        src = np.empty(n, dtype=np.int64)
+        dst = np.empty(n, dtype=np.int64)
+        # Each mechanism only computes for the events that use it; the uniforms were
+        # drawn for every event anyway, so the stream stays a function of the seed.
+        fresh = np.flatnonzero(~back)
+        src[fresh] = self._fresh_sources(u[:, fresh], n_src)
+        bi = np.flatnonzero(back)
+        if len(bi):
+            m = len(self.prev_src)
+            k = m - 1 - (m * u[_U_RECENT, bi] ** 3).astype(np.int64)
+            recent_src, recent_dst = self.prev_src[k], self.prev_dst[k]
+            if p.bipartite:
+                excited = recent_src
+            else:
+                excited = np.where(u[_U_SIDE, bi] < 0.5, recent_src, recent_dst)
+            is_reply = reply[bi]
+            src[bi] = np.where(is_reply, recent_dst, excited)
+            dst[bi[is_reply]] = recent_src[is_reply]
+
+        # Partner: a recent partner from the source's ring buffer, or a new one.
+        oi = np.flatnonzero(~reply)
+        s = src[oi]
+        pushes = self.pushes[s]
+        filled = np.minimum(pushes, p.history)
+        use_hist = (u[_U_REPEAT, oi] < p.p_repeat) & (filled > 0)
+        hi, s, pushes, filled = oi[use_hist], s[use_hist], pushes[use_hist], filled[use_hist]
+        age = (filled * u[_U_AGE, hi] ** 2).astype(np.int64)  # squared: favour recent slots
+        dst[hi] = self.hist[s, (pushes - 1 - age) % p.history]
+        ni = oi[~use_hist]
+        dst[ni] = self._new_partners(u[:, ni], src[ni], n_dst)
+        src = src.astype(self.id_dtype)
+        dst = dst.astype(self.id_dtype)
+
+        # Bursty clock: short exponential gaps inside bursts, Pareto gaps between them.
+        short = rng.exponential(p.burst_gap, n)
+        pause = p.pause_gap * (1.0 + rng.pareto(p.pause_shape, n))
+        gaps = np.where(u[_U_GAP] < p.burst_prob, short, pause)
+        clock = self.clock + np.cumsum(gaps)
+        self.clock = float(clock[-1])
+        out = {"src": src, "dst": dst, "t": np.floor(clock).astype(np.int64)}
+        if self.centroids is not None:
+            noise = rng.standard_normal((n, p.edge_feat_dim), dtype=np.float32)
+            pair = _pair_features(src, dst, p.nodes, p.seed, p.edge_feat_dim)
+            out["edge_feat"] = 0.7 * self.centroids[self.community[dst]] + 0.7 * pair + 0.3 * noise
+
+        self._remember(src, dst)
+        self.prev_src, self.prev_dst = src, dst
+        return out
+
+    def _fresh_sources(self, u: np.ndarray, n_src: int) -> np.ndarray:
+        """Zipf draws over activity ranks among arrived sources.
+
+        Args:
+            u: (_NUM_U, m) the events' uniforms.
+            n_src: arrived sources (pool indices below it).
+
+        Returns:
+            (m,) int64 global ids.
+        """
+        a = self.params.activity_exponent
+
+        def draw(uu: np.ndarray, _todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            cand = self.src_by_rank[_zipf_positions(uu, self.src_n, a)]
+            return cand, cand < n_src
+
+        out, found = _rejection(u[_U_SRC : _U_SRC + _ROUNDS], draw)
+        lost = np.flatnonzero(~found)
+        out[lost] = (u[_U_FB_SRC, lost] * n_src).astype(np.int64)
+        return out + self.src_lo
+
+    def _new_partners(self, u: np.ndarray, src: np.ndarray, n_dst: int) -> np.ndarray:
+        """New partners: Zipf by popularity inside the source's community or overall.
+
+        Args:
+            u: (_NUM_U, m) the events' uniforms.
+            src: (m,) int64 global source ids.
+            n_dst: arrived destinations (pool indices below it).
+
+        Returns:
+            (m,) int64 global ids, never equal to ``src``.
+        """
+        p = self.params
+        lo = self.dst_lo
+        comm = self.community[src]
+        size = self.seg_size[comm]
+        intra = np.flatnonzero((u[_U_INTRA] < p.p_intra) & (size > 0))
+        i_size, i_start, i_src = size[intra], self.seg_start[comm[intra]], src[intra]
+
+        def draw_comm(uu: np.ndarray, todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            pos = _zipf_positions(uu, i_size[todo], p.popularity_exponent)
+            cand = self.seg_nodes[i_start[todo] + pos].astype(np.int64)
+            return cand, (cand < n_dst) & (cand + lo != i_src[todo])
+
+        out = np.empty(len(src), dtype=np.int64)
+        cand, found = _rejection(u[_U_COMM : _U_COMM + _ROUNDS, intra], draw_comm)
+        out[intra[found]] = cand[found]
+        rest = np.setdiff1d(np.arange(len(src)), intra[found], assume_unique=True)
+        r_src = src[rest]
+
+        def draw_glob(uu: np.ndarray, todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            pos = _zipf_positions(uu, self.dst_n, p.popularity_exponent)
+            cand = self.dst_by_rank[pos].astype(np.int64)
+            return cand, (cand < n_dst) & (cand + lo != r_src[todo])
+
+        cand, found = _rejection(u[_U_GLOB : _U_GLOB + _ROUNDS, rest], draw_glob)
+        lost = ~found
+        cand[lost] = (u[_U_FB_DST, rest[lost]] * n_dst).astype(np.int64)
+        if not p.bipartite:
+            # The uniform fallback can still hit the source: move it to another node
+            # (an arrived one, unless the source is the only node that has arrived).
+            loop = np.flatnonzero(cand == r_src)
+            shift = 1 + (u[_U_LOOP, rest[loop]] * max(n_dst - 1, 1)).astype(np.int64)
+            cand[loop] = (r_src[loop] + shift) % max(n_dst, 2)
+        out[rest] = cand
+        return out + lo
+
+    def _remember(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Pushes the block's partners into the ring buffers, in event order.
+
+        Each node's pushes get consecutive slots after its current pointer; only the
+        last H pushes per node are written so no slot is written twice, which keeps
+        the scatter well defined (numpy leaves the winner of duplicate fancy-index
+        writes unspecified).
+        """
+        p = self.params
+        n = len(src)
+        if p.bipartite:
+            # Only sources pick partners from their history.
+            node, partner = src.astype(np.int64), dst
+            order_key = node * n + np.arange(n)
+        else:
+            node = np.concatenate((src, dst)).astype(np.int64)
+            partner = np.concatenate((dst, src))
+            seq = np.arange(n)
+            order_key = node * (2 * n) + np.concatenate((2 * seq, 2 * seq + 1))
+        perm = np.argsort(order_key)
+        node, partner = node[perm], partner[perm]
+        first = np.empty(len(node), dtype=bool)
+        first[0] = True
+        np.not_equal(node[1:], node[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        sizes = np.diff(np.append(starts, len(node)))
+        rank = np.arange(len(node)) - np.repeat(starts, sizes)
+        size = np.repeat(sizes, sizes)
+        keep = rank >= size - p.history
+        base = self.pushes[node]
+        self.hist[node[keep], (base[keep] + rank[keep]) % p.history] = partner[keep]
+        self.pushes[node[starts]] += sizes
+
+
+def iter_synth_chunks(
+    events: int = DEFAULT_EVENTS,
+    nodes: int = DEFAULT_NODES,
+    seed: int = DEFAULT_SEED,
+    edge_feat_dim: int = 0,
+    *,
+    bipartite: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    **knobs: Any,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Streams a synthetic event sequence in time order, ``chunk_size`` events at a time.
+
+    The concatenation of the chunks is the same for every ``chunk_size``.
+
+    Args:
+        events: number of events E.
+        nodes: number of nodes N.
+        seed: random seed.
+        edge_feat_dim: edge feature dimension d_e (0: none).
+        bipartite: sources 0..num_src_nodes-1 interact only with items after them.
+        chunk_size: events per yielded chunk (the last one may be shorter).
+        **knobs: further :class:`SynthParams` fields.
+
+    Yields:
+        Dicts with ``src``, ``dst`` (n,) int32 (int64 if N >= 2^31), ``t`` (n,) int64
+        non-decreasing across chunks, and ``edge_feat`` (n, d_e) float32 when
+        ``edge_feat_dim`` > 0.
+    """
+    params = SynthParams(
+        events=events,
+        nodes=nodes,
+        seed=seed,
+        edge_feat_dim=edge_feat_dim,
+        bipartite=bipartite,
+        **knobs,
+    )
+    yield from iter_param_chunks(params, chunk_size=chunk_size)
+
+
+def iter_param_chunks(
+    params: SynthParams, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> Iterator[dict[str, np.ndarray]]:
+    """:func:`iter_synth_chunks` for a ready :class:`SynthParams`."""
+    if chunk_size < 1:
+        raise ConfigError(f"synth: chunk_size must be >= 1, got {chunk_size}")
+    stream = SynthStream(params)
+    pending: list[dict[str, np.ndarray]] = []
+    held = 0
+    for b in range(stream.num_blocks):
+        block = stream.block(b)
+        pending.append(block)
+        held += len(block["t"])
+        while held >= chunk_size:
+            merged = _concat(pending)
+            yield {k: v[:chunk_size] for k, v in merged.items()}
+            pending = [{k: v[chunk_size:] for k, v in merged.items()}]
+            held -= chunk_size
+    if held:
+        yield _concat(pending)
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder for generated datasets: ``cache_dir``, else $SVEN_CACHE, else ~/.cache/sven."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("SVEN_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "sven"
+
+
+def cached_name(params: SynthParams) -> str:
+    """Directory name of ``params`` inside the cache (readable, and unique by digest)."""
+    kind = "bip" if params.bipartite else "uni"
+    return f"synth-{kind}-e{params.events}-n{params.nodes}-s{params.seed}-{params.key()}"
+
+
+def write_synth(
+    params: SynthParams,
+    out_dir: str | os.PathLike[str],
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    name: str = "synth",
+    overwrite: bool = False,
+) -> TemporalEvents:
+    """Streams the dataset of ``params`` into an event store at ``out_dir``.
+
+    Memory stays bounded: chunks go straight to :class:`~sven.datasets.store.StoreWriter`.
+    Ids are already compact (the store keeps them, ``id_map`` is the identity) and
+    times sorted (no sort on ingest). ``meta.json`` records
+    ``source = {"format": "synth", "params": params.to_dict()}``. On a bipartite
+    graph the store derives ``num_src_nodes`` as the largest source id + 1, which is
+    below ``params.num_src_nodes`` when the last-arrived users never act.
+
+    Args:
+        params: generator parameters.
+        out_dir: the store directory to create (atomically, by the store writer).
+        chunk_size: events per append; it does not change the data.
+        name: dataset name in ``meta.json``.
+        overwrite: replace an existing ``out_dir``.
+
+    Returns:
+        The written store, loaded (memory-mapped).
+    """
+    from sven.datasets.store import StoreWriter
+
+    writer = StoreWriter(
+        out_dir,
+        name=name,
+        num_nodes=params.nodes,
+        bipartite=params.bipartite,
+        source={"format": "synth", "params": params.to_dict()},
+        overwrite=overwrite,
+    )
+    try:
+        for chunk in iter_param_chunks(params, chunk_size=chunk_size):
+            writer.append(chunk["src"], chunk["dst"], chunk["t"], edge_feat=chunk.get("edge_feat"))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
+
+
+def generate(
+    out_dir: str | os.PathLike[str],
+    events: int = DEFAULT_EVENTS,
+    nodes: int = DEFAULT_NODES,
+    seed: int = DEFAULT_SEED,
+    edge_feat_dim: int = 0,
+    *,
+    bipartite: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    name: str = "synth",
+    overwrite: bool = False,
+    **knobs: Any,
+) -> TemporalEvents:
+    """Generates a synthetic dataset into an event store.
+
+    Args:
+        out_dir: the store directory to create.
+        events: number of events E.
+        nodes: number of nodes N.
+        seed: random seed.
+        edge_feat_dim: edge feature dimension d_e (0: none).
+        bipartite: sources 0..num_src_nodes-1 interact only with items after them.
+        chunk_size: events per append to the store (memory, not content).
+        name: dataset name in ``meta.json``.
+        overwrite: replace an existing ``out_dir``.
+        **knobs: further :class:`SynthParams` fields.
+
+    Returns:
+        The written store: src, dst (E,), t (E,) int64, edge_feat (E, d_e) float32.
+    """
+    params = SynthParams(
+        events=events,
+        nodes=nodes,
+        seed=seed,
+        edge_feat_dim=edge_feat_dim,
+        bipartite=bipartite,
+        **knobs,
+    )
+    return write_synth(params, out_dir, chunk_size=chunk_size, name=name, overwrite=overwrite)
+
+
+def cached_dataset(
+    params: SynthParams,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Path, bool]:
+    """Generates ``params`` into the cache once; later calls reuse it.
+
+    Safe against concurrent callers and interruptions: the store is written into a
+    private temporary folder inside the cache and renamed into place, and a caller
+    that loses the race keeps the winner's copy (the content is the same).
+
+    Returns:
+        The store path and whether this call generated it.
+    """
+    root = cache_root(cache_dir)
+    final = root / cached_name(params)
+    if (final / "meta.json").is_file():
+        return final, False
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        write_synth(params, tmp / "store", chunk_size=chunk_size)
+        try:
+            os.rename(tmp / "store", final)
+        except OSError:
+            # Another process finished first (rename onto a non-empty folder fails).
+            if not (final / "meta.json").is_file():
+                raise
+            return final, False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final, True
+
+
+def default_dataset(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The built-in default dataset (DEFAULT_EVENTS events, DEFAULT_NODES nodes, seed 0).
+
+    Generated on first use into ``cache_dir`` (default $SVEN_CACHE or ~/.cache/sven),
+    reused afterwards.
+
+    Returns:
+        Path of the event store.
+    """
+    return cached_dataset(SynthParams(), cache_dir)[0]
+
+
+def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``sven data synth`` to the ``sven data`` subcommands.
+
+    Args:
+        data_subparsers: the object returned by ``add_subparsers`` of ``sven data``.
+
+    Returns:
+        The new subparser (its handler is set as ``func``).
+    """
+    p = data_subparsers.add_parser(
+        "synth",
+        help="generate a synthetic event stream into an event store",
+        description=(
+            "Generate a realistic synthetic interaction stream (heavy-tailed activity, "
+            "repeated contacts, communities, bursty times) into an event store. With no "
+            "arguments it makes the built-in default dataset in the cache."
+        ),
+    )
+    p.add_argument(
+        "--events", type=int, default=DEFAULT_EVENTS, help="number of events (default %(default)s)"
+    )
+    p.add_argument(
+        "--nodes", type=int, default=DEFAULT_NODES, help="number of nodes (default %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="random seed (default %(default)s)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="store directory to create (default: a folder in $SVEN_CACHE or ~/.cache/sven, "
+        "reused if present)",
+    )
+    p.add_argument(
+        "--edge-feat-dim", type=int, default=0, help="edge feature dimension (default 0: none)"
+    )
+    p.add_argument(
+        "--bipartite", action="store_true", help="users interact with items (JODIE-style)"
+    )
+    p.add_argument(
+        "--communities", type=int, default=0, help="number of communities (default: nodes // 100)"
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help="events per write; bounds memory, not content",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.set_defaults(func=run_synth)
+    return p
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    """Handler of ``sven data synth``; returns the exit code."""
+    params = SynthParams(
+        events=args.events,
+        nodes=args.nodes,
+        seed=args.seed,
+        edge_feat_dim=args.edge_feat_dim,
+        bipartite=args.bipartite,
+        communities=args.communities,
+    )
+    start = time.perf_counter()
+    if args.out is None:
+        path, made = cached_dataset(params, chunk_size=args.chunk_size)
+        if not made:
+            print(f"synth: reusing {path}")
+            return 0
+    else:
+        path = args.out
+        write_synth(params, path, chunk_size=args.chunk_size, overwrite=args.overwrite)
+    secs = time.perf_counter() - start
+    print(
+        f"synth: wrote {params.events:,} events, {params.nodes:,} nodes to {path} "
+        f"in {secs:.1f} s ({params.events / max(secs, 1e-9):,.0f} events/s)"
+    )
+    return 0
