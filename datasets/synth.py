@@ -760,6 +760,17 @@ def default_dataset(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return cached_dataset(SynthParams(), cache_dir)[0]
 
 
+def parse_count(text: str) -> int:
+    """Parses a count given as ``100000``, ``1e8`` or ``100_000_000``."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
+
+
 def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds ``sven data synth`` to the ``sven data`` subcommands.
 
@@ -779,10 +790,16 @@ def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.Ar
         ),
     )
     p.add_argument(
-        "--events", type=int, default=DEFAULT_EVENTS, help="number of events (default %(default)s)"
+        "--events",
+        type=parse_count,
+        default=DEFAULT_EVENTS,
+        help="number of events (default %(default)s)",
     )
     p.add_argument(
-        "--nodes", type=int, default=DEFAULT_NODES, help="number of nodes (default %(default)s)"
+        "--nodes",
+        type=parse_count,
+        default=DEFAULT_NODES,
+        help="number of nodes (default %(default)s)",
     )
     p.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help="random seed (default %(default)s)"

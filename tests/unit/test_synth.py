@@ -236,6 +236,13 @@ def test_cli_parser_defaults():
     assert args.out is None and not args.bipartite and args.func is synth.run_synth
 
 
+def test_cli_counts_accept_scientific_notation():
+    args = _parse(["synth", "--events", "1e8", "--nodes", "10_000"])
+    assert (args.events, args.nodes) == (100_000_000, 10_000)
+    with pytest.raises(SystemExit):
+        _parse(["synth", "--events", "1.5"])
+
+
 def test_cli_refuses_existing_out(tmp_path):
     (tmp_path / "x").write_text("taken")
     args = _parse(["synth", "--events", "100", "--nodes", "10", "--out", str(tmp_path)])
