@@ -108,9 +108,7 @@ def make_batch(
     nbr_edge_feat = None
     if sampler is not None:
         n_sample = roots.shape[0] if sample_roots == "all" else 2 * b
-        block = sampler.sample(
-            roots[:n_sample], root_t[:n_sample].to(sampler.tcsr.ts.dtype), generator
-        )[0]
+        block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator)[0]
     if block is not None and read_neighbors:
         valid_nbr = block.nbr[block.mask]
         nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)

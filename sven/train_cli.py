@@ -40,10 +40,12 @@ def _train(args: argparse.Namespace) -> int:
     if args.quiet:
         overrides.append("quiet=true")
     summary = Trainer(args.config, overrides).fit()
+    from sven.trainer import _fmt
+
     print(
-        f"{summary['model']} on {summary['dataset']}: test AP {summary['test_ap']:.4f} "
-        f"AUC {summary['test_auc']:.4f} | inductive AP {summary['test_ap_inductive']:.4f} "
-        f"AUC {summary['test_auc_inductive']:.4f} | {summary['train_events_per_s']:.0f} train events/s"
+        f"{summary['model']} on {summary['dataset']}: test AP {_fmt(summary['test_ap'])} "
+        f"AUC {_fmt(summary['test_auc'])} | inductive AP {_fmt(summary['test_ap_inductive'])} "
+        f"AUC {_fmt(summary['test_auc_inductive'])} | {summary['train_events_per_s']:.0f} train events/s"
     )
     return 0
 
@@ -61,7 +63,9 @@ def _eval(args: argparse.Namespace) -> int:
     st = torch.load(state_file, map_location="cpu", weights_only=False)
     cfg = Config.from_dict(st["config"])
     trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
-    res = trainer.evaluate_checkpoint(p)
+    from sven.trainer import _finite_or_none
+
+    res = _finite_or_none(trainer.evaluate_checkpoint(p))
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -184,7 +184,7 @@ class Trainer:
         dev = self.device
         self.src = torch.as_tensor(np.asarray(ev.src, dtype=np.int64), device=dev)
         self.dst = torch.as_tensor(np.asarray(ev.dst, dtype=np.int64), device=dev)
-        self.t = torch.as_tensor(np.asarray(ev.t), device=dev)
+        self.t = torch.as_tensor(np.array(ev.t), device=dev)
         self.edge_feat = (
             None
             if ev.edge_feat is None
@@ -419,6 +419,7 @@ class Trainer:
                 "events_per_s": epoch_events / max(progress["epoch_time"], 1e-9),
                 **{k: v for k, v in val.items() if k not in ("val_ap", "val_auc")},
             }
+            line = _finite_or_none(line)
             progress["history"].append(line)
             with open(self.out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -466,10 +467,11 @@ class Trainer:
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
         }
+        summary = _finite_or_none(summary)
         _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         self._log(
-            f"test AP {summary['test_ap']:.4f} AUC {summary['test_auc']:.4f} "
-            f"(inductive AP {summary['test_ap_inductive']:.4f}); summary in {self.out / 'summary.json'}"
+            f"test AP {_fmt(summary['test_ap'])} AUC {_fmt(summary['test_auc'])} "
+            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); summary in {self.out / 'summary.json'}"
         )
         return summary
 
@@ -505,6 +507,16 @@ class Trainer:
             print(msg, file=sys.stderr, flush=True)
         elif self.rank == 0 and msg.startswith("test AP"):
             print(msg, file=sys.stderr, flush=True)
+
+
+def _finite_or_none(d: dict[str, Any]) -> dict[str, Any]:
+    """Replaces NaN/inf floats by None: JSON has no NaN, and None reads as "undefined"
+    (e.g. inductive metrics of a split without inductive events)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
 
 
 def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:

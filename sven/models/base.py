@@ -213,6 +213,10 @@ class TemporalAttentionLayer(nn.Module):
     Output: LayerNorm(ReLU(W_o [attention, h_root])). Attention runs in
     :func:`sven.kernels.temporal_attention`.
 
+    The key/value projection of the concatenation is split by blocks, W [h; e; te] =
+    W_h h + W_e e + W_t te, so that W_h h is computed once per unique node and gathered
+    (a batch reads each node once, however many roots list it as a neighbour).
+
     Args:
         in_dim: Width of node states h.
         edge_dim: d_e.
@@ -239,16 +243,18 @@ class TemporalAttentionLayer(nn.Module):
         self.num_heads = num_heads
         self.time_enc = TimeEncoding(time_dim)
         self.w_q = nn.Linear(in_dim + time_dim, out_dim)
-        self.w_kv = nn.Linear(in_dim + edge_dim + time_dim, 2 * out_dim)
+        self.w_kv_node = nn.Linear(in_dim, 2 * out_dim)
+        self.w_kv_edge = nn.Linear(edge_dim, 2 * out_dim, bias=False) if edge_dim > 0 else None
+        self.w_kv_time = nn.Linear(time_dim, 2 * out_dim, bias=False)
         self.w_out = nn.Linear(out_dim + in_dim, out_dim)
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(out_dim)
-        self.edge_dim = edge_dim
 
     def forward(
         self,
-        h_root: torch.Tensor,
-        h_nbr: torch.Tensor,
+        z: torch.Tensor,
+        root_pos: torch.Tensor,
+        nbr_pos: torch.Tensor,
         dt: torch.Tensor,
         mask: torch.Tensor,
         edge_feat: torch.Tensor | None,
@@ -256,8 +262,9 @@ class TemporalAttentionLayer(nn.Module):
         """Attends from each root to its neighbours.
 
         Args:
-            h_root: (R, in_dim) root states.
-            h_nbr: (R, K, in_dim) neighbour states.
+            z: (U, in_dim) states of the batch's unique nodes.
+            root_pos: (R,) row of each root in ``z``.
+            nbr_pos: (R, K) row of each neighbour in ``z`` (any valid row where masked).
             dt: (R, K) time since each neighbour event.
             mask: (R, K) bool validity.
             edge_feat: (R, K, d_e) neighbour event features, or None.
@@ -268,14 +275,13 @@ class TemporalAttentionLayer(nn.Module):
         from sven import kernels
 
         r, k = mask.shape
-        dtype = h_root.dtype
-        zero = self.time_enc(torch.zeros(r, device=h_root.device, dtype=dtype)).to(dtype)
+        dtype = z.dtype
+        h_root = z[root_pos]
+        zero = self.time_enc(torch.zeros(r, device=z.device, dtype=dtype)).to(dtype)
         q = self.w_q(torch.cat([h_root, zero], dim=1))
-        parts = [h_nbr]
-        if self.edge_dim > 0:
-            parts.append(edge_feat.to(dtype))
-        parts.append(self.time_enc(dt.to(dtype)).to(dtype))
-        kv = self.w_kv(torch.cat(parts, dim=2))
+        kv = self.w_kv_node(z)[nbr_pos] + self.w_kv_time(self.time_enc(dt.to(dtype)).to(dtype))
+        if self.w_kv_edge is not None:
+            kv = kv + self.w_kv_edge(edge_feat.to(dtype))
         key, val = kv.chunk(2, dim=2)
         h = self.num_heads
         out = kernels.temporal_attention(

@@ -36,7 +36,5 @@ class TGN(MemoryModel):
         """Attention of every root over its sampled neighbours; (R, embed_dim)."""
         z = self.node_state(batch, memory)
         block = batch.block
-        mask = block.mask
-        h_nbr = z[batch.nbr_pos] * mask[..., None].to(z.dtype)
-        dt = (batch.root_t[:, None] - block.ts.to(torch.float64)).masked_fill(~mask, 0.0)
-        return self.attn(z[batch.root_pos], h_nbr, dt, mask, batch.nbr_edge_feat)
+        dt = (batch.root_t[:, None] - block.ts.to(torch.float64)).masked_fill(~block.mask, 0.0)
+        return self.attn(z, batch.root_pos, batch.nbr_pos, dt, block.mask, batch.nbr_edge_feat)
