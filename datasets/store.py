@@ -1,0 +1,1161 @@
+"""The canonical on-disk event store: one directory, one ``.npy`` file per column.
+
+Every later stage (partitioning, sampling, training) reads events through
+:class:`TemporalEvents`, which memory-maps the columns so that datasets larger than
+RAM work. Stores are written either from arrays in memory (:func:`write_events`) or
+streamed chunk by chunk from a raw file (:class:`StoreWriter`); both go through the
+same writer, so both produce byte-identical stores for the same events.
+
+The layout is fixed by ``docs/contracts.md`` and documented in :class:`StoreWriter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sven.errors import ConfigError, DataError, SvenError
+
+if TYPE_CHECKING:
+    from torch_geometric.data import TemporalData
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SPLITS",
+    "DistinctValues",
+    "StoreWriter",
+    "TemporalEvents",
+    "iter_ranges",
+    "sha256_file",
+    "write_events",
+]
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+# Events per chunk when streaming columns: 2^21 int64 values are 16 MiB, small enough
+# that a handful of columns in flight stay far below the memory bound, large enough
+# that numpy's per-call overhead is noise.
+CHUNK_EVENTS = 1 << 21
+# Bytes of event rows sorted in memory at once; unsorted inputs larger than this are
+# sorted out of core by time buckets (see StoreWriter._sorted_stream).
+SORT_BUDGET_BYTES = 1 << 30
+_INT64_MAX = np.iinfo(np.int64).max
+_INT32_LIMIT = 2**31
+
+
+def iter_ranges(n: int, chunk: int = CHUNK_EVENTS) -> Iterator[tuple[int, int]]:
+    """Yields half-open ``(start, stop)`` ranges that tile ``[0, n)`` in steps of ``chunk``."""
+    for start in range(0, n, chunk):
+        yield start, min(start + chunk, n)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 8 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 23):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sorted_quantile(t: np.ndarray, q: float) -> float:
+    """``np.quantile(t, q)`` (linear method) for a sorted array, reading two elements.
+
+    numpy's quantile partitions a full copy of the input; on a memory-mapped column of
+    10^9 events that is 8 GB. For sorted input the answer only needs the two order
+    statistics around the virtual index, and interpolating them with numpy's own
+    quantile on a 2-element array reproduces its rounding bit for bit.
+
+    Args:
+        t: (E,) non-decreasing values, E >= 1 (may be a memmap).
+        q: Quantile in [0, 1].
+    """
+    h = (t.shape[0] - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, t.shape[0] - 1)
+    pair = np.array([t[lo], t[hi]], dtype=np.float64)
+    return float(np.quantile(pair, h - lo))
+
+
+def unique_sorted(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` by sorting.
+
+    numpy 2's hash-based ``np.unique`` is an order of magnitude slower than a sort on
+    the integer id columns seen here (about 1 s against 35 ms for 1.4M int64).
+    """
+    s = np.sort(values, kind="stable")
+    if s.size == 0:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def first_occurrences(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct values of (m,) ``values`` and the index of each one's first occurrence."""
+    order = np.argsort(values, kind="stable")
+    s = values[order]
+    keep = np.empty(s.size, dtype=bool)
+    keep[:1] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep], order[keep]
+
+
+class DistinctValues:
+    """The sorted distinct values of a stream of arrays, with bounded re-sorting.
+
+    Each chunk is de-duplicated on arrival; pending chunks are merged into the running
+    set once they outweigh it, so each value is re-sorted O(log chunks) times instead
+    of once per chunk, and no Python-level set or dict ever holds the values.
+    """
+
+    def __init__(self) -> None:
+        self._merged: np.ndarray | None = None
+        self._pending: list[np.ndarray] = []
+        self._pending_size = 0
+
+    def add(self, values: np.ndarray) -> None:
+        """Adds the values of a (n,) array."""
+        if values.size == 0:
+            return
+        uniq = unique_sorted(values)
+        self._pending.append(uniq)
+        self._pending_size += uniq.size
+        merged = 0 if self._merged is None else self._merged.size
+        if self._pending_size > max(merged, 1 << 20):
+            self._merge()
+
+    def _merge(self) -> None:
+        parts = ([] if self._merged is None else [self._merged]) + self._pending
+        self._merged = unique_sorted(np.concatenate(parts)) if parts else None
+        self._pending, self._pending_size = [], 0
+
+    def result(self) -> np.ndarray:
+        """Returns the (n,) sorted distinct values seen so far."""
+        self._merge()
+        return self._merged if self._merged is not None else np.empty(0, dtype=np.int64)
+
+
+class _Spool:
+    """An append-only headerless column file (C order) whose dtype may widen.
+
+    Readers cannot know a column's final dtype up front (an integer time column may
+    meet a fractional value in its last chunk; string ids get longer), so on a wider
+    chunk the file is rewritten once, chunk by chunk, in the wider dtype.
+    """
+
+    def __init__(self, path: Path, row_shape: tuple[int, ...] = ()) -> None:
+        self.path = path
+        self.row_shape = row_shape
+        self.dtype: np.dtype | None = None
+        self.rows = 0
+        self._f: Any = None
+
+    @property
+    def row_bytes(self) -> int:
+        assert self.dtype is not None
+        return self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+
+    def append(self, arr: np.ndarray) -> None:
+        if self.dtype is None:
+            self.dtype = arr.dtype
+            self._f = open(self.path, "wb")  # closed in finish()
+        elif arr.dtype != self.dtype:
+            wider = np.promote_types(self.dtype, arr.dtype)
+            if wider != self.dtype:
+                self._widen(wider)
+        np.ascontiguousarray(arr, dtype=self.dtype).tofile(self._f)
+        self.rows += arr.shape[0]
+
+    def _widen(self, dtype: np.dtype) -> None:
+        self.finish()
+        tmp = self.path.with_name(self.path.name + ".widen")
+        with open(tmp, "wb") as out:
+            for start, stop in iter_ranges(self.rows):
+                self.read(start, stop).astype(dtype).tofile(out)
+        os.replace(tmp, self.path)
+        self.dtype = np.dtype(dtype)
+        self._f = open(self.path, "ab")  # closed in finish()
+
+    def finish(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as an in-memory array of shape (stop - start, *row_shape)."""
+        assert self.dtype is not None
+        per_row = int(np.prod(self.row_shape, dtype=np.int64))
+        # np.fromfile rather than a memmap: sequential reads of a private buffer keep
+        # the resident set to the chunk, where touched memmap pages would accumulate.
+        out = np.fromfile(
+            self.path,
+            dtype=self.dtype,
+            count=(stop - start) * per_row,
+            offset=start * self.row_bytes,
+        )
+        return out.reshape((stop - start, *self.row_shape))
+
+    def remove(self) -> None:
+        self.finish()
+        self.path.unlink(missing_ok=True)
+
+
+class _NpyAppender:
+    """Writes a ``.npy`` file of known final shape by appending C-order chunks.
+
+    A plain file write instead of ``open_memmap``: dirty memmap pages stay in the
+    resident set until unmapped, so a 10^9-event column would count against RSS.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.shape = shape
+        self._rows = 0
+        self._f = open(path, "wb")  # closed in close()
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": shape,
+        }
+        np.lib.format.write_array_header_1_0(self._f, header)
+
+    def append(self, arr: np.ndarray) -> None:
+        np.ascontiguousarray(arr, dtype=self.dtype).tofile(self._f)
+        self._rows += arr.shape[0]
+
+    def close(self) -> None:
+        self._f.close()
+        if self._rows != self.shape[0]:  # a bug in the writer, never bad input
+            raise RuntimeError(f"{self.path}: wrote {self._rows} rows, expected {self.shape[0]}")
+
+
+class _IdSpace:
+    """Maps the raw ids of one id space to compact ids ``base .. base + n - 1``.
+
+    A space is all nodes, or one side of a bipartite graph. Ids that already form
+    the target range are kept (``identity``) or shifted (``shift``); otherwise they
+    are numbered by first appearance in the time-sorted stream (``table``), which
+    needs one pass over the sorted ids (:meth:`observe`) before :meth:`map` works.
+    """
+
+    def __init__(self, uniques: np.ndarray, base: int, *, allow_shift: bool = False) -> None:
+        self.uniques = uniques
+        self.base = base
+        self.n = int(uniques.size)
+        self.delta = 0
+        self.table: np.ndarray | None = None
+        self.first: np.ndarray | None = None
+        numeric = uniques.dtype.kind == "i"
+        if numeric and uniques[0] == base and uniques[-1] == base + self.n - 1:
+            self.kind = "identity"
+        elif numeric and allow_shift and uniques[0] == 0 and uniques[-1] == self.n - 1:
+            self.kind, self.delta = "shift", base
+        else:
+            self.kind = "table"
+            self.first = np.full(self.n, -1, dtype=np.int64)
+
+    def observe(self, raw: np.ndarray, offset: int) -> None:
+        """Records first appearances; ``raw`` (m,) is the next stretch of the sorted stream,
+        whose first element is at stream position ``offset``."""
+        assert self.first is not None
+        pos = np.searchsorted(self.uniques, raw)
+        uniq, idx = first_occurrences(pos)
+        new = self.first[uniq] < 0
+        self.first[uniq[new]] = offset + idx[new]
+
+    def finalize(self) -> None:
+        if self.kind != "table" or self.table is not None:
+            return
+        assert self.first is not None
+        order = np.argsort(self.first, kind="stable")
+        self.table = np.empty(self.n, dtype=np.int64)
+        self.table[order] = self.base + np.arange(self.n, dtype=np.int64)
+        self.uniques = self.uniques[order]  # now the raw id of each compact id, in order
+        self.first = None
+
+    def map(self, raw: np.ndarray) -> np.ndarray:
+        """Compact ids (m,) int64 of raw ids (m,)."""
+        if self.kind == "identity":
+            return raw.astype(np.int64, copy=False)
+        if self.kind == "shift":
+            return raw.astype(np.int64, copy=False) + self.delta
+        assert self.table is not None, "finalize() first"
+        # After finalize, uniques are in compact order; searching needs the sorted copy.
+        return self.table[np.searchsorted(self._sorted, raw)]
+
+    @property
+    def raw_ids(self) -> np.ndarray:
+        """(n,) raw id of compact id ``base + i``."""
+        return self.uniques
+
+    def prepare(self) -> None:
+        if self.kind == "table":
+            self.finalize()
+            self._sorted = np.sort(self.uniques)
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+class StoreWriter:
+    """Streams events into an event store directory with bounded memory.
+
+    On-disk format (version 1), one directory::
+
+        meta.json        counts, dims, time range, splits, source, checksums (below)
+        src.npy          int32 (int64 if N >= 2^31), (E,)   compact source ids 0..N-1
+        dst.npy          same dtype, (E,)                    compact destination ids
+        t.npy            int64 or float64, (E,)              non-decreasing timestamps
+        split.npy        uint8, (E,)                         0 train, 1 val, 2 test
+        edge_feat.npy    float32, (E, d_e)                   optional
+        node_feat.npy    float32, (N, d_n)                   optional
+        label.npy        int64 or float32, (E,)              optional per-event label
+        id_map.npy       int64 or unicode, (N,)              raw id of compact id i
+
+    ``meta.json`` holds ``format_version`` (1), ``name``, ``num_events``, ``num_nodes``,
+    ``bipartite``, ``num_src_nodes`` (bipartite: sources are ``0..num_src_nodes-1``,
+    destinations after; else null), ``t_dtype``, ``t_min``, ``t_max``,
+    ``edge_feat_dim``, ``node_feat_dim``, ``has_label``, ``split`` (``method``
+    ``"time_quantile"``, ``fractions``, ``val_time``, ``test_time``, ``counts``),
+    ``source``, ``sorted_on_ingest``, ``num_out_of_order`` and ``checksums``
+    (sha256 of every ``.npy`` file).
+
+    Events are sorted by time with a stable sort, so events with equal times keep
+    their input order; ``num_out_of_order`` counts the events whose time is earlier
+    than that of the event just before them in the input (0 iff the input was
+    sorted). Splits follow DyGLib:
+    ``val_time, test_time = np.quantile(t, [1 - val - test, 1 - test])``; train is
+    ``t <= val_time``, val ``val_time < t <= test_time``, test ``t > test_time``.
+
+    Node ids: with ``num_nodes`` (or ``node_feat``) given, appended ids are already
+    compact (``0 <= id < num_nodes``) and kept. Otherwise they are raw ids (non-negative
+    integers, or strings) compacted at close: kept if they are exactly ``0..N-1``,
+    else numbered by first appearance in the time-sorted stream (source before
+    destination within an event). With ``bipartite=True`` sources and destinations
+    are separate id spaces, numbered ``0..U-1`` and ``U..U+I-1``; destination ids
+    that already start at U (already offset, as in JODIE's Wikipedia copy) are kept,
+    ids ``0..I-1`` are shifted by U. In the bipartite case ``id_map`` holds each
+    side's own raw ids.
+
+    Memory: appended chunks go to temporary column files; closing streams them back
+    in chunks. Resident memory is a few chunks plus, for raw-id compaction, 24 bytes
+    per distinct node, plus ``SORT_BUDGET_BYTES`` when the input is out of time
+    order (larger inputs are bucketed by time on disk and sorted bucket by bucket).
+
+    Atomicity: everything is written to a hidden temporary directory beside
+    ``out_dir`` and renamed into place at close; on any error (or on leaving the
+    ``with`` block by an exception) the temporary directory is removed, so a failed
+    conversion leaves nothing behind.
+
+    Args:
+        out_dir: Target directory; must not exist (or be empty) unless ``overwrite``.
+        name: Dataset name for ``meta.json`` (default: the directory name).
+        num_nodes: Fixed node count; ids are then compact already.
+        node_feat: (N, d_n) node features; implies ``num_nodes = N``.
+        id_map: (N,) raw ids of the compact ids, with ``num_nodes`` fixed.
+        raw_id_offset: Added to kept or compacted integer ids to get the raw ids
+            stored in ``id_map`` (a reader that appends DyGLib's 1-based ids 0-based
+            passes 1).
+        bipartite: True: separate source/destination id spaces; False: not
+            bipartite; None: bipartite iff every source id is below every
+            destination id after compaction.
+        allow_string_ids: Accept string node ids (compacted by first appearance).
+        val_frac, test_frac: Chronological split fractions.
+        source: Provenance for ``meta.json`` (may also be set as ``writer.source``
+            before closing).
+        overwrite: Replace an existing ``out_dir``.
+        sort_budget_bytes: Memory for sorting out-of-order events in one piece.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        num_nodes: int | None = None,
+        node_feat: np.ndarray | None = None,
+        id_map: np.ndarray | None = None,
+        raw_id_offset: int = 0,
+        bipartite: bool | None = None,
+        allow_string_ids: bool = False,
+        val_frac: float = 0.15,
+        test_frac: float = 0.15,
+        source: dict[str, Any] | None = None,
+        overwrite: bool = False,
+        sort_budget_bytes: int = SORT_BUDGET_BYTES,
+    ) -> None:
+        if not (0 <= val_frac < 1 and 0 <= test_frac < 1 and val_frac + test_frac < 1):
+            raise ConfigError(
+                f"split fractions must satisfy 0 <= val, test and val + test < 1; "
+                f"got val={val_frac}, test={test_frac}"
+            )
+        self.out_dir = Path(out_dir)
+        _check_target(self.out_dir, overwrite)
+        self.name = name or self.out_dir.name
+        self.overwrite = overwrite
+        self.val_frac, self.test_frac = float(val_frac), float(test_frac)
+        self.source: dict[str, Any] = dict(source) if source else {"format": "arrays"}
+        self.raw_id_offset = int(raw_id_offset)
+        self.bipartite = bipartite
+        self.allow_string_ids = allow_string_ids
+        self.sort_budget_bytes = int(sort_budget_bytes)
+
+        if node_feat is not None:
+            if node_feat.ndim != 2:
+                raise DataError(f"node features must be 2-D (N, d), got shape {node_feat.shape}")
+            if num_nodes is not None and node_feat.shape[0] != num_nodes:
+                raise DataError(f"{node_feat.shape[0]} node feature rows for {num_nodes} nodes")
+            num_nodes = node_feat.shape[0]
+        if id_map is not None:
+            id_map = np.asarray(id_map)
+            if num_nodes is None:
+                num_nodes = id_map.shape[0]
+            if id_map.shape != (num_nodes,):
+                raise DataError(f"id_map has shape {id_map.shape}, expected ({num_nodes},)")
+        self.num_nodes = None if num_nodes is None else int(num_nodes)
+        self.node_feat = node_feat
+        self.id_map = id_map
+
+        self._tmp = self.out_dir.parent / f".{self.out_dir.name}.partial-{uuid.uuid4().hex[:12]}"
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp.mkdir()
+        self._spool_dir = self._tmp / "_spool"
+        self._spool_dir.mkdir()
+        self._spools: dict[str, _Spool] = {
+            "src": _Spool(self._spool_dir / "src"),
+            "dst": _Spool(self._spool_dir / "dst"),
+            "t": _Spool(self._spool_dir / "t"),
+        }
+        self._has_feat: bool | None = None
+        self._has_label: bool | None = None
+        self._ids_are_str: bool | None = None
+        self._rows = 0
+        self._t_last: Any = None
+        self._num_out_of_order = 0
+        self._distinct = {"src": DistinctValues(), "dst": DistinctValues()}
+        self._closed = False
+
+    @property
+    def num_events(self) -> int:
+        """Events appended so far."""
+        return self._rows
+
+    # -- appending -------------------------------------------------------------
+
+    def append(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        t: np.ndarray,
+        edge_feat: np.ndarray | None = None,
+        label: np.ndarray | None = None,
+    ) -> None:
+        """Appends a chunk of n events, in input order.
+
+        Args:
+            src: (n,) source ids (non-negative integers, or strings if allowed).
+            dst: (n,) destination ids.
+            t: (n,) integer or float timestamps, finite.
+            edge_feat: (n, d_e) or (n,) edge features; present in every chunk or none.
+            label: (n,) integer or float labels; present in every chunk or none.
+
+        Raises:
+            DataError: on invalid values; the message names the event index.
+        """
+        if self._closed:
+            raise RuntimeError("StoreWriter is closed")
+        n = np.shape(src)[0] if np.ndim(src) else -1
+        src = self._ids(src, "source", n)
+        dst = self._ids(dst, "destination", n)
+        t = self._times(t, n)
+        edge_feat = self._optional(edge_feat, "edge features", n, "_has_feat")
+        label = self._optional(label, "labels", n, "_has_label")
+        if n == 0:
+            return
+
+        if self._t_last is None:
+            self._t_last = t[0]
+        # Places where time goes backwards, the previous chunk's last time carried in.
+        self._num_out_of_order += int(np.count_nonzero(t[1:] < t[:-1])) + int(t[0] < self._t_last)
+        self._t_last = t[-1]
+
+        self._spools["src"].append(src)
+        self._spools["dst"].append(dst)
+        self._spools["t"].append(t)
+        if edge_feat is not None:
+            self._spools.setdefault(
+                "edge_feat", _Spool(self._spool_dir / "edge_feat", edge_feat.shape[1:])
+            ).append(edge_feat)
+        if label is not None:
+            self._spools.setdefault("label", _Spool(self._spool_dir / "label")).append(label)
+        if self.num_nodes is None:
+            if self.bipartite:
+                self._distinct["src"].add(src)
+                self._distinct["dst"].add(dst)
+            else:
+                self._distinct["src"].add(np.concatenate([src, dst]))
+        self._rows += n
+
+    def _where(self, i: int) -> str:
+        return f"event {self._rows + i}"
+
+    def _ids(self, ids: Any, what: str, n: int) -> np.ndarray:
+        a = np.asarray(ids)
+        if a.ndim != 1 or a.shape[0] != n:
+            raise DataError(f"{what} ids have shape {a.shape}, expected ({n},)")
+        if a.dtype.kind in "US" or (a.dtype.kind == "O" and self.allow_string_ids):
+            if not self.allow_string_ids:
+                raise DataError(f"{what} ids are strings; pass allow_string_ids=True")
+            if self.num_nodes is not None:
+                raise DataError("string ids need compaction; do not fix num_nodes")
+            a = a.astype(str)
+            is_str = True
+        elif a.dtype.kind in "iu":
+            if a.dtype.kind == "u" and a.size and a.max() > _INT64_MAX:
+                i = _first_bad(a > _INT64_MAX)
+                raise DataError(f"{self._where(i)}: {what} id {a[i]} overflows int64")
+            a = a.astype(np.int64, copy=False)
+            if a.size and a.min() < 0:
+                i = _first_bad(a < 0)
+                raise DataError(f"{self._where(i)}: negative {what} id {a[i]}")
+            if self.num_nodes is not None and a.size and a.max() >= self.num_nodes:
+                i = _first_bad(a >= self.num_nodes)
+                raise DataError(
+                    f"{self._where(i)}: {what} id {a[i]} out of range for {self.num_nodes} nodes"
+                )
+            is_str = False
+        else:
+            raise DataError(f"{what} ids must be integers, got dtype {a.dtype}")
+        if self._ids_are_str is None:
+            self._ids_are_str = is_str
+        elif self._ids_are_str != is_str:
+            raise DataError("node ids mix integers and strings across chunks")
+        return a
+
+    def _times(self, t: Any, n: int) -> np.ndarray:
+        a = np.asarray(t)
+        if a.ndim != 1 or a.shape[0] != n:
+            raise DataError(f"times have shape {a.shape}, expected ({n},)")
+        if a.dtype.kind in "iu":
+            if a.dtype.kind == "u" and a.size and a.max() > _INT64_MAX:
+                i = _first_bad(a > _INT64_MAX)
+                raise DataError(f"{self._where(i)}: time {a[i]} overflows int64")
+            return a.astype(np.int64, copy=False)
+        if a.dtype.kind == "f":
+            a = a.astype(np.float64, copy=False)
+            if not np.isfinite(a).all():
+                i = _first_bad(~np.isfinite(a))
+                raise DataError(f"{self._where(i)}: time is {a[i]} (NaN/inf)")
+            return a
+        raise DataError(f"times must be numeric, got dtype {a.dtype}")
+
+    def _optional(self, a: Any, what: str, n: int, flag: str) -> np.ndarray | None:
+        present = a is not None
+        seen = getattr(self, flag)
+        if seen is None:
+            setattr(self, flag, present)
+        elif seen != present:
+            raise DataError(f"{what} present in some chunks but not in others")
+        if not present:
+            return None
+        a = np.asarray(a)
+        if a.shape[:1] != (n,):
+            raise DataError(f"{n} events but {a.shape[0] if a.ndim else 0} rows of {what}")
+        if what == "labels":
+            if a.ndim != 1:
+                raise DataError(f"labels must be 1-D, got shape {a.shape}")
+            if a.dtype.kind in "biu":
+                return a.astype(np.int64, copy=False)
+            if a.dtype.kind != "f":
+                raise DataError(f"labels must be numeric, got dtype {a.dtype}")
+            out = a.astype(np.float32)
+        else:
+            if a.ndim == 1:
+                a = a[:, None]
+            if a.ndim != 2:
+                raise DataError(f"edge features must be (n, d), got shape {a.shape}")
+            if a.dtype.kind not in "biuf":
+                raise DataError(f"edge features must be numeric, got dtype {a.dtype}")
+            spool = self._spools.get("edge_feat")
+            if spool is not None and spool.row_shape != a.shape[1:]:
+                raise DataError(
+                    f"edge feature width {a.shape[1]} differs from earlier chunks "
+                    f"({spool.row_shape[0]})"
+                )
+            out = a.astype(np.float32)
+        # Checked after the cast: float64 values beyond float32's range become inf.
+        bad = ~np.isfinite(out)
+        if bad.any():
+            i = int(np.flatnonzero(bad.reshape(n, -1).any(axis=1))[0])
+            raise DataError(f"{self._where(i)}: {what} contain NaN/inf")
+        return out
+
+    # -- closing ---------------------------------------------------------------
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._closed:
+            self.close()
+
+    def abort(self) -> None:
+        """Discards everything written so far."""
+        self._closed = True
+        for spool in self._spools.values():
+            spool.finish()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def close(self) -> TemporalEvents:
+        """Sorts, compacts, splits, checksums and renames the store into place.
+
+        Returns:
+            The finished store, loaded memory-mapped.
+        """
+        if self._closed:
+            raise RuntimeError("StoreWriter is closed")
+        try:
+            self._finish()
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        return TemporalEvents.load(self.out_dir)
+
+    def _finish(self) -> None:
+        E = self._rows
+        if E == 0:
+            raise DataError("no events")
+        for spool in self._spools.values():
+            spool.finish()
+        spaces = self._id_spaces()
+        in_order = self._num_out_of_order == 0
+
+        # Pass 1: the time-sorted stream -> t, edge_feat, label; ids mapped directly
+        # when their mapping is known, else spooled (sorted, raw) for pass 2.
+        needs_table = any(s.kind == "table" for s in spaces.values())
+        out = self._tmp
+        t_spool = self._spools["t"]
+        t_dtype = np.dtype(np.float64 if t_spool.dtype.kind == "f" else np.int64)
+        N = self._final_num_nodes(spaces)
+        id_dtype = np.dtype(np.int32 if N < _INT32_LIMIT else np.int64)
+        writers = {"t": _NpyAppender(out / "t.npy", t_dtype, (E,))}
+        if "edge_feat" in self._spools:
+            shape = (E, *self._spools["edge_feat"].row_shape)
+            writers["edge_feat"] = _NpyAppender(out / "edge_feat.npy", np.float32, shape)
+        if "label" in self._spools:
+            kind = self._spools["label"].dtype.kind
+            dtype = np.float32 if kind == "f" else np.int64
+            writers["label"] = _NpyAppender(out / "label.npy", dtype, (E,))
+        id_writers = {c: _NpyAppender(out / f"{c}.npy", id_dtype, (E,)) for c in ("src", "dst")}
+        if needs_table and not in_order:
+            sorted_ids = {c: _Spool(self._spool_dir / f"sorted_{c}") for c in ("src", "dst")}
+        else:
+            sorted_ids = None
+        extrema = {"src_max": -1, "dst_min": N}
+
+        def write_ids(chunk: dict[str, np.ndarray]) -> None:
+            for col, key in (("src", "src"), ("dst", "dst" if self.bipartite else "src")):
+                compact = spaces[key].map(chunk[col]) if spaces else chunk[col]
+                if col == "src":
+                    extrema["src_max"] = max(extrema["src_max"], int(compact.max()))
+                else:
+                    extrema["dst_min"] = min(extrema["dst_min"], int(compact.min()))
+                id_writers[col].append(compact)
+
+        offset = 0
+        for chunk in self._sorted_stream():
+            n = chunk["t"].shape[0]
+            for col, w in writers.items():
+                w.append(chunk[col])
+            if not needs_table:
+                write_ids(chunk)
+            else:
+                if self.bipartite:
+                    for col in ("src", "dst"):
+                        if spaces[col].kind == "table":
+                            spaces[col].observe(chunk[col], offset)
+                else:
+                    # Interleave so that within an event the source counts as first.
+                    seq = np.empty(2 * n, dtype=chunk["src"].dtype)
+                    seq[0::2], seq[1::2] = chunk["src"], chunk["dst"]
+                    spaces["src"].observe(seq, 2 * offset)
+                if sorted_ids is not None:
+                    for col in ("src", "dst"):
+                        sorted_ids[col].append(chunk[col])
+            offset += n
+        for w in writers.values():
+            w.close()
+
+        # Pass 2: the first-appearance numbering is complete; map the sorted raw ids.
+        for space in spaces.values():
+            space.prepare()
+        if needs_table:
+            source = sorted_ids if sorted_ids is not None else self._spools
+            for spool in (source["src"], source["dst"]):
+                spool.finish()
+            for start, stop in iter_ranges(E):
+                write_ids({c: source[c].read(start, stop) for c in ("src", "dst")})
+        for w in id_writers.values():
+            w.close()
+        shutil.rmtree(self._spool_dir)
+
+        id_map = self._id_map(spaces, N)
+        np.save(out / "id_map.npy", id_map)
+        if self.node_feat is not None:
+            node_out = _NpyAppender(out / "node_feat.npy", np.float32, self.node_feat.shape)
+            for start, stop in iter_ranges(N):
+                rows = np.asarray(self.node_feat[start:stop], dtype=np.float32)
+                if not np.isfinite(rows).all():
+                    i = start + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                    raise DataError(f"node {i}: node features contain NaN/inf")
+                node_out.append(rows)
+            node_out.close()
+
+        split_meta = self._write_split(E)
+        bipartite, num_src = self._bipartite_result(spaces, extrema)
+        t = np.load(out / "t.npy", mmap_mode="r")
+        meta: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "num_events": E,
+            "num_nodes": N,
+            "bipartite": bipartite,
+            "num_src_nodes": num_src,
+            "t_dtype": str(t_dtype),
+            "t_min": t[0].item(),
+            "t_max": t[-1].item(),
+            "edge_feat_dim": int(self._spools["edge_feat"].row_shape[0])
+            if "edge_feat" in self._spools
+            else 0,
+            "node_feat_dim": 0 if self.node_feat is None else int(self.node_feat.shape[1]),
+            "has_label": "label" in self._spools,
+            "split": split_meta,
+            "source": self.source,
+            "sorted_on_ingest": not in_order,
+            "num_out_of_order": self._num_out_of_order,
+        }
+        del t
+        meta["checksums"] = {p.stem: sha256_file(p) for p in sorted(out.glob("*.npy"))}
+        with open(out / "meta.json", "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        _publish(self._tmp, self.out_dir, self.overwrite)
+
+    def _id_spaces(self) -> dict[str, _IdSpace]:
+        """The id spaces to compact; empty when ids are compact already."""
+        if self.num_nodes is not None:
+            return {}
+        if not self.bipartite:
+            return {"src": _IdSpace(self._distinct["src"].result(), 0)}
+        users = _IdSpace(self._distinct["src"].result(), 0)
+        # Destination ids that already continue the source range (JODIE's offset
+        # Wikipedia copy) are kept; 0-based ones are offset after the sources.
+        items = _IdSpace(self._distinct["dst"].result(), users.n, allow_shift=True)
+        return {"src": users, "dst": items}
+
+    def _final_num_nodes(self, spaces: dict[str, _IdSpace]) -> int:
+        if self.num_nodes is not None:
+            return self.num_nodes
+        return sum(s.n for s in spaces.values())
+
+    def _id_map(self, spaces: dict[str, _IdSpace], N: int) -> np.ndarray:
+        if self.id_map is not None:
+            return self.id_map
+        if not spaces:
+            raw = np.arange(N, dtype=np.int64)
+        else:
+            raw = np.concatenate([s.raw_ids for s in spaces.values()])
+        if raw.dtype.kind == "i" and self.raw_id_offset:
+            raw = raw + self.raw_id_offset
+        return raw
+
+    def _bipartite_result(
+        self, spaces: dict[str, _IdSpace], extrema: dict[str, int]
+    ) -> tuple[bool, int | None]:
+        if self.bipartite and spaces:
+            return True, spaces["src"].n
+        ordered = extrema["src_max"] < extrema["dst_min"]
+        if self.bipartite and not ordered:
+            raise DataError("declared bipartite, but a source id is not below every destination id")
+        if self.bipartite is False or not ordered:
+            return False, None
+        return True, extrema["src_max"] + 1
+
+    def _sorted_stream(self) -> Iterator[dict[str, np.ndarray]]:
+        """Yields the events in stable time order, in chunks of all spooled columns."""
+        spools = self._spools
+        E = self._rows
+        if self._num_out_of_order == 0:
+            for start, stop in iter_ranges(E):
+                yield {c: s.read(start, stop) for c, s in spools.items()}
+            return
+        row_bytes = sum(s.row_bytes for s in spools.values())
+        num_buckets = max(1, math.ceil(E * row_bytes / self.sort_budget_bytes))
+        if num_buckets == 1:
+            buckets = [spools]
+        else:
+            buckets = self._bucket_by_time(num_buckets)
+        for bucket in buckets:
+            cols = {c: s.read(0, s.rows) for c, s in bucket.items()}
+            if bucket is not spools:
+                for s in bucket.values():
+                    s.remove()
+            # Stable: a bucket holds its events in input order, so equal times keep it.
+            perm = np.argsort(cols["t"], kind="stable")
+            for start, stop in iter_ranges(perm.shape[0]):
+                idx = perm[start:stop]
+                yield {c: v[idx] for c, v in cols.items()}
+            del cols, perm
+
+    def _bucket_by_time(self, num_buckets: int) -> list[dict[str, _Spool]]:
+        """Splits the spooled events into time ranges of about ``sort_budget_bytes`` each.
+
+        Pivots are quantiles of a strided sample of t. All events of one time land in
+        one bucket and every bucket keeps input order, so sorting each bucket in turn
+        gives the global stable order.
+        """
+        spools = self._spools
+        E = self._rows
+        t_mm = np.memmap(spools["t"].path, dtype=spools["t"].dtype, mode="r", shape=(E,))
+        step = max(1, E // (256 * num_buckets))
+        sample = np.sort(np.array(t_mm[::step]))
+        del t_mm
+        pivots = unique_sorted(sample[(np.arange(1, num_buckets) * sample.size) // num_buckets])
+        num_buckets = pivots.size + 1
+        buckets = []
+        for k in range(num_buckets):
+            bdir = self._spool_dir / f"bucket{k}"
+            bdir.mkdir()
+            buckets.append({c: _Spool(bdir / c, s.row_shape) for c, s in spools.items()})
+        for start, stop in iter_ranges(E):
+            cols = {c: s.read(start, stop) for c, s in spools.items()}
+            which = np.searchsorted(pivots, cols["t"], side="right")
+            order = np.argsort(which, kind="stable")
+            bounds = np.searchsorted(which[order], np.arange(num_buckets + 1))
+            for k in range(num_buckets):  # a loop over buckets, not events
+                lo, hi = bounds[k], bounds[k + 1]
+                if hi > lo:
+                    sel = order[lo:hi]
+                    for c, v in cols.items():
+                        buckets[k][c].append(v[sel])
+        for bucket in buckets:
+            for s in bucket.values():
+                s.finish()
+        # The raw spools are no longer needed; free their disk space early.
+        for s in spools.values():
+            s.remove()
+        return [b for b in buckets if b["t"].rows > 0]
+
+    def _write_split(self, E: int) -> dict[str, Any]:
+        t = np.load(self._tmp / "t.npy", mmap_mode="r")
+        # Rounded so that the defaults give DyGLib's literal 0.70 / 0.85 quantiles.
+        train_frac = round(1.0 - self.val_frac - self.test_frac, 12)
+        val_time = sorted_quantile(t, train_frac)
+        test_time = sorted_quantile(t, round(1.0 - self.test_frac, 12))
+        n_train = _count_le(t, val_time)
+        n_train_val = _count_le(t, test_time)
+        del t
+        split = _NpyAppender(self._tmp / "split.npy", np.uint8, (E,))
+        bounds = np.array([n_train, n_train_val])
+        for start, stop in iter_ranges(E):
+            split.append(np.searchsorted(bounds, np.arange(start, stop), side="right"))
+        split.close()
+        return {
+            "method": "time_quantile",
+            "fractions": [train_frac, self.val_frac, self.test_frac],
+            "val_time": val_time,
+            "test_time": test_time,
+            "counts": {
+                "train": n_train,
+                "val": n_train_val - n_train,
+                "test": E - n_train_val,
+            },
+        }
+
+
+def _count_le(t: np.ndarray, value: float) -> int:
+    """Number of elements of sorted ``t`` that are <= ``value``, without upcasting ``t``.
+
+    Searching an int64 memmap for a float would make numpy convert the whole column;
+    for integer t, ``t <= v`` is ``t <= floor(v)``.
+    """
+    if t.dtype.kind == "f":
+        return int(np.searchsorted(t, np.float64(value), side="right"))
+    return int(np.searchsorted(t, np.int64(math.floor(value)), side="right"))
+
+
+def _check_target(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not overwrite:
+        if not out_dir.is_dir() or any(out_dir.iterdir()):
+            raise SvenError(f"{out_dir} already exists; pass --overwrite to replace it")
+
+
+def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
+    """Renames the finished temporary store into place."""
+    _check_target(out_dir, overwrite)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        # Move the old store aside so that the new one appears in a single rename.
+        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(out_dir, old)
+        try:
+            os.rename(tmp, out_dir)
+        except BaseException:
+            os.rename(old, out_dir)
+            raise
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    else:
+        # rename(2) replaces an empty directory atomically.
+        os.rename(tmp, out_dir)
+
+
+def write_events(
+    out_dir: str | os.PathLike[str],
+    src: np.ndarray,
+    dst: np.ndarray,
+    t: np.ndarray,
+    *,
+    edge_feat: np.ndarray | None = None,
+    node_feat: np.ndarray | None = None,
+    label: np.ndarray | None = None,
+    id_map: np.ndarray | None = None,
+    **kwargs: Any,
+) -> TemporalEvents:
+    """Writes in-memory event arrays as an event store (atomically).
+
+    Args:
+        out_dir: Target directory.
+        src: (E,) source ids: raw ids to compact, or compact ids when ``num_nodes``,
+            ``node_feat`` or ``id_map`` fixes the node set.
+        dst: (E,) destination ids, like ``src``.
+        t: (E,) int or float timestamps, in any order (sorted stably on write).
+        edge_feat: (E, d_e) edge features.
+        node_feat: (N, d_n) node features, row i for node i; fixes ``num_nodes = N``.
+        label: (E,) per-event labels.
+        id_map: (N,) raw id of each compact id, when ids are compact already.
+        **kwargs: Further :class:`StoreWriter` options (``name``, ``num_nodes``,
+            ``bipartite``, ``val_frac``, ``test_frac``, ``source``, ``overwrite``...).
+
+    Returns:
+        The written store, loaded memory-mapped.
+    """
+    n = np.shape(src)[0] if np.ndim(src) else 0
+    # Checked up front: inside the chunk loop a short column would be reported per chunk.
+    if np.shape(dst)[:1] != (n,) or np.shape(t)[:1] != (n,):
+        raise DataError(f"src, dst and t differ in length: {n}, {np.shape(dst)}, {np.shape(t)}")
+    if edge_feat is not None and np.shape(edge_feat)[:1] != (n,):
+        raise DataError(f"{n} events but {np.shape(edge_feat)[0]} rows of edge features")
+    if label is not None and np.shape(label)[:1] != (n,):
+        raise DataError(f"{n} events but {np.shape(label)[0]} labels")
+    with StoreWriter(out_dir, node_feat=node_feat, id_map=id_map, **kwargs) as writer:
+        for start, stop in iter_ranges(n):
+            writer.append(
+                src[start:stop],
+                dst[start:stop],
+                t[start:stop],
+                edge_feat=None if edge_feat is None else edge_feat[start:stop],
+                label=None if label is None else label[start:stop],
+            )
+        return writer.close()
+
+
+class TemporalEvents:
+    """An event store, its columns memory-mapped (see :class:`StoreWriter` for the format).
+
+    Attributes:
+        path: The store directory.
+        meta: The parsed ``meta.json``.
+        src, dst: (E,) int32/int64 compact node ids.
+        t: (E,) int64 or float64 non-decreasing timestamps.
+        split: (E,) uint8, 0 train, 1 val, 2 test.
+        edge_feat: (E, d_e) float32 or None.
+        node_feat: (N, d_n) float32 or None.
+        label: (E,) labels or None.
+        id_map: (N,) raw id of each compact id.
+    """
+
+    _COLUMNS = ("src", "dst", "t", "split", "edge_feat", "node_feat", "label", "id_map")
+
+    def __init__(self, path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+        self.path = path
+        self.meta = meta
+        self.src: np.ndarray = columns["src"]
+        self.dst: np.ndarray = columns["dst"]
+        self.t: np.ndarray = columns["t"]
+        self.split: np.ndarray = columns["split"]
+        self.edge_feat: np.ndarray | None = columns.get("edge_feat")
+        self.node_feat: np.ndarray | None = columns.get("node_feat")
+        self.label: np.ndarray | None = columns.get("label")
+        self.id_map: np.ndarray = columns["id_map"]
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False
+    ) -> TemporalEvents:
+        """Opens a store.
+
+        Args:
+            path: The store directory.
+            mmap: Memory-map the columns (default); False reads them into memory.
+            verify: Recompute every column's sha256 and compare with ``meta.json``.
+
+        Raises:
+            DataError: if the directory is not a valid store of a known version.
+        """
+        path = Path(path)
+        meta_path = path / "meta.json"
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise DataError("not an event store (no meta.json)", path) from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"corrupt meta.json: {exc}", meta_path) from None
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise DataError(
+                f"unsupported store format_version {meta.get('format_version')!r} "
+                f"(this Sven reads {FORMAT_VERSION})",
+                meta_path,
+            )
+        columns: dict[str, np.ndarray] = {}
+        for col in cls._COLUMNS:
+            file = path / f"{col}.npy"
+            if not file.exists():
+                if col in ("edge_feat", "node_feat", "label"):
+                    continue
+                raise DataError(f"missing column file {file.name}", path)
+            if verify and sha256_file(file) != meta["checksums"].get(col):
+                raise DataError("checksum mismatch", file)
+            columns[col] = np.load(file, mmap_mode="r" if mmap else None)
+        E, N = meta["num_events"], meta["num_nodes"]
+        expect = {"src": E, "dst": E, "t": E, "split": E, "edge_feat": E, "label": E}
+        expect.update(node_feat=N, id_map=N)
+        for col, arr in columns.items():
+            if arr.shape[0] != expect[col]:
+                raise DataError(
+                    f"{col}.npy has {arr.shape[0]} rows, meta.json says {expect[col]}", path
+                )
+        return cls(path, meta, columns)
+
+    @property
+    def num_events(self) -> int:
+        return int(self.meta["num_events"])
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.meta["num_nodes"])
+
+    @property
+    def bipartite(self) -> bool:
+        return bool(self.meta["bipartite"])
+
+    @property
+    def num_src_nodes(self) -> int | None:
+        """Bipartite graphs: sources are ``0..num_src_nodes-1``; else None."""
+        return self.meta.get("num_src_nodes")
+
+    def __len__(self) -> int:
+        return self.num_events
+
+    def __repr__(self) -> str:
+        return (
+            f"TemporalEvents({str(self.path)!r}, events={self.num_events}, "
+            f"nodes={self.num_nodes}, bipartite={self.bipartite})"
+        )
+
+    def split_range(self, split: str) -> tuple[int, int]:
+        """Half-open event index range ``(start, stop)`` of ``"train"``, ``"val"`` or ``"test"``."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        counts = self.meta["split"]["counts"]
+        start = 0
+        for name in SPLITS:
+            stop = start + int(counts[name])
+            if name == split:
+                return start, stop
+            start = stop
+        raise AssertionError("unreachable")
+
+    def seen_in(self, split: str = "train") -> np.ndarray:
+        """(N,) bool: the nodes that occur in an event of ``split``."""
+        seen = np.zeros(self.num_nodes, dtype=bool)
+        start, stop = self.split_range(split)
+        for lo, hi in iter_ranges(stop - start):
+            seen[self.src[start + lo : start + hi]] = True
+            seen[self.dst[start + lo : start + hi]] = True
+        return seen
+
+    def inductive_mask(self, split: str = "test") -> np.ndarray:
+        """(n_split,) bool: events of ``split`` with an endpoint never seen in training."""
+        seen = self.seen_in("train")
+        start, stop = self.split_range(split)
+        src = np.asarray(self.src[start:stop])
+        dst = np.asarray(self.dst[start:stop])
+        return ~seen[src] | ~seen[dst]
+
+    def to_pyg(self) -> TemporalData:
+        """Copies the events into a ``torch_geometric.data.TemporalData``.
+
+        ``src``, ``dst``, ``t`` (int64 or float64), ``msg`` (edge features), ``y``
+        (labels) and ``x`` (node features) as tensors; absent columns are left out.
+        """
+        import torch
+        from torch_geometric.data import TemporalData
+
+        def tensor(a: np.ndarray, dtype: Any = None) -> torch.Tensor:
+            return torch.from_numpy(np.array(a, dtype=dtype))
+
+        data = TemporalData(
+            src=tensor(self.src, np.int64), dst=tensor(self.dst, np.int64), t=tensor(self.t)
+        )
+        if self.edge_feat is not None:
+            data.msg = tensor(self.edge_feat)
+        if self.label is not None:
+            data.y = tensor(self.label)
+        if self.node_feat is not None:
+            data.x = tensor(self.node_feat)
+        return data
+
+    @classmethod
+    def from_pyg(
+        cls, data: TemporalData, out_dir: str | os.PathLike[str], **kwargs: Any
+    ) -> TemporalEvents:
+        """Writes a ``TemporalData`` (``src``, ``dst``, ``t``, optional ``msg``, ``y``,
+        ``x``) as a store; ``kwargs`` go to :func:`write_events`.
+
+        Node ids are taken as compact with ``num_nodes = max id + 1`` (PyG's own
+        convention), or ``x.shape[0]`` when node features are present.
+        """
+
+        def array(key: str) -> np.ndarray | None:
+            value = getattr(data, key, None)
+            return None if value is None else value.detach().cpu().numpy()
+
+        src, dst, t = array("src"), array("dst"), array("t")
+        if src is None or dst is None or t is None:
+            raise DataError("TemporalData needs src, dst and t")
+        x = array("x")
+        if x is None and "num_nodes" not in kwargs:
+            kwargs["num_nodes"] = int(max(src.max(initial=-1), dst.max(initial=-1))) + 1
+        kwargs.setdefault("source", {"format": "pyg"})
+        return write_events(
+            out_dir, src, dst, t, edge_feat=array("msg"), label=array("y"), node_feat=x, **kwargs
+        )
