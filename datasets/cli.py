@@ -1,0 +1,158 @@
+"""``sven data ...``: convert raw event files, inspect stores, generate synthetic data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from sven.errors import ConfigError
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``data`` with its ``convert``, ``info`` and ``synth`` subcommands.
+
+    Args:
+        subparsers: The top-level ``sven`` subparsers.
+    """
+    from sven.datasets.readers import FORMATS
+
+    data = subparsers.add_parser(
+        "data",
+        help="convert raw event files, inspect event stores, generate synthetic data",
+        description="Prepare event stores: the canonical on-disk format every stage reads.",
+    )
+    data.set_defaults(func=lambda args: _usage(data))
+    actions = data.add_subparsers(dest="data_command", metavar="ACTION")
+
+    conv = actions.add_parser(
+        "convert",
+        help="convert a raw event file (SNAP, JODIE, DyGLib, TGL, TGB, csv, parquet) to a store",
+        description="Stream a raw event file into an event store: sorted by time (stable), "
+        "compact node ids, chronological splits. Compressed input (.gz, .xz, .bz2) is read "
+        "transparently. A failed conversion leaves nothing at --out.",
+    )
+    conv.add_argument("input", help="raw file, or a TGL / DyGLib dataset directory")
+    conv.add_argument("--out", required=True, help="store directory to create")
+    conv.add_argument(
+        "--format", default="auto", choices=("auto", *FORMATS), help="input format (default: auto)"
+    )
+    conv.add_argument("--name", help="dataset name (default: from the input file name)")
+    conv.add_argument("--val-frac", type=float, default=0.15, help="validation share (0.15)")
+    conv.add_argument("--test-frac", type=float, default=0.15, help="test share (0.15)")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    cols = conv.add_argument_group("column map (csv, tgb, parquet)")
+    cols.add_argument("--src", help="source id column")
+    cols.add_argument("--dst", help="destination id column")
+    cols.add_argument("--time", help="timestamp column")
+    cols.add_argument("--feat", help="comma-separated edge feature columns")
+    cols.add_argument("--label", help="per-event label column")
+    cols.add_argument("--sep", default=",", help=r"field separator (default ','; '\s+' for spaces)")
+    cols.add_argument(
+        "--no-header", action="store_true", help="no header line: columns are 0-based positions"
+    )
+    cols.add_argument("--string-ids", action="store_true", help="node ids are strings")
+    cols.add_argument(
+        "--bipartite",
+        action="store_true",
+        help="sources and destinations are separate id spaces (destinations numbered after)",
+    )
+    conv.add_argument(
+        "--block-mb", type=int, default=16, help="decompressed MiB parsed at once (16)"
+    )
+    conv.set_defaults(func=_convert)
+
+    info = actions.add_parser(
+        "info",
+        help="summary statistics of an event store",
+        description="Events, nodes, time span, bipartiteness, repeat-edge ratio, degree "
+        "percentiles, split sizes and inductive share of an event store.",
+    )
+    info.add_argument("dir", help="event store directory")
+    info.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    info.set_defaults(func=_info)
+
+    try:
+        from sven.datasets.synth import add_synth_parser
+    except ModuleNotFoundError as exc:
+        # Only the generator module itself may be missing, never one of its imports.
+        if exc.name != "sven.datasets.synth":
+            raise
+    else:
+        add_synth_parser(actions)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from sven.datasets.readers import ColumnMap, convert
+
+    if args.block_mb < 1:
+        raise ConfigError(f"--block-mb must be >= 1, got {args.block_mb}")
+    columns = ColumnMap(
+        src=args.src,
+        dst=args.dst,
+        time=args.time,
+        feat=tuple(c.strip() for c in args.feat.split(",") if c.strip()) if args.feat else (),
+        label=args.label,
+    )
+    start = time.perf_counter()
+    ev = convert(
+        args.input,
+        args.out,
+        args.format,
+        name=args.name,
+        val_frac=args.val_frac,
+        test_frac=args.test_frac,
+        overwrite=args.overwrite,
+        columns=columns,
+        sep=args.sep,
+        header=not args.no_header,
+        string_ids=args.string_ids,
+        bipartite=True if args.bipartite else None,
+        block_bytes=args.block_mb << 20,
+    )
+    print(_summary(ev.meta, str(ev.path), time.perf_counter() - start))
+    return 0
+
+
+def _summary(meta: dict[str, Any], out: str, seconds: float) -> str:
+    """The few lines ``convert`` prints: counts, time range, splits, any reordering."""
+    E, N = meta["num_events"], meta["num_nodes"]
+    counts = meta["split"]["counts"]
+    src = meta["source"]
+    lines = [
+        f"wrote {out}: {E:,} events, {N:,} nodes"
+        + (f" (bipartite, {meta['num_src_nodes']:,} sources)" if meta["bipartite"] else ""),
+        f"  from {src.get('path')} ({src.get('format')})",
+        f"  time {meta['t_min']} .. {meta['t_max']} ({meta['t_dtype']}); "
+        f"edge features {meta['edge_feat_dim']}, node features {meta['node_feat_dim']}, "
+        f"labels {'yes' if meta['has_label'] else 'no'}",
+        f"  splits train {counts['train']:,} / val {counts['val']:,} / test {counts['test']:,}",
+    ]
+    if meta["sorted_on_ingest"]:
+        lines.append(
+            f"  note: input was not in time order ({meta['num_out_of_order']:,} events earlier "
+            "than the one before them); events were stable-sorted by time"
+        )
+    else:
+        lines.append("  input was in time order; no reordering")
+    rate = E / seconds if seconds > 0 else float("inf")
+    lines.append(f"  {seconds:.1f} s ({rate:,.0f} events/s)")
+    return "\n".join(lines)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from sven.datasets.info import describe, format_info
+    from sven.datasets.store import TemporalEvents
+
+    stats = describe(TemporalEvents.load(args.dir))
+    print(json.dumps(stats, indent=2) if args.json else format_info(stats))
+    return 0
