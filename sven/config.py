@@ -105,6 +105,10 @@ class TrainConfig:
     """float32 or float64 (exactness tests)."""
     threads: int = 0
     """torch intra-op threads on CPU (0: torch's default)."""
+    deterministic: bool = True
+    """Deterministic kernels (``torch.use_deterministic_algorithms``): multithreaded
+    gradient accumulation is otherwise order-dependent, and reruns and resumed runs
+    would drift apart in the last bits."""
 
     def __post_init__(self) -> None:
         for f in ("epochs", "batch_size", "num_neg", "keep_latest_k"):

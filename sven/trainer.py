@@ -115,6 +115,10 @@ class Trainer:
         tc, mc = cfg.train, cfg.model
         if tc.threads:
             torch.set_num_threads(tc.threads)
+        if tc.deterministic:
+            # cuBLAS reads this once, at its first use in the process.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.device = torch.device(tc.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("train.device is cuda but no CUDA device is available")

@@ -23,7 +23,7 @@ METRIC_KEYS = (
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    """A small repetitive interaction stream (learnable), 3000 events on 60 nodes."""
+    """A small interaction stream with edge features: 3000 events on 60 nodes."""
     rng = np.random.default_rng(0)
     e = 3000
     src = rng.integers(0, 60, e)
@@ -77,11 +77,20 @@ def test_fit_writes_outputs(store: str, tmp_path, model: str) -> None:
     assert 0.0 <= summary["test_ap"] <= 1.0
 
 
-def test_memory_model_learns(store: str, tmp_path) -> None:
-    summary = sven.Trainer(
-        None, _overrides(store, tmp_path, "train.epochs=3", "train.lr=0.003")
-    ).fit()
-    assert summary["test_ap"] > 0.75
+def test_memory_model_learns_synthetic(tmp_path) -> None:
+    from sven.datasets.synth import generate
+
+    generate(tmp_path / "syn", events=20_000, nodes=300, seed=0)
+    extra = (
+        "train.epochs=5",
+        "train.patience=0",
+        "train.lr=0.003",
+        "model.memory_dim=32",
+        "model.embed_dim=32",
+    )
+    summary = sven.Trainer(None, _overrides(str(tmp_path / "syn"), tmp_path / "o", *extra)).fit()
+    # Scoring at random gives 0.5; five short epochs of TGN reach ~0.68 on this stream.
+    assert summary["test_ap"] > 0.62
 
 
 def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys) -> None:
