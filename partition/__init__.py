@@ -2,3 +2,37 @@
 
 Installed as ``sven.partition``; always import it under that name.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public names and the submodule that defines each. Resolved on first use so that
+# ``sven`` (whose CLI imports ``sven.partition.cli``) does not pay for METIS and the
+# cost model on every command.
+_EXPORTS = {
+    "STRATEGIES": "api",
+    "PartitionResult": "api",
+    "partition_arrays": "api",
+    "partition_store": "api",
+    "evaluate_store": "api",
+    "CostReport": "cost",
+    "RowBytes": "cost",
+    "SampledCost": "cost",
+    "comm_cost": "cost",
+    "format_report": "cost",
+    "recent_sampler": "cost",
+    "row_bytes": "cost",
+    "Partition": "store",
+    "load_partition": "store",
+    "write_partition": "store",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,240 @@
+"""Event-to-rank assignment: every event goes to the owner of one of its endpoints.
+
+An event whose endpoints share an owner has no choice. A cut event (u, v) can go to
+a = owner(u) or b = owner(v): both ranks then read the other endpoint remotely and
+write it back, so the choice is decided by the sampled neighbourhoods, which are
+mostly local where the endpoints are well connected. The preference for a is
+
+    s = A(u, a) + A(v, a) - A(u, b) - A(v, b),
+
+where A(x, r) is the share of x's interaction weight that goes to vertices on r (the
+expected share of x's sampled neighbours that r holds). Each cut event goes to its
+preferred side; then, while a rank exceeds the event cap ``balance * mean``, its cut
+events with the weakest preference move to their other endpoint's rank where that rank
+has room. Everything is vectorized; the loop is over rebalancing rounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from sven.partition.graph import InteractionGraph
+
+__all__ = ["affinity_table", "assign_events", "endpoint_preference"]
+
+
+def affinity_table(graph: InteractionGraph, owner: np.ndarray, parts: int) -> np.ndarray:
+    """Share of every vertex's edge weight held by each rank.
+
+    Args:
+        graph: Interaction graph.
+        owner: (N,) owners.
+        parts: P.
+
+    Returns:
+        (N, P) float32 table ``A[x, r]``; rows sum to 1 (0 for isolated vertices).
+        float32 halves the one dense N x P table.
+    """
+    n = graph.num_nodes
+    rows = graph.rows()
+    deg = np.maximum(graph.weighted_degree().astype(np.float64), 1.0)
+    aff = np.bincount(
+        rows * parts + owner[graph.indices],
+        weights=graph.weights / deg[rows],
+        minlength=n * parts,
+    )
+    return aff.astype(np.float32).reshape(n, parts)
+
+
+def endpoint_preference(
+    aff: np.ndarray, owner: np.ndarray, src: np.ndarray, dst: np.ndarray
+) -> np.ndarray:
+    """Preference of each event for ``owner[src]`` over ``owner[dst]`` (see module doc).
+
+    Args:
+        aff: (N, P) affinity table (``affinity_table``).
+        owner: (N,) owners.
+        src: (E,) source ids.
+        dst: (E,) destination ids.
+
+    Returns:
+        (E,) float64 preference, positive for the source's owner; 0 for uncut events.
+    """
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    a = owner[src]
+    b = owner[dst]
+    pref = aff[src, a] + aff[dst, a]
+    pref -= aff[src, b] + aff[dst, b]
+    return pref.astype(np.float64)
+
+
+def assign_events(
+    src: np.ndarray,
+    dst: np.ndarray,
+    owner: np.ndarray,
+    parts: int,
+    *,
+    balance: float = 1.05,
+    preference: np.ndarray | None = None,
+    seed: int = 0,
+    event_index: np.ndarray | None = None,
+    max_rounds: int = 64,
+) -> np.ndarray:
+    """Assigns each event to the owner of its source or of its destination.
+
+    Args:
+        src: (E,) source ids.
+        dst: (E,) destination ids.
+        owner: (N,) owners.
+        parts: P.
+        balance: Event cap per rank as a multiple of the mean; met whenever the cut
+            events leave enough freedom.
+        preference: (E,) preference for the source's owner (``endpoint_preference``);
+            None means no preference, so only load decides.
+        seed: Breaks exact preference ties pseudo-randomly.
+        event_index: (E,) global indices of the events, which key the tie-breaks so
+            that a subset of the events is assigned as within the whole; None means
+            0..E-1.
+        max_rounds: Rebalancing rounds at most.
+
+    Returns:
+        (E,) int64 rank per event.
+    """
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    a = owner[src].astype(np.int64)
+    b = owner[dst].astype(np.int64)
+    num = src.shape[0]
+    if num == 0:
+        return a
+    pref = np.zeros(num) if preference is None else np.asarray(preference, dtype=np.float64)
+    # Exact ties (no preference at all) alternate by a hash of the event index, so that
+    # neither endpoint role is favoured systematically.
+    idx = np.arange(num, dtype=np.int64) if event_index is None else event_index
+    coin = ((idx * 0x9E3779B1 + seed * 0x85EBCA77) >> 7) & 1
+    pref = np.where(pref == 0.0, np.where(coin == 1, 1e-12, -1e-12), pref)
+    choice = np.where(pref > 0, a, b)
+    cut = a != b
+    cap = max(int(np.floor(balance * num / parts)), -(-num // parts))
+    return _rebalance(choice, a, b, pref, cut, cap, parts, max_rounds)
+
+
+def _rebalance(
+    choice: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    pref: np.ndarray,
+    cut: np.ndarray,
+    cap: int,
+    parts: int,
+    max_rounds: int,
+) -> np.ndarray:
+    """Moves cut events between their two ranks until no rank exceeds ``cap``.
+
+    Direct moves go from an over-full rank to the other endpoint's rank where it has
+    room, weakest preference first. When no direct move is left but a rank is still
+    over, the excess travels along the shortest chain of ranks (breadth-first on the
+    P x P graph of movable events) to a rank with room, one hop at a time; events moved
+    on a chain are frozen so that chains cannot undo each other.
+
+    Args:
+        choice: (E,) int64 current rank per event, updated in place.
+        a: (E,) int64 source owner.
+        b: (E,) int64 destination owner.
+        pref: (E,) preference for ``a``.
+        cut: (E,) bool, ``a != b``.
+        cap: Events per rank at most.
+        parts: P.
+        max_rounds: Rounds at most.
+
+    Returns:
+        ``choice``.
+    """
+    frozen = np.zeros(choice.shape[0], dtype=bool)
+    for _ in range(max_rounds):
+        counts = np.bincount(choice, minlength=parts)
+        excess = counts - cap
+        if excess.max() <= 0:
+            break
+        room = cap - counts
+        alt = a + b - choice
+        free = cut & ~frozen
+        movable = np.flatnonzero(free & (excess[choice] > 0) & (room[alt] > 0))
+        if movable.shape[0]:
+            loss = _loss(movable, choice, a, pref)
+            keep = _take_per_group(movable, choice[movable], loss, excess)
+            keep = _take_per_group(keep, alt[keep], _loss(keep, choice, a, pref), room)
+            choice[keep] = alt[keep]
+            continue
+        ev = np.flatnonzero(free)
+        flow = np.bincount(choice[ev] * parts + alt[ev], minlength=parts * parts)
+        path = _chain(flow.reshape(parts, parts), int(np.argmax(excess)), room > 0)
+        if path is None:
+            break
+        hops = list(itertools.pairwise(path))
+        amount = min(excess[path[0]], room[path[-1]], *(flow[r * parts + q] for r, q in hops))
+        for r, q in hops:
+            on = ev[(choice[ev] == r) & (alt[ev] == q)]
+            moved = on[np.lexsort((on, _loss(on, choice, a, pref)))[:amount]]
+            choice[moved] = q
+            frozen[moved] = True
+    return choice
+
+
+def _loss(idx: np.ndarray, choice: np.ndarray, a: np.ndarray, pref: np.ndarray) -> np.ndarray:
+    """Preference lost by moving events ``idx`` off their current rank."""
+    return np.where(choice[idx] == a[idx], pref[idx], -pref[idx])
+
+
+def _chain(flow: np.ndarray, start: int, has_room: np.ndarray) -> list[int] | None:
+    """Shortest chain of ranks from ``start`` to a rank with room (BFS over P ranks).
+
+    Args:
+        flow: (P, P) movable events from rank r to rank q.
+        start: The over-full rank.
+        has_room: (P,) bool.
+
+    Returns:
+        The ranks along the chain, ``start`` first, or None if none is reachable.
+    """
+    parent = {start: start}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for r in frontier:
+            for q in np.flatnonzero(flow[r] > 0).tolist():
+                if q in parent:
+                    continue
+                parent[q] = r
+                if has_room[q]:
+                    path = [q]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return path[::-1]
+                nxt.append(q)
+        frontier = nxt
+    return None
+
+
+def _take_per_group(
+    items: np.ndarray, group: np.ndarray, key: np.ndarray, quota: np.ndarray
+) -> np.ndarray:
+    """Per group, the ``quota[group]`` items with the smallest key.
+
+    Args:
+        items: (m,) item ids.
+        group: (m,) group of each item.
+        key: (m,) sort key, smallest first; ties by item id.
+        quota: (G,) how many to take from each group (non-positive takes none).
+
+    Returns:
+        (k,) the selected items, in group then key order.
+    """
+    order = np.lexsort((items, key, group))
+    g = group[order]
+    first = np.searchsorted(g, g, side="left")
+    pos = np.arange(g.shape[0]) - first
+    return items[order][pos < quota[g]]

@@ -1,0 +1,211 @@
+"""``sven partition``: partition an event store, or re-evaluate an existing partition.
+
+::
+
+    sven partition DATA --parts P --strategy S --out DIR [--batch B] [--k K]
+                   [--num-neg N] [--balance 1.05] [--seed S] [--json] [--overwrite]
+    sven partition report DATA PART_DIR [--batch B] [--k K] [--num-neg N] [--json]
+
+Both print the cost report (per-rank events, vertices, remote reads and writes, bytes,
+naive bytes; max, mean and max/mean) as a table, or as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from sven.errors import ConfigError, DataError
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``partition`` subcommand.
+
+    Args:
+        subparsers: The top-level ``sven`` subparsers.
+    """
+    from sven.partition.api import STRATEGIES
+
+    p = subparsers.add_parser(
+        "partition",
+        help="assign vertices and events to ranks; report per-rank communication",
+        description="Partition an event store into P ranks (vertex owners plus an "
+        "event-to-rank assignment) and print the cost report of one training epoch. "
+        "'sven partition report DATA PART_DIR' re-evaluates an existing partition.",
+        usage="%(prog)s DATA --parts P --strategy S --out DIR [options]\n"
+        "       %(prog)s report DATA PART_DIR [options]",
+    )
+    p.add_argument(
+        "positional", nargs="+", metavar="DATA", help="event store (or: report DATA PART_DIR)"
+    )
+    p.add_argument("--parts", type=int, help="number of ranks P")
+    p.add_argument("--strategy", choices=STRATEGIES, help="partitioning strategy")
+    p.add_argument("--out", help="partition directory to create")
+    p.add_argument(
+        "--batch", type=int, help="global batch size B of the cost model (600; report: as built)"
+    )
+    p.add_argument("--k", type=int, help="neighbours per root (10; report: as built)")
+    p.add_argument("--num-neg", type=int, help="negatives per event (1; report: as built)")
+    p.add_argument("--balance", type=float, default=1.05, help="event cap as max/mean (1.05)")
+    p.add_argument("--seed", type=int, help="seed of the strategy and the negatives (0)")
+    p.add_argument("--memory-dim", type=int, default=100, help="memory width for bytes (100)")
+    p.add_argument(
+        "--mail-dim", type=int, help="mail width for bytes (default 3 x memory-dim, as TGN)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_run)
+
+
+def _setting(args: argparse.Namespace, name: str, meta: dict[str, Any], default: int) -> int:
+    """A cost-model setting: the flag if given, else the partition's, else the default."""
+    value = getattr(args, name)
+    if value is not None:
+        return int(value)
+    key = {"batch": "batch_size"}.get(name, name)
+    return int(meta.get(key, default))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Dispatches on the first positional: ``report`` or a store."""
+    pos = args.positional
+    if pos[0] == "report":
+        if len(pos) != 3:
+            raise ConfigError("usage: sven partition report DATA PART_DIR")
+        return _report(args, pos[1], pos[2])
+    if len(pos) != 1:
+        raise ConfigError(f"expected one event store, got {' '.join(pos)}")
+    return _partition(args, pos[0])
+
+
+def _say(args: argparse.Namespace, msg: str) -> None:
+    if not args.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _emit(args: argparse.Namespace, meta: dict[str, Any], report: Any) -> None:
+    """Prints the report as a table or as JSON."""
+    from sven.partition.cost import format_report
+
+    if args.json:
+        json.dump({"partition": meta, "report": report.to_dict()}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    print(
+        f"partition {meta.get('strategy')} into {meta['parts']} ranks "
+        f"(balance {meta.get('balance')}, seed {meta.get('seed')})"
+    )
+    print(format_report(report))
+
+
+def _partition(args: argparse.Namespace, data: str) -> int:
+    """``sven partition DATA ...``."""
+    import numpy as np
+
+    from sven.datasets.store import TemporalEvents
+    from sven.partition.api import evaluate_store, partition_store, store_info
+    from sven.partition.cost import recent_sampler, row_bytes
+    from sven.partition.store import write_partition
+
+    if args.parts is None or args.strategy is None or args.out is None:
+        raise ConfigError("sven partition DATA needs --parts, --strategy and --out")
+    batch = _setting(args, "batch", {}, 600)
+    k = _setting(args, "k", {}, 10)
+    num_neg = _setting(args, "num_neg", {}, 1)
+    seed = _setting(args, "seed", {}, 0)
+    if k < 0 or num_neg < 1:
+        raise ConfigError("--k must be >= 0 and --num-neg >= 1")
+    widths = row_bytes(args.memory_dim, args.mail_dim)
+    events = TemporalEvents.load(data)
+    if events.num_events == 0:
+        raise DataError("the store has no events", data)
+    t0 = time.perf_counter()
+    # One sampler for minmax's sampled replay and the report's full replay.
+    sampler = (
+        recent_sampler(events.src, events.dst, events.t, events.num_nodes, k) if k > 0 else None
+    )
+    sampler_s = time.perf_counter() - t0
+    res = partition_store(
+        events,
+        args.parts,
+        args.strategy,
+        batch_size=batch,
+        balance=args.balance,
+        seed=seed,
+        k=k,
+        num_neg=num_neg,
+        sampler=sampler,
+        log=lambda m: _say(args, m),
+    )
+    t1 = time.perf_counter()
+    report = evaluate_store(
+        events, res, parts=args.parts, batch_size=batch, k=k, num_neg=num_neg, seed=seed,
+        widths=widths, sampler=sampler,
+    )  # fmt: skip
+    timings = {"sampler_s": sampler_s, **res.timings, "report_s": time.perf_counter() - t1}
+    _say(args, f"report: {timings['report_s']:.1f}s")
+    _, train_stop = events.split_range("train")
+    meta = {
+        "strategy": args.strategy,
+        "parts": args.parts,
+        "batch_size": batch,
+        "k": k,
+        "num_neg": num_neg,
+        "balance": args.balance,
+        "seed": seed,
+        "num_train_events": int(train_stop),
+        "store": {"path": str(events.path), **store_info(events)},
+        "timings": {name: round(v, 3) for name, v in timings.items()},
+        "report": report.summary(),
+    }
+    from sven import __version__
+
+    meta["sven_version"] = __version__
+    part = write_partition(args.out, res.owner, res.assign.astype(np.int64), meta,
+                           overwrite=args.overwrite)  # fmt: skip
+    _say(args, f"wrote {args.out}")
+    _emit(args, part.meta, report)
+    return 0
+
+
+def _report(args: argparse.Namespace, data: str, part_dir: str) -> int:
+    """``sven partition report DATA PART_DIR``."""
+    from sven.datasets.store import TemporalEvents
+    from sven.partition.api import evaluate_store, store_info
+    from sven.partition.cost import row_bytes
+    from sven.partition.store import load_partition
+
+    events = TemporalEvents.load(data)
+    part = load_partition(part_dir)
+    meta = part.meta
+    recorded = meta.get("store", {})
+    current = store_info(events)
+    for key in ("num_events", "num_nodes"):
+        if recorded.get(key) is not None and recorded[key] != current[key]:
+            raise DataError(
+                f"partition was built for a store with {key}={recorded[key]}, "
+                f"this one has {current[key]}",
+                part_dir,
+            )
+    for col, digest in recorded.get("checksums", {}).items():
+        if current["checksums"].get(col) not in (None, digest):
+            raise DataError(f"partition was built for other data ({col} differs)", part_dir)
+    widths = row_bytes(args.memory_dim, args.mail_dim)
+    report = evaluate_store(
+        events,
+        part,
+        parts=int(meta["parts"]),
+        batch_size=_setting(args, "batch", meta, 600),
+        k=_setting(args, "k", meta, 10),
+        num_neg=_setting(args, "num_neg", meta, 1),
+        seed=_setting(args, "seed", meta, 0),
+        widths=widths,
+    )
+    _emit(args, meta, report)
+    return 0

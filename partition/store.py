@@ -1,0 +1,219 @@
+"""The partition directory: writer, loader and checks.
+
+Layout of a partition of an event store into P ranks (format version 1)::
+
+    PART_DIR/
+      meta.json            see below
+      owner.npy            (N,) int32: owner rank of every vertex, in [0, P)
+      assign.npy           (E,) int16 (int32 if P > 32767): rank of every event
+      events_rank{r}.npy   (E_r,) int64: sorted global indices of the events with
+                           assign == r, one file per rank r = 0..P-1
+
+Every event of the store (train, val and test) is assigned, to the owner of its
+source or of its destination; the cost report covers the training epoch.
+
+``meta.json`` keys: ``format_version`` (1), ``strategy``, ``parts``, ``num_nodes``,
+``num_events``, ``num_train_events``, ``batch_size``, ``k`` and ``num_neg`` (the
+settings the cost model used), ``balance``, ``seed``, ``store`` (the event store's
+``path``, ``name`` and its ``checksums`` of ``src``/``dst``/``t``, so that a partition
+is never used with other data), ``checksums`` (``{file name: sha256}`` of every
+``.npy`` above), ``timings`` (seconds per phase), ``sven_version`` and ``report`` (the
+cost report's summary, see ``CostReport.summary``).
+
+The directory is written next to its final place under a temporary name and renamed
+into place, so a reader sees either nothing or a complete partition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sven.errors import DataError
+
+__all__ = ["FORMAT_VERSION", "Partition", "load_partition", "write_partition"]
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Partition:
+    """An owner map and an event assignment, with their metadata.
+
+    Attributes:
+        owner: (N,) int32 owner rank per vertex.
+        assign: (E,) int16/int32 rank per event.
+        meta: The contents of ``meta.json`` (empty before writing).
+        events: Rank -> (E_r,) int64 sorted event indices; only the loaded ranks.
+    """
+
+    owner: np.ndarray
+    assign: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+    events: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def parts(self) -> int:
+        """P."""
+        if "parts" in self.meta:
+            return int(self.meta["parts"])
+        return int(self.owner.max()) + 1 if self.owner.size else 1
+
+    def rank_events(self, rank: int) -> np.ndarray:
+        """Returns the (E_r,) int64 sorted indices of the events of ``rank``."""
+        if rank not in self.events:
+            self.events[rank] = np.flatnonzero(np.asarray(self.assign) == rank).astype(np.int64)
+        return self.events[rank]
+
+
+def _sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 16 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _assign_dtype(parts: int) -> type[np.signedinteger]:
+    """int16 for up to 32767 ranks, else int32."""
+    return np.int16 if parts <= np.iinfo(np.int16).max else np.int32
+
+
+def write_partition(
+    out_dir: str | os.PathLike[str],
+    owner: np.ndarray,
+    assign: np.ndarray,
+    meta: dict[str, Any],
+    *,
+    overwrite: bool = False,
+) -> Partition:
+    """Writes a partition directory atomically (see the module docstring for the layout).
+
+    Args:
+        out_dir: Target directory; its parent is created if needed.
+        owner: (N,) owner per vertex, in [0, P).
+        assign: (E,) rank per event, in [0, P).
+        meta: At least ``parts``; ``format_version``, counts and ``checksums`` are
+            filled in here.
+        overwrite: Replace an existing directory; otherwise it is an error.
+
+    Returns:
+        The written partition (events of every rank loaded).
+
+    Raises:
+        DataError: If the target exists and ``overwrite`` is False, or the arrays are
+            out of range.
+    """
+    out = Path(out_dir)
+    parts = int(meta["parts"])
+    owner = np.asarray(owner)
+    assign = np.asarray(assign)
+    if owner.size and (owner.min() < 0 or owner.max() >= parts):
+        raise DataError(f"owner values outside [0, {parts})", out)
+    if assign.size and (assign.min() < 0 or assign.max() >= parts):
+        raise DataError(f"assign values outside [0, {parts})", out)
+    if out.exists() and not overwrite:
+        raise DataError("already exists (pass --overwrite to replace it)", out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        files = {
+            "owner.npy": owner.astype(np.int32),
+            "assign.npy": assign.astype(_assign_dtype(parts)),
+        }
+        # One stable sort by rank yields every rank's events in increasing order.
+        order = np.argsort(files["assign.npy"], kind="stable")
+        bounds = np.searchsorted(files["assign.npy"][order], np.arange(parts + 1))
+        events = {r: order[bounds[r] : bounds[r + 1]].astype(np.int64) for r in range(parts)}
+        for r, idx in events.items():
+            files[f"events_rank{r}.npy"] = idx
+        checksums = {}
+        for name, arr in files.items():
+            np.save(tmp / name, arr)
+            checksums[name] = _sha256(tmp / name)
+        full = {
+            "format_version": FORMAT_VERSION,
+            **meta,
+            "num_nodes": int(owner.shape[0]),
+            "num_events": int(assign.shape[0]),
+            "checksums": checksums,
+        }
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(full, f, indent=2, sort_keys=True)
+            f.write("\n")
+        if out.exists():
+            # Swap the old directory out first so that the rename below cannot fail on a
+            # non-empty target; it is deleted only once the new one is in place.
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Partition(files["owner.npy"], files["assign.npy"], full, events)
+
+
+def load_partition(
+    part_dir: str | os.PathLike[str],
+    rank: int | None = None,
+    *,
+    verify: bool = False,
+    mmap: bool = True,
+) -> Partition:
+    """Loads a partition directory.
+
+    Args:
+        part_dir: The directory written by ``write_partition``.
+        rank: Load this rank's event list only; None loads every rank's.
+        verify: Check the sha256 of every file read against ``meta.json``.
+        mmap: Memory-map ``owner.npy`` and ``assign.npy`` instead of reading them.
+
+    Returns:
+        The partition; ``events`` holds the requested ranks.
+
+    Raises:
+        DataError: On a missing or malformed directory, a version or checksum
+            mismatch, or a rank out of range.
+    """
+    d = Path(part_dir)
+    meta_path = d / "meta.json"
+    if not meta_path.is_file():
+        raise DataError("not a partition directory (no meta.json)", d)
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"meta.json is not valid JSON: {exc}", meta_path) from exc
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(
+            f"format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}", meta_path
+        )
+    parts = int(meta["parts"])
+    if rank is not None and not 0 <= rank < parts:
+        raise DataError(f"rank {rank} outside [0, {parts})", d)
+    ranks = range(parts) if rank is None else [rank]
+    names = ["owner.npy", "assign.npy", *(f"events_rank{r}.npy" for r in ranks)]
+    for name in names:
+        path = d / name
+        if not path.is_file():
+            raise DataError(f"missing {name}", d)
+        if verify and _sha256(path) != meta["checksums"].get(name):
+            raise DataError(f"checksum mismatch for {name}", d)
+    mode = "r" if mmap else None
+    owner = np.load(d / "owner.npy", mmap_mode=mode)
+    assign = np.load(d / "assign.npy", mmap_mode=mode)
+    if owner.shape != (meta["num_nodes"],) or assign.shape != (meta["num_events"],):
+        raise DataError("owner.npy or assign.npy does not match meta.json's counts", d)
+    events = {r: np.load(d / f"events_rank{r}.npy", mmap_mode=mode) for r in ranks}
+    return Partition(owner, assign, meta, events)

@@ -1,0 +1,176 @@
+"""The communication cost model on hand-built graphs, with every count worked by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sven.partition.cost import CostReport, RowBytes, SampledCost, comm_cost, row_bytes
+
+# Four nodes, four events, two ranks, batches of two events:
+#
+#   e0: 0 -> 1 at t=1   rank 0        owner = [0, 0, 1, 1]
+#   e1: 2 -> 3 at t=2   rank 1        batch 0 = {e0, e1}, batch 1 = {e2, e3}
+#   e2: 0 -> 2 at t=3   rank 0
+#   e3: 1 -> 3 at t=4   rank 1
+#
+# The only negative candidate is node 3, so every event's negative is 3.
+# T-CSR (per node, by time): 0: (1@1, 2@3)  1: (0@1, 3@4)  2: (3@2, 0@3)  3: (2@2, 1@4).
+# Recent k=2 neighbours strictly before the root time:
+#   batch 0: nothing for any root (no node has an event before t=1, or before t=2
+#            except at t=2 itself, which is not strictly before).
+#   batch 1, rank 0 (t=3): 0 -> [1], 2 -> [3], negative 3 -> [2]
+#   batch 1, rank 1 (t=4): 1 -> [0], 3 -> [2], negative 3 -> [2]
+SRC = np.array([0, 2, 0, 1])
+DST = np.array([1, 3, 2, 3])
+T = np.array([1, 2, 3, 4])
+OWNER = np.array([0, 0, 1, 1])
+ASSIGN = np.array([0, 1, 0, 1])
+WIDTHS = RowBytes(read=100, write=50, id=8)
+
+
+def _cost(**kw) -> CostReport:
+    args = dict(batch_size=2, k=2, candidates=np.array([3]), widths=WIDTHS)
+    args.update(kw)
+    return comm_cost(SRC, DST, T, OWNER, ASSIGN, **args)
+
+
+def test_hand_built_reads_writes_and_naive_volume():
+    rep = _cost()
+    # Rank 0. Batch 0 reads {0, 1, 3}: 3 is remote. Batch 1 reads roots {0, 2, 3} and
+    # neighbours {1, 3, 2}: remote 2 and 3 (distinct), while the naive scheme fetches
+    # root 2, root 3, neighbour 3, neighbour 2 = 4 times. Writes {0, 2}: 2 is remote.
+    # Rank 1. Batch 0 reads {2, 3}: all local. Batch 1 reads roots {1, 3, 3} and
+    # neighbours {0, 2, 2}: remote 1 and 0. Writes {1, 3}: 1 is remote.
+    np.testing.assert_array_equal(rep.events, [2, 2])
+    np.testing.assert_array_equal(rep.vertices, [2, 2])
+    np.testing.assert_array_equal(rep.remote_reads, [1 + 2, 0 + 2])
+    np.testing.assert_array_equal(rep.naive_reads, [1 + 4, 0 + 2])
+    np.testing.assert_array_equal(rep.remote_writes, [1, 1])
+    np.testing.assert_array_equal(rep.naive_writes, [1, 1])
+    # Owner side: rank 1 serves 3 (batch 0), 2 and 3 (batch 1); rank 0 serves 1 and 0.
+    np.testing.assert_array_equal(rep.served_reads, [2, 3])
+    np.testing.assert_array_equal(rep.received_writes, [1, 1])
+    # Per-batch maxima: events 1 + 1; comm max(1, 0) + max(2 + 1, 2 + 1) = 4.
+    assert rep.batch_max_events == 2
+    assert rep.batch_max_comm == 4
+    assert rep.num_batches == 2
+    # Bytes: reads cost id + row (108), writes id + row (58).
+    np.testing.assert_array_equal(rep.comm_bytes, [3 * 108 + 1 * 58, 2 * 108 + 1 * 58])
+    np.testing.assert_array_equal(rep.naive_bytes, [5 * 108 + 58, 2 * 108 + 58])
+    # Sent by rank 0: 3 read ids, 2 served rows, 1 write (id + row).
+    np.testing.assert_array_equal(rep.bytes_sent, [3 * 8 + 2 * 100 + 58, 2 * 8 + 3 * 100 + 58])
+    np.testing.assert_array_equal(rep.bytes_recv, [2 * 8 + 3 * 100 + 58, 3 * 8 + 2 * 100 + 58])
+    assert rep.bytes_sent.sum() == rep.bytes_recv.sum()
+
+
+def test_summary_max_mean_imbalance():
+    s = _cost().summary()
+    reads = s["metrics"]["remote_reads"]
+    assert (reads["max"], reads["mean"], reads["total"]) == (3, 2.5, 5)
+    assert reads["imbalance"] == pytest.approx(3 / 2.5)
+    assert s["metrics"]["events"]["imbalance"] == 1.0
+    # Events on the critical path: 2 of a mean 4 / 2 = 2 per rank.
+    assert s["batch_event_imbalance"] == 1.0
+    assert s["redundancy_saving"] == pytest.approx(1 - (382 + 274) / (598 + 274))
+
+
+def test_without_neighbours_only_roots_count():
+    rep = _cost(k=0)
+    # Rank 0: batch 0 {0, 1, 3} -> 3; batch 1 {0, 2, 3} -> 2, 3. Rank 1: batch 0 {2, 3}
+    # -> none; batch 1 {1, 3} -> 1 (the negative 3 twice is one read).
+    np.testing.assert_array_equal(rep.remote_reads, [3, 1])
+    np.testing.assert_array_equal(rep.naive_reads, [3, 1])
+    np.testing.assert_array_equal(rep.remote_writes, [1, 1])
+
+
+def test_apan_delivers_to_neighbours_of_positive_roots():
+    rep = _cost(deliver_to_neighbors=True)
+    # Batch 1 only (batch 0 has no neighbours). Rank 0 writes {0, 2} and their
+    # neighbours {1, 3}: remote 2, 3. Rank 1 writes {1, 3} and {0, 2}: remote 1, 0.
+    # The negative's neighbours are never written.
+    np.testing.assert_array_equal(rep.remote_writes, [2, 2])
+    np.testing.assert_array_equal(rep.naive_writes, [2, 2])
+    np.testing.assert_array_equal(rep.remote_reads, [3, 2])
+
+
+def test_single_rank_has_no_traffic():
+    rep = comm_cost(SRC, DST, T, np.zeros(4, int), np.zeros(4, int), batch_size=2, k=2)
+    assert rep.comm_bytes.sum() == 0 and rep.naive_bytes.sum() == 0
+    np.testing.assert_array_equal(rep.events, [4])
+
+
+def test_batch_boundaries_change_distinct_counts():
+    # One batch of all four events: rank 0 reads 3 (batch 0 root, batch 1 root and
+    # neighbour) once and 2 once; rank 1 reads 1 and 0 once.
+    rep = _cost(batch_size=4)
+    np.testing.assert_array_equal(rep.remote_reads, [2, 2])
+    np.testing.assert_array_equal(rep.naive_reads, [5, 2])
+    assert rep.num_batches == 1
+
+
+def test_epoch_range_and_chunking_do_not_change_counts():
+    full = _cost()
+    chunked = _cost(chunk_events=1)
+    for name in ("remote_reads", "remote_writes", "naive_reads", "served_reads"):
+        np.testing.assert_array_equal(getattr(full, name), getattr(chunked, name))
+    # The epoch [2, 4) is batch 1 alone; a short assign covers just the epoch.
+    part = _cost(start=2, stop=4)
+    np.testing.assert_array_equal(part.remote_reads, [2, 2])
+    short = comm_cost(
+        SRC, DST, T, OWNER, ASSIGN[2:], batch_size=2, k=2, start=2, stop=4,
+        candidates=np.array([3]), widths=WIDTHS,
+    )  # fmt: skip
+    np.testing.assert_array_equal(short.remote_reads, part.remote_reads)
+
+
+def test_negatives_follow_seed_epoch_and_event_index():
+    import torch
+
+    from sven.pipeline.negatives import sample_negatives
+
+    cand = np.array([1, 3])
+    for seed, epoch in ((0, 0), (5, 2)):
+        rep = comm_cost(
+            SRC, DST, T, OWNER, ASSIGN, batch_size=2, k=0, num_neg=3, seed=seed, epoch=epoch,
+            candidates=cand,
+        )  # fmt: skip
+        neg = sample_negatives(seed, epoch, torch.arange(4), torch.from_numpy(cand), 3).numpy()
+        # Without neighbours every root occurrence on a rank that does not own it is
+        # one naive read: src, dst and the three negatives of each event.
+        roots = np.concatenate([SRC[:, None], DST[:, None], neg], axis=1)
+        remote = OWNER[roots] != ASSIGN[:, None]
+        expect = np.bincount(ASSIGN, weights=remote.sum(axis=1), minlength=2)
+        np.testing.assert_array_equal(rep.naive_reads, expect)
+
+
+def test_sampled_cost_on_all_batches_equals_full_replay():
+    rng = np.random.default_rng(0)
+    n, e = 30, 400
+    src = rng.integers(0, n, e)
+    dst = rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 100, e))
+    owner = rng.integers(0, 3, n)
+    assign = np.where(rng.random(e) < 0.5, owner[src], owner[dst])
+    full = comm_cost(src, dst, t, owner, assign, batch_size=50, k=3, stop=300, parts=3)
+    sampled = SampledCost(src, dst, t, n, batch_size=50, stop=300, k=3, max_events=10**6)
+    assert sampled.fraction == 1.0
+    np.testing.assert_array_equal(sampled.comm(owner, assign[sampled.events], 3), full.comm_bytes)
+    # A sample of every other batch: whole batches, evenly spread.
+    half = SampledCost(src, dst, t, n, batch_size=50, stop=300, k=3, max_events=150)
+    assert half.num_batches == 3 and half.events.shape[0] == 150
+    assert set(np.unique(half.events // 50).tolist()) == {0, 2, 5}
+
+
+def test_row_bytes_defaults():
+    w = row_bytes(100)
+    # Memory 100 floats + time; mail 300 floats + time.
+    assert (w.read, w.write, w.id) == (408 + 1208, 408 + 1208, 8)
+    assert row_bytes(10, 20, mailbox_size=2).read == 48 + 2 * 88
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="batch_size"):
+        comm_cost(SRC, DST, T, OWNER, ASSIGN, batch_size=0)
+    with pytest.raises(ValueError, match="assign"):
+        comm_cost(SRC, DST, T, OWNER, ASSIGN[:3], batch_size=2)
