@@ -180,7 +180,7 @@ def test_later_nodes_arrive_over_time(stream):
 
 
 def test_state_does_not_grow_with_events():
-    st = SynthStream(SynthParams(events=200_000, nodes=500))
+    st = SynthStream(SynthParams(events=50_000, nodes=500))
     st.block(0)
     size = st.state_nbytes()
     for b in range(1, st.num_blocks):
@@ -193,7 +193,7 @@ def test_state_does_not_grow_with_events():
 def _peak_bytes(events: int) -> int:
     tracemalloc.start()
     try:
-        for _ in iter_synth_chunks(events=events, nodes=500, chunk_size=2_048):
+        for _ in iter_synth_chunks(events=events, nodes=500, chunk_size=2_048, block_size=1_024):
             pass
         return tracemalloc.get_traced_memory()[1]
     finally:
@@ -202,7 +202,7 @@ def _peak_bytes(events: int) -> int:
 
 def test_streaming_peak_memory_is_bounded():
     _peak_bytes(1_000)  # first use allocates one-off caches; keep them out of the comparison
-    small, large = _peak_bytes(10_000), _peak_bytes(80_000)
+    small, large = _peak_bytes(8_000), _peak_bytes(64_000)
     assert large < 1.25 * small
 
 
