@@ -34,7 +34,7 @@ kept before the sort, so with a good partition most of the work disappears early
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,7 @@ __all__ = [
     "SampledCost",
     "Touches",
     "comm_cost",
+    "comm_costs",
     "count_touches",
     "format_report",
     "recent_sampler",
@@ -486,61 +487,129 @@ def comm_cost(
     Raises:
         ValueError: On a batch size below 1 or a mis-sized ``assign``.
     """
-    owner = np.asarray(owner).astype(np.int64)
-    num_nodes = int(owner.shape[0])
-    parts = int(owner.max()) + 1 if parts is None else parts
+    parts = int(np.asarray(owner).max()) + 1 if parts is None else parts
+    (report,) = comm_costs(
+        src, dst, t, [(owner, assign, parts)],
+        batch_size=batch_size, k=k, num_neg=num_neg, seed=seed, epoch=epoch, start=start,
+        stop=stop, candidates=candidates, sampler=sampler,
+        deliver_to_neighbors=deliver_to_neighbors, widths=widths, chunk_events=chunk_events,
+        progress=progress,
+    )  # fmt: skip
+    return report
+
+
+def comm_costs(
+    src: np.ndarray,
+    dst: np.ndarray,
+    t: np.ndarray,
+    partitions: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    *,
+    batch_size: int,
+    k: int = 10,
+    num_neg: int = 1,
+    seed: int = 0,
+    epoch: int = 0,
+    start: int = 0,
+    stop: int | None = None,
+    candidates: np.ndarray | None = None,
+    sampler: NeighbourFn | None = None,
+    deliver_to_neighbors: bool = False,
+    widths: RowBytes | None = None,
+    chunk_events: int = 1 << 20,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[CostReport]:
+    """``comm_cost`` for several partitions of the same events, in one replay.
+
+    The accesses (negatives, sampled neighbours) do not depend on the partition, so
+    they are produced once per chunk and counted under every partition.
+
+    Args:
+        src: (E,) source ids of all events.
+        dst: (E,) destination ids.
+        t: (E,) timestamps.
+        partitions: ``(owner (N,), assign (E,) or (stop - start,), P)`` per partition.
+        batch_size: See ``comm_cost``; likewise every other argument.
+        k: Neighbours per root.
+        num_neg: Negatives per event.
+        seed: Seed of the negatives.
+        epoch: Epoch of the negatives.
+        start: First event of the epoch.
+        stop: End of the epoch; None means E.
+        candidates: Negative candidates.
+        sampler: Neighbour function.
+        deliver_to_neighbors: APAN-style writes.
+        widths: Row widths.
+        chunk_events: Events replayed at once.
+        progress: Called with (events done, events total) after each chunk.
+
+    Returns:
+        One report per partition, in order.
+
+    Raises:
+        ValueError: On a batch size below 1 or a mis-sized ``assign``.
+    """
     stop = int(src.shape[0]) if stop is None else stop
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if assign.shape[0] not in (stop - start, src.shape[0]):
-        raise ValueError(f"assign has {assign.shape[0]} entries, expected {stop - start}")
-    offset = 0 if assign.shape[0] == src.shape[0] else start
+    states = []
+    for owner, assign, parts in partitions:
+        owner = np.asarray(owner).astype(np.int64)
+        if assign.shape[0] not in (stop - start, src.shape[0]):
+            raise ValueError(f"assign has {assign.shape[0]} entries, expected {stop - start}")
+        acc = {name: np.zeros(parts, dtype=np.int64) for name in COUNT_FIELDS}
+        acc["vertices"] = np.bincount(owner, minlength=parts).astype(np.int64)
+        # A full-length assign is indexed by event, a short one from the epoch start.
+        offset = 0 if assign.shape[0] == src.shape[0] else start
+        states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
+                       "acc": acc, "batch_max_events": 0, "batch_max_comm": 0})  # fmt: skip
     cand = _candidates(dst, candidates)
     if sampler is None and k > 0:
-        sampler = recent_sampler(src, dst, t, num_nodes, k)
+        sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
 
     num_events = stop - start
     num_batches = -(-num_events // batch_size)
-    acc = {name: np.zeros(parts, dtype=np.int64) for name in COUNT_FIELDS}
-    acc["vertices"] = np.bincount(owner, minlength=parts).astype(np.int64)
-    batch_max_events = 0
-    batch_max_comm = 0
     per_chunk = max(1, chunk_events // batch_size)
     for b0 in range(0, num_batches, per_chunk):
         b1 = min(b0 + per_chunk, num_batches)
         e0, e1 = start + b0 * batch_size, min(start + b1 * batch_size, stop)
         idx = np.arange(e0, e1, dtype=np.int64)
-        ev_rank = np.asarray(assign[e0 - offset : e1 - offset]).astype(np.int64)
         ev_batch = (idx - start) // batch_size - b0
-        ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=(b1 - b0) * parts)
-        ev_br = ev_br.reshape(b1 - b0, parts)
-        acc["events"] += ev_br.sum(axis=0)
-        batch_max_events += int(ev_br.max(axis=1).sum())
-
         tch = touches(
             src, dst, t, idx,
             candidates=cand, sampler=sampler, k=k, num_neg=num_neg, seed=seed, epoch=epoch,
             deliver_to_neighbors=deliver_to_neighbors,
         )  # fmt: skip
         local = tch.event - e0
-        tally = count_touches(tch, ev_batch[local], ev_rank[local], owner, parts, b1 - b0)
-        for name in COUNT_FIELDS[2:]:
-            acc[name] += getattr(tally, name)
-        batch_max_comm += int(tally.batch_comm.max(axis=1).sum())
+        touch_batch = ev_batch[local]
+        for st in states:
+            parts, acc = st["parts"], st["acc"]
+            ev_rank = np.asarray(st["assign"][e0 - st["offset"] : e1 - st["offset"]])
+            ev_rank = ev_rank.astype(np.int64)
+            ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=(b1 - b0) * parts)
+            ev_br = ev_br.reshape(b1 - b0, parts)
+            acc["events"] += ev_br.sum(axis=0)
+            st["batch_max_events"] += int(ev_br.max(axis=1).sum())
+            tally = count_touches(tch, touch_batch, ev_rank[local], st["owner"], parts, b1 - b0)
+            for name in COUNT_FIELDS[2:]:
+                acc[name] += getattr(tally, name)
+            st["batch_max_comm"] += int(tally.batch_comm.max(axis=1).sum())
         if progress is not None:
             progress(e1 - start, num_events)
 
-    return CostReport(
-        parts=parts,
-        batch_size=batch_size,
-        k=k,
-        num_neg=num_neg,
-        num_batches=num_batches,
-        widths=row_bytes() if widths is None else widths,
-        batch_max_events=batch_max_events,
-        batch_max_comm=batch_max_comm,
-        **acc,
-    )
+    return [
+        CostReport(
+            parts=st["parts"],
+            batch_size=batch_size,
+            k=k,
+            num_neg=num_neg,
+            num_batches=num_batches,
+            widths=row_bytes() if widths is None else widths,
+            batch_max_events=st["batch_max_events"],
+            batch_max_comm=st["batch_max_comm"],
+            **st["acc"],
+        )
+        for st in states
+    ]
 
 
 class SampledCost:

@@ -174,3 +174,17 @@ def test_rejects_bad_arguments():
         comm_cost(SRC, DST, T, OWNER, ASSIGN, batch_size=0)
     with pytest.raises(ValueError, match="assign"):
         comm_cost(SRC, DST, T, OWNER, ASSIGN[:3], batch_size=2)
+
+
+def test_many_partitions_in_one_replay_match_one_at_a_time():
+    from sven.partition.cost import comm_costs
+
+    other = (np.array([1, 0, 0, 1]), np.array([0, 0, 1, 1]), 2)
+    reports = comm_costs(
+        SRC, DST, T, [(OWNER, ASSIGN, 2), other], batch_size=2, k=2, candidates=np.array([3])
+    )
+    for rep, (owner, assign, parts) in zip(reports, [(OWNER, ASSIGN, 2), other]):
+        one = comm_cost(
+            SRC, DST, T, owner, assign, batch_size=2, k=2, parts=parts, candidates=np.array([3])
+        )
+        assert rep.to_dict() == one.to_dict()
