@@ -331,12 +331,16 @@ def touches(
     root_wr[: 2 * n] = True
     if k == 0 or sampler is None:
         return Touches(root_ev, roots, root_wr)
-    times = torch.from_numpy(np.ascontiguousarray(np.tile(np.asarray(t[events]), width)))
-    nbr_t, mask_t = sampler(torch.from_numpy(roots), times)
+    times = np.tile(np.asarray(t[events]), width)
+    # Touches are a multiset, so the roots can be sampled in any order: sorted by node,
+    # the sampler's binary searches and gathers walk its index nearly sequentially,
+    # which on a large T-CSR is several times faster than in event order.
+    order = np.argsort(roots)
+    nbr_t, mask_t = sampler(torch.from_numpy(roots[order]), torch.from_numpy(times[order]))
     nbr, mask = nbr_t.numpy(), mask_t.numpy()
-    slot_ev = np.broadcast_to(root_ev[:, None], mask.shape)[mask]
+    slot_ev = np.broadcast_to(root_ev[order][:, None], mask.shape)[mask]
     if deliver_to_neighbors:
-        slot_wr = np.broadcast_to(root_wr[:, None], mask.shape)[mask]
+        slot_wr = np.broadcast_to(root_wr[order][:, None], mask.shape)[mask]
     else:
         slot_wr = np.zeros(slot_ev.shape[0], dtype=bool)
     return Touches(
@@ -450,7 +454,7 @@ def comm_cost(
     sampler: NeighbourFn | None = None,
     deliver_to_neighbors: bool = False,
     widths: RowBytes | None = None,
-    chunk_events: int = 1 << 20,
+    chunk_events: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
 ) -> CostReport:
     """Replays one epoch over events ``[start, stop)`` and counts cross-rank traffic.
@@ -515,7 +519,7 @@ def comm_costs(
     sampler: NeighbourFn | None = None,
     deliver_to_neighbors: bool = False,
     widths: RowBytes | None = None,
-    chunk_events: int = 1 << 20,
+    chunk_events: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[CostReport]:
     """``comm_cost`` for several partitions of the same events, in one replay.
