@@ -1,14 +1,18 @@
-"""Step-numbered, atomic, checksummed checkpoints.
+"""Step-numbered, atomic, checksummed checkpoints, written by one or many ranks.
 
-Layout under ``<out>/checkpoints/``::
+Layout under a root folder (``<out>/checkpoints`` or ``<out>/best``)::
 
     step-000000420/
-        state.pt      torch.save of a dict of state_dicts (model, optimizer, memory, cursor, RNG...)
-        meta.json     {"step": 420, "sha256": "<of state.pt>", "files": {...}, "created": ...}
+        state.pt            rank 0: model, optimizer, progress, cursor, owner map, config
+        memory-rank0.pt     each rank: its memory shard and its RNG states
+        memory-rank1.pt
+        meta.json           {"step": 420, "world_size": 2, "files": {name: sha256}, ...}
 
-A checkpoint is written into a hidden temporary folder and renamed into place, so a
-crash leaves either the whole checkpoint or none. On load the checksum is verified; a
-corrupt or partial checkpoint is skipped with a warning in favour of the previous one.
+All ranks write into one hidden temporary folder; rank 0 adds ``meta.json`` and renames
+the folder into place once every rank's files are on disk, so a crash leaves either a
+whole checkpoint or none (multi-node runs need the output folder on a shared file
+system, as is usual on clusters). On load the checksums are verified; a corrupt or
+partial checkpoint is skipped with a warning in favour of the previous one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +40,25 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 class Checkpointer:
-    """Saves and restores training state under ``<out>/checkpoints``.
+    """Saves and restores training state under one root folder.
 
     Args:
-        out_dir: Run output directory.
+        root: Folder holding the ``step-N`` checkpoints.
         keep_latest_k: Number of checkpoints kept; older ones are deleted after a save.
     """
 
-    def __init__(self, out_dir: str | Path, keep_latest_k: int = 2) -> None:
-        self.root = Path(out_dir) / "checkpoints"
+    def __init__(self, root: str | Path, keep_latest_k: int = 2) -> None:
+        self.root = Path(root)
         self.keep_latest_k = keep_latest_k
 
     def steps(self) -> list[int]:
-        """Steps of the complete-looking checkpoints on disk, ascending."""
+        """Steps of the checkpoint folders on disk, ascending."""
         if not self.root.is_dir():
             return []
         out = []
@@ -65,59 +75,90 @@ class Checkpointer:
         return self.root / f"{_PREFIX}{step:09d}"
 
     def save(
-        self, step: int, state: dict[str, Any], files: dict[str, dict[str, Any]] | None = None
+        self,
+        step: int,
+        state: dict[str, Any] | None,
+        files: dict[str, Any] | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Callable[[str], None] | None = None,
     ) -> Path:
-        """Writes ``state`` (and extra named state files) atomically as step ``step``.
+        """Writes a checkpoint atomically; every rank calls it.
 
         Args:
             step: Global step number (monotone over the run).
-            state: Picklable dict of tensors and plain values.
-            files: Further ``name -> state`` dicts saved as ``name.pt`` beside state.pt
-                (e.g. one memory shard per rank).
+            state: Rank 0's ``state.pt`` content (ignored on other ranks).
+            files: This rank's further ``name -> object`` files (saved as ``name.pt``).
+            rank: This rank.
+            world_size: Number of ranks writing.
+            barrier: Synchronises the ranks (required when ``world_size > 1``).
 
         Returns:
             The checkpoint folder.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
+        if world_size > 1 and barrier is None:
+            raise ValueError("a multi-rank checkpoint needs a barrier")
+        sync = barrier or (lambda what: None)
         final = self.path(step)
-        tmp = self.root / f".tmp-{final.name}-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        all_files = {"state": state, **(files or {})}
+        tmp = self.root / f".tmp-{final.name}"
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        sync(f"checkpoint {step}: folder")
+        mine = dict(files or {})
+        if rank == 0:
+            mine = {"state": state, **mine}
         sums = {}
-        for name, obj in all_files.items():
+        for name, obj in mine.items():
             fp = tmp / f"{name}.pt"
             torch.save(obj, fp)
-            sums[f"{name}.pt"] = _sha256(fp)
-        meta = {"step": step, "files": sums, "created": time.time()}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        # fsync the files before the rename so that a power loss cannot expose a
-        # renamed folder with truncated contents.
-        for fp in tmp.iterdir():
-            with open(fp, "rb") as f:
-                os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        self._prune()
+            _fsync(fp)
+            sums[fp.name] = _sha256(fp)
+        (tmp / f"sums-rank{rank}.json").write_text(json.dumps(sums))
+        sync(f"checkpoint {step}: files")
+        if rank == 0:
+            all_sums: dict[str, str] = {}
+            for r in range(world_size):
+                sp = tmp / f"sums-rank{r}.json"
+                all_sums.update(json.loads(sp.read_text()))
+                sp.unlink()
+            meta = {
+                "step": step,
+                "world_size": world_size,
+                "files": all_sums,
+                "created": time.time(),
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            _fsync(tmp / "meta.json")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            self._prune()
+        sync(f"checkpoint {step}: commit")
         return final
 
     def _prune(self) -> None:
         for step in self.steps()[: -self.keep_latest_k]:
             shutil.rmtree(self.path(step), ignore_errors=True)
 
+    def meta(self, step: int) -> dict[str, Any]:
+        """The ``meta.json`` of a checkpoint."""
+        return json.loads((self.path(step) / "meta.json").read_text())
+
     def verify(self, step: int) -> bool:
         """Whether the checkpoint at ``step`` is complete and matches its checksums."""
         p = self.path(step)
         try:
-            meta = json.loads((p / "meta.json").read_text())
+            meta = self.meta(step)
             return all(_sha256(p / name) == digest for name, digest in meta["files"].items())
         except (OSError, ValueError, KeyError):
             return False
 
     def load(self, step: int, name: str = "state", map_location: str | torch.device = "cpu") -> Any:
-        """Loads one state file of a checkpoint (no verification; see :meth:`latest`)."""
+        """Loads one file of a checkpoint (verification is :meth:`latest`'s job)."""
         return torch.load(
             self.path(step) / f"{name}.pt", map_location=map_location, weights_only=False
         )
@@ -128,7 +169,8 @@ class Checkpointer:
             if self.verify(step):
                 return step
             warnings.warn(
-                f"checkpoint {self.path(step)} is corrupt or incomplete; falling back to an older one",
+                f"checkpoint {self.path(step)} is corrupt or incomplete; "
+                "falling back to an older one",
                 stacklevel=2,
             )
         return None

@@ -124,12 +124,39 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
+class DistConfig:
+    """Distributed execution (used when launched with more than one rank)."""
+
+    partition: str = ""
+    """Partition directory from ``sven partition``; empty: compute one at start."""
+    strategy: str = "hash"
+    """Strategy when computing the partition at start (hash, range, ldg, metis, minmax)."""
+    balance: float = 1.05
+    """Event balance factor when computing the partition at start."""
+    backend: str = "auto"
+    """auto (NCCL on GPUs, gloo on CPUs), nccl or gloo."""
+    timeout_s: float = 600.0
+    """Collective timeout; a rank that does not answer within it is named in the error."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("hash", "range", "ldg", "metis", "minmax"):
+            raise ConfigError(f"dist.strategy: unknown strategy {self.strategy!r}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ConfigError(f"dist.backend must be auto, nccl or gloo, got {self.backend!r}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"dist.timeout_s must be positive, got {self.timeout_s}")
+        if self.balance < 1.0:
+            raise ConfigError(f"dist.balance must be >= 1, got {self.balance}")
+
+
+@dataclass(kw_only=True)
 class Config:
     """A whole run."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     out: str = "runs/default"
     """Output directory (metrics, summary, checkpoints)."""
     quiet: bool = False

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     e = sub.add_parser("eval", help="re-evaluate a saved model on val/test")
     e.add_argument(
-        "--checkpoint", required=True, help="best.pt, a run folder, or checkpoints/step-N"
+        "--checkpoint", required=True, help="a run folder (its best model) or a step-N folder"
     )
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
@@ -52,19 +52,24 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from sven.config import Config
-    from sven.trainer import Trainer, _config_overrides
+    from sven.trainer import Trainer, _config_overrides, _finite_or_none
 
     p = Path(args.checkpoint)
-    if p.is_dir() and (p / "best.pt").is_file():
-        p = p / "best.pt"
-    state_file = p / "state.pt" if p.is_dir() else p
-    if not state_file.is_file():
+    state_file = None
+    for cand in (p / "state.pt", p / "best", p):
+        if cand.is_file():
+            state_file = cand
+            break
+        if cand.is_dir():
+            steps = sorted(cand.glob("step-*/state.pt"))
+            if steps:
+                state_file = steps[-1]
+                break
+    if state_file is None:
         raise ConfigError(f"no checkpoint at {args.checkpoint}")
     st = torch.load(state_file, map_location="cpu", weights_only=False)
     cfg = Config.from_dict(st["config"])
     trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
-    from sven.trainer import _finite_or_none
-
     res = _finite_or_none(trainer.evaluate_checkpoint(p))
     if args.json:
         print(json.dumps(res, indent=2))

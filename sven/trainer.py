@@ -1,13 +1,17 @@
-"""Single-process training and evaluation: the reference semantics of Sven.
+"""Training and evaluation, on one process or on P ranks with vertex-owned memory.
 
-One epoch walks the training events in time order in batches of B; each batch draws
-deterministic negatives, samples temporal neighbours, reads the memory of its unique
-nodes, runs the model, steps the optimizer and commits the model's memory update.
+One epoch walks the training events in time order in global batches of B; each batch
+draws deterministic negatives, samples temporal neighbours, reads the memory of its
+unique nodes, runs the model, steps the optimizer and commits the model's memory update.
 Validation continues the memory from the end of training and test from the end of
-validation. See "Training semantics" in DESIGN.md.
+validation ("Training semantics" in DESIGN.md).
 
-The distributed runtime reuses this class and replaces only the state access
-(:meth:`Trainer._read` / :meth:`Trainer._commit`) and the reductions.
+With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.dist`), rank r
+processes the events of each global batch that the partition assigns to it, reads and
+writes memory through :class:`~sven.pipeline.memory_exchange.MemoryExchange`, and
+normalises its loss by the global number of predictions, so that the all-reduced
+gradient is the one-process gradient ("Distributed semantics"). With P = 1 the same code
+runs with the whole memory as the only shard and no collective.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
@@ -43,10 +48,10 @@ _SPLITS = ("train", "val", "test")
 
 @dataclass
 class EvalResult:
-    """Scores of one evaluation pass over a split.
+    """Scores of one evaluation pass over a split, in global event order.
 
     Attributes:
-        pos: (n,) positive logits in event order.
+        pos: (n,) positive logits.
         neg: (n,) logits of the one evaluation negative of each event.
         mrr_neg: (n, q) logits of the MRR negatives, or None.
     """
@@ -54,12 +59,6 @@ class EvalResult:
     pos: torch.Tensor
     neg: torch.Tensor
     mrr_neg: torch.Tensor | None = None
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def _atomic_write_text(text: str, path: Path) -> None:
@@ -87,15 +86,20 @@ def time_gap_scale(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> float:
     return std if std > 0 and math.isfinite(std) else 1.0
 
 
+def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
+    """Global ids of the vertices ``rank`` owns, in shard row order (ascending id)."""
+    return torch.nonzero(owner == rank).flatten()
+
+
 class Trainer:
-    """Trains and evaluates one model on one event store.
+    """Trains and evaluates one model on one event store, on one or many ranks.
 
     Args:
         config: A :class:`~sven.config.Config`, a nested dict, or a path to a YAML preset.
         overrides: Dotted ``key=value`` overrides applied on top.
 
     Example:
-        >>> summary = sven.Trainer({"model": {"name": "tgn"}, "train": {"epochs": 1}}).fit()
+        >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
     """
 
     def __init__(
@@ -119,14 +123,19 @@ class Trainer:
             # cuBLAS reads this once, at its first use in the process.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.device = torch.device(tc.device)
+        from sven.dist import init_distributed
+
+        self.ctx = init_distributed(
+            cfg.dist.backend, timeout_s=cfg.dist.timeout_s, device=tc.device
+        )
+        self.rank, self.world_size = self.ctx.rank, self.ctx.world_size
+        self.device = torch.device(self.ctx.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("train.device is cuda but no CUDA device is available")
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
-        self.world_size = 1
-        self.rank = 0
         self._load_data()
+        self._partition()
         torch.manual_seed(tc.seed)
         kwargs: dict[str, Any] = dict(
             memory_dim=mc.memory_dim,
@@ -144,18 +153,22 @@ class Trainer:
             kwargs["mailbox_size"] = mc.mailbox_size
         if mc.name == "jodie":
             lo, hi = self.ranges["train"]
-            kwargs["time_scale"] = time_gap_scale(
-                self.events.src[lo:hi], self.events.dst[lo:hi], self.events.t[lo:hi]
-            )
+            ev = self.events
+            kwargs["time_scale"] = time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
         self.model: MemoryModel = build_model(mc.name, **kwargs).to(self.device, self.dtype)
         self.memory = MemoryState(
-            self.num_nodes,
+            int(self.owned.numel()),
             mc.memory_dim,
             self.model.mail_dim,
             self.model.mailbox_size,
             self.device,
             self.dtype,
         )
+        self.exchange = None
+        if self.world_size > 1:
+            from sven.pipeline.memory_exchange import MemoryExchange
+
+            self.exchange = MemoryExchange(self.owner, self.rank, self.world_size, self.memory)
         self.sampler = None
         if self.model.sample_roots != "none":
             from sven.pipeline.sampler import TCSR, TemporalSampler
@@ -166,7 +179,9 @@ class Trainer:
         self.sample_gen = torch.Generator(device=self.device)
         self.sample_gen.manual_seed(tc.seed)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=tc.lr)
-        self.checkpointer = Checkpointer(self.out, tc.keep_latest_k)
+        self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
+        self.best = Checkpointer(self.out / "best", 1)
+        self._log(self.ctx.describe() if self.world_size > 1 else "single process", force=True)
 
     # ------------------------------------------------------------------ data
     def _load_data(self) -> None:
@@ -192,12 +207,12 @@ class Trainer:
         self.edge_feat = (
             None
             if ev.edge_feat is None
-            else torch.as_tensor(np.asarray(ev.edge_feat), device=dev).to(self.dtype)
+            else torch.as_tensor(np.array(ev.edge_feat), device=dev).to(self.dtype)
         )
         self.node_feat = (
             None
             if ev.node_feat is None
-            else torch.as_tensor(np.asarray(ev.node_feat), device=dev).to(self.dtype)
+            else torch.as_tensor(np.array(ev.node_feat), device=dev).to(self.dtype)
         )
         self.edge_dim = 0 if self.edge_feat is None else self.edge_feat.shape[1]
         self.node_dim = 0 if self.node_feat is None else self.node_feat.shape[1]
@@ -210,19 +225,98 @@ class Trainer:
             for s in ("val", "test")
         }
 
+    def _partition(self) -> None:
+        """owner (N,) and assign (E,): from a partition folder, computed, or all rank 0."""
+        n, e = self.num_nodes, int(self.src.numel())
+        p = self.world_size
+        if p == 1:
+            self.owner = torch.zeros(n, dtype=torch.int64, device=self.device)
+            self.assign = torch.zeros(e, dtype=torch.int64, device=self.device)
+            self.partition_meta: dict[str, Any] = {"strategy": "single", "parts": 1}
+        else:
+            dc = self.cfg.dist
+            if dc.partition:
+                from sven.partition import load_partition
+
+                part = load_partition(dc.partition)
+                owner, assign = np.asarray(part.owner), np.asarray(part.assign)
+                meta = dict(part.meta)
+                if int(meta.get("parts", p)) != p:
+                    raise ConfigError(
+                        f"dist.partition {dc.partition} has {meta.get('parts')} parts but {p} ranks run"
+                    )
+                if owner.shape[0] != n or assign.shape[0] != e:
+                    raise ConfigError(
+                        f"dist.partition {dc.partition} does not match the data at {self.cfg.data.path}"
+                    )
+            else:
+                owner = np.zeros(n, dtype=np.int64)
+                assign = np.zeros(e, dtype=np.int64)
+                meta = {"strategy": dc.strategy, "parts": p}
+                if self.rank == 0:
+                    from sven.partition.api import partition_arrays
+
+                    ev = self.events
+                    res = partition_arrays(
+                        ev.src,
+                        ev.dst,
+                        ev.t,
+                        n,
+                        p,
+                        dc.strategy,
+                        train_stop=self.ranges["train"][1],
+                        batch_size=self.cfg.train.batch_size,
+                        balance=dc.balance,
+                        seed=self.cfg.train.seed,
+                        k=self.cfg.model.num_neighbors,
+                        num_neg=self.cfg.train.num_neg,
+                    )
+                    owner, assign = res.owner, res.assign
+            # Rank 0's assignment is the one every rank uses (a partitioner need not be
+            # bit-reproducible across processes for this to be exact).
+            o = torch.as_tensor(np.asarray(owner, dtype=np.int64))
+            a = torch.as_tensor(np.asarray(assign, dtype=np.int64))
+            dist.broadcast(o, 0)
+            dist.broadcast(a, 0)
+            self.owner, self.assign = o.to(self.device), a.to(self.device)
+            self.partition_meta = meta
+        self.owned = owned_nodes(self.owner, self.rank)
+
     # --------------------------------------------------------- state access
     def _read(self, batch: Batch) -> MemoryRows:
-        """Memory rows of ``batch.nodes`` (the distributed runtime fetches from owners)."""
-        return self.memory.gather(batch.nodes)
+        """Memory rows of ``batch.nodes``: local on one rank, fetched from owners on many."""
+        if self.exchange is None:
+            return self.memory.gather(batch.nodes)
+        pos = batch.root_pos
+        if batch.nbr_pos is not None:
+            pos = torch.cat([pos, batch.nbr_pos[batch.block.mask]])
+        occ = torch.bincount(pos, minlength=batch.nodes.numel())
+        return self.exchange.fetch(batch.nodes, occ)
 
-    def _commit(self, update: MemoryUpdate) -> None:
-        """Writes a batch's memory update (the distributed runtime pushes to owners)."""
-        self.memory.commit(update)
+    def _commit(self, update: MemoryUpdate, batch: Batch) -> None:
+        """Writes a batch's memory update: locally, or pushed to the owners."""
+        if self.exchange is None:
+            self.memory.commit(update)
+            return
+        pos_nodes = torch.cat([batch.src, batch.dst])
+        naive_mem = int((self.owner[pos_nodes] != self.rank).sum())
+        naive_mail = naive_mem
+        if self.model.deliver_to_neighbors and batch.block is not None:
+            b = batch.size
+            nbr = batch.block.nbr[: 2 * b][batch.block.mask[: 2 * b]]
+            naive_mail += int((self.owner[nbr] != self.rank).sum())
+        self.exchange.push(update, (naive_mem, naive_mail))
+
+    def _event_index(self, lo: int, hi: int) -> torch.Tensor:
+        """Global indices of this rank's events in [lo, hi)."""
+        idx = torch.arange(lo, hi, device=self.device)
+        if self.world_size == 1:
+            return idx
+        return idx[self.assign[lo:hi] == self.rank]
 
     def _batch(
-        self, lo: int, hi: int, stream: int, num_neg: int, mrr_stream: int | None = None
+        self, idx: torch.Tensor, stream: int, num_neg: int, mrr_stream: int | None = None
     ) -> Batch:
-        idx = torch.arange(lo, hi, device=self.device)
         neg = sample_negatives(self.cfg.train.seed, stream, idx, self.candidates, num_neg)
         if mrr_stream is not None:
             q = self.cfg.train.mrr_negatives
@@ -231,9 +325,9 @@ class Trainer:
             )
         return make_batch(
             idx,
-            self.src[lo:hi],
-            self.dst[lo:hi],
-            self.t[lo:hi],
+            self.src[idx],
+            self.dst[idx],
+            self.t[idx],
             neg,
             edge_feat_table=self.edge_feat,
             node_feat_table=self.node_feat,
@@ -243,26 +337,95 @@ class Trainer:
             generator=self.sample_gen,
         )
 
+    def _empty_update(self) -> MemoryUpdate:
+        z = torch.zeros(0, dtype=torch.int64, device=self.device)
+        f64 = torch.zeros(0, dtype=torch.float64, device=self.device)
+        return MemoryUpdate(
+            nodes=z,
+            memory=torch.zeros(0, self.memory.memory_dim, dtype=self.dtype, device=self.device),
+            last_update=f64,
+            key=z,
+            mail_nodes=z,
+            mail=torch.zeros(0, self.memory.mail_dim, dtype=self.dtype, device=self.device),
+            mail_ts=f64,
+            mail_key=z,
+        )
+
     # -------------------------------------------------------------- training
-    def train_step(self, batch: Batch) -> float:
-        """One optimisation step on a batch; returns the loss (mean over predictions)."""
+    def train_step(self, batch: Batch, num_predictions: int) -> float:
+        """One optimisation step on this rank's part of a global batch.
+
+        Args:
+            batch: This rank's events of the global batch (possibly none).
+            num_predictions: Predictions in the whole global batch (B * (1 + n)); the loss
+                is the BCE sum divided by it, so that summing gradients over ranks gives
+                the one-process gradient.
+
+        Returns:
+            The global batch's mean loss.
+        """
         self.model.train()
-        out = self.model(batch, self._read(batch))
-        n_pred = out.pos.numel() + out.neg.numel()
-        loss = (
-            F.binary_cross_entropy_with_logits(out.pos, torch.ones_like(out.pos), reduction="sum")
-            + F.binary_cross_entropy_with_logits(
-                out.neg, torch.zeros_like(out.neg), reduction="sum"
-            )
-        ) / n_pred
+        rows = self._read(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        update = self._empty_update()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        if batch.size > 0:
+            out = self.model(batch, rows)
+            loss = (
+                F.binary_cross_entropy_with_logits(
+                    out.pos, torch.ones_like(out.pos), reduction="sum"
+                )
+                + F.binary_cross_entropy_with_logits(
+                    out.neg, torch.zeros_like(out.neg), reduction="sum"
+                )
+            ) / num_predictions
+            loss.backward()
+            loss_sum = loss.detach().to(torch.float64)
+            update = out.update
+        if self.world_size > 1:
+            loss_sum = self._allreduce_grads(loss_sum)
         self.optimizer.step()
-        self._commit(out.update)
-        return float(loss.detach())
+        self._commit(update, batch)
+        return float(loss_sum)
+
+    def _allreduce_grads(self, loss: torch.Tensor) -> torch.Tensor:
+        """Sums gradients (and the loss) over ranks in one flat all-reduce.
+
+        Plain sum, not DDP's mean: each rank already divides by the global prediction
+        count. One bucket also serves ranks with an empty share of the batch, which
+        DDP's forward hooks would not. A parameter without gradient on every rank stays
+        without one (Adam then skips it, as in one process).
+        """
+        params = list(self.model.parameters())
+        has = torch.tensor(
+            [p.grad is not None for p in params], dtype=self.dtype, device=self.device
+        )
+        flat = torch.cat(
+            [
+                p.grad.reshape(-1)
+                if p.grad is not None
+                else torch.zeros(p.numel(), dtype=self.dtype, device=self.device)
+                for p in params
+            ]
+            + [has, loss.to(self.dtype).reshape(1)]
+        )
+        dist.all_reduce(flat)
+        p_count = self.world_size
+        # Ring all-reduce: each rank sends 2 (P - 1) / P of the buffer.
+        self.exchange.counter.grads += int(
+            2 * (p_count - 1) * flat.numel() * flat.element_size() // p_count
+        )
+        off = 0
+        n_par = len(params)
+        has_all = flat[-1 - n_par : -1]
+        for i, p in enumerate(params):
+            n = p.numel()
+            p.grad = flat[off : off + n].view_as(p).clone() if has_all[i] > 0 else None
+            off += n
+        return flat[-1].to(torch.float64)
 
     def num_batches(self, split: str) -> int:
-        """Number of batches of a split at the configured batch size."""
+        """Number of global batches of a split at the configured batch size."""
         lo, hi = self.ranges[split]
         b = self.cfg.train.batch_size
         return (hi - lo + b - 1) // b
@@ -274,19 +437,51 @@ class Trainer:
         lo, hi = self.ranges[split]
         b = self.cfg.train.batch_size
         q = self.cfg.train.mrr_negatives
-        pos, neg, mrr_neg = [], [], []
+        idx_all, pos, neg, mrr_neg = [], [], [], []
         for start in range(lo, hi, b):
-            batch = self._batch(
-                start, min(start + b, hi), _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None
-            )
-            out = self.model(batch, self._read(batch))
-            self._commit(out.update)
-            pos.append(out.pos)
-            neg.append(out.neg[:, 0])
-            if q:
-                mrr_neg.append(out.neg[:, 1:])
-        cat = lambda xs: torch.cat(xs).cpu() if xs else torch.zeros(0)  # noqa: E731
-        return EvalResult(cat(pos), cat(neg), cat(mrr_neg) if q else None)
+            idx = self._event_index(start, min(start + b, hi))
+            batch = self._batch(idx, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None)
+            rows = self._read(batch)
+            update = self._empty_update()
+            if batch.size > 0:
+                out = self.model(batch, rows)
+                update = out.update
+                idx_all.append(idx)
+                pos.append(out.pos)
+                neg.append(out.neg)
+            self._commit(update, batch)
+        idx_t = (
+            torch.cat(idx_all) if idx_all else torch.zeros(0, dtype=torch.int64, device=self.device)
+        )
+        if pos:
+            scores = torch.cat([torch.cat(pos)[:, None], torch.cat(neg)], 1)
+        else:
+            scores = torch.zeros(0, 2 + q, dtype=self.dtype, device=self.device)
+        idx_t, scores = self._gather_rows(idx_t, scores)
+        scores = scores[torch.argsort(idx_t)].cpu()
+        return EvalResult(scores[:, 0], scores[:, 1], scores[:, 2:] if q else None)
+
+    def _gather_rows(
+        self, idx: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All ranks' (index, row) pairs on every rank (one padded all_gather)."""
+        if self.world_size == 1:
+            return idx, rows
+        n = torch.tensor([idx.numel()], device=self.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
+        dist.all_gather(sizes, n)
+        m = int(max(int(s) for s in sizes))
+        pad_idx = torch.full((m,), -1, dtype=torch.int64, device=self.device)
+        pad_idx[: idx.numel()] = idx
+        pad_rows = torch.zeros(m, rows.shape[1], dtype=rows.dtype, device=self.device)
+        pad_rows[: rows.shape[0]] = rows
+        gi = [torch.empty_like(pad_idx) for _ in range(self.world_size)]
+        gr = [torch.empty_like(pad_rows) for _ in range(self.world_size)]
+        dist.all_gather(gi, pad_idx)
+        dist.all_gather(gr, pad_rows)
+        gi_t, gr_t = torch.cat(gi), torch.cat(gr)
+        keep = gi_t >= 0
+        return gi_t[keep], gr_t[keep]
 
     def split_metrics(self, split: str, res: EvalResult) -> dict[str, float]:
         """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split."""
@@ -304,14 +499,22 @@ class Trainer:
         out[f"{split}_ap"], out[f"{split}_auc"] = per_batch(res.pos, res.neg)
         labels = torch.cat([torch.ones_like(res.pos), torch.zeros_like(res.neg)])
         out[f"{split}_ap_pooled"] = average_precision(torch.cat([res.pos, res.neg]), labels)
-        m = self.inductive[split]
-        out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(
-            res.pos[m], res.neg[m]
-        )
-        out[f"{split}_inductive_events"] = int(m.sum())
+        if split in self.inductive:
+            m = self.inductive[split]
+            out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(
+                res.pos[m], res.neg[m]
+            )
+            out[f"{split}_inductive_events"] = int(m.sum())
         if res.mrr_neg is not None:
             out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg)
         return out
+
+    # ----------------------------------------------------------- checkpoints
+    def _barrier(self, what: str) -> None:
+        if self.world_size > 1:
+            from sven.dist import barrier_or_die
+
+            barrier_or_die(self.ctx, what)
 
     def _rng_state(self) -> dict[str, Any]:
         return {"torch": torch.get_rng_state(), "sampler": self.sample_gen.get_state()}
@@ -320,28 +523,78 @@ class Trainer:
         torch.set_rng_state(s["torch"])
         self.sample_gen.set_state(s["sampler"])
 
-    def _state(self, epoch: int, next_batch: int, extra: dict[str, Any]) -> dict[str, Any]:
+    def _shard_file(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "memory": self.memory.state_dict(),
-            "cursor": {"epoch": epoch, "next_batch": next_batch},
-            "rng": self._rng_state(),
-            "config": self.cfg.to_dict(),
-            **extra,
+            f"memory-rank{self.rank}": {
+                "memory": self.memory.state_dict(),
+                "rng": self._rng_state(),
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "comm": self._counter_state(),
+            }
         }
 
+    def _save(self, ck: Checkpointer, step: int, state: dict[str, Any]) -> None:
+        ck.save(
+            step,
+            {
+                **state,
+                "owner": self.owner.cpu(),
+                "world_size": self.world_size,
+                "config": self.cfg.to_dict(),
+            },
+            self._shard_file(),
+            rank=self.rank,
+            world_size=self.world_size,
+            barrier=self._barrier,
+        )
+
+    def _latest(self, ck: Checkpointer) -> int | None:
+        """The newest valid checkpoint, as judged by rank 0 for all ranks."""
+        step = ck.latest() if self.rank == 0 else None
+        if self.world_size > 1:
+            from sven.dist import broadcast_object
+
+            step = broadcast_object(step)
+        return step
+
+    def _load_shard(self, ck: Checkpointer, step: int) -> dict[str, Any]:
+        """Loads rank 0's state and this rank's memory shard of a checkpoint."""
+        state = ck.load(step, map_location=self.device)
+        ws = int(state.get("world_size", 1))
+        if ws != self.world_size:
+            raise SvenError(
+                f"checkpoint {ck.path(step)} was written by {ws} ranks; resume it on {ws} ranks "
+                f"(this run has {self.world_size})"
+            )
+        if not torch.equal(state["owner"].to(self.device), self.owner):
+            raise SvenError(f"checkpoint {ck.path(step)} was written with another partition")
+        shard = ck.load(step, f"memory-rank{self.rank}", map_location=self.device)
+        self.memory.load_state_dict(shard["memory"])
+        state["rng"] = shard["rng"]
+        state["comm"] = shard.get("comm", {})
+        return state
+
+    # ------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
         """Trains with early stopping on val AP, then evaluates the best model on test.
 
         Returns:
-            The summary (also written to ``<out>/summary.json``).
+            The summary (also written to ``<out>/summary.json`` by rank 0).
         """
+        try:
+            return self._fit()
+        finally:
+            self.ctx.teardown()
+
+    def _fit(self) -> dict[str, Any]:
         cfg, tc = self.cfg, self.cfg.train
         wall0 = time.perf_counter()
-        self.out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, self.out / "config.json")
-        best_path = self.out / "best.pt"
+        main = self.rank == 0
+        if main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, self.out / "config.json")
+        self._barrier("start")
         progress: dict[str, Any] = {
             "history": [],
             "best_val_ap": -1.0,
@@ -357,23 +610,27 @@ class Trainer:
         }
         start_epoch, start_batch = 0, 0
         if tc.resume:
-            step = self.checkpointer.latest()
+            step = self._latest(self.checkpointer)
             if step is not None:
-                st = self.checkpointer.load(step, map_location=self.device)
+                st = self._load_shard(self.checkpointer, step)
                 self.model.load_state_dict(st["model"])
                 self.optimizer.load_state_dict(st["optimizer"])
-                self.memory.load_state_dict(st["memory"])
                 self._set_rng_state(st["rng"])
                 progress = st["progress"]
                 start_epoch, start_batch = st["cursor"]["epoch"], st["cursor"]["next_batch"]
+                if self.exchange is not None and st["comm"]:
+                    for k, v in st["comm"].items():
+                        setattr(self.exchange.counter, k, v)
                 self._log(
                     f"resumed from {self.checkpointer.path(step)} (epoch {start_epoch}, batch {start_batch})"
                 )
-        # metrics.jsonl is rebuilt from the checkpointed history, so lines written after
-        # the checkpoint by an interrupted run do not appear twice.
-        _atomic_write_text(
-            "".join(json.dumps(h) + "\n" for h in progress["history"]), self.out / "metrics.jsonl"
-        )
+        if main:
+            # metrics.jsonl is rebuilt from the checkpointed history, so lines written
+            # after the checkpoint by an interrupted run do not appear twice.
+            _atomic_write_text(
+                "".join(json.dumps(h) + "\n" for h in progress["history"]),
+                self.out / "metrics.jsonl",
+            )
 
         nb = self.num_batches("train")
         lo, hi = self.ranges["train"]
@@ -384,36 +641,42 @@ class Trainer:
             if start_batch == 0:
                 self.memory.reset()
                 progress.update(epoch_loss=0.0, epoch_batches=0, epoch_time=0.0)
+                if self.exchange is not None:
+                    self.exchange.counter.reset()
             last = nb if not tc.max_batches else min(nb, tc.max_batches)
             bar = tqdm(
                 total=last,
                 initial=start_batch,
                 desc=f"epoch {epoch}",
-                disable=cfg.quiet,
+                disable=cfg.quiet or not main,
                 file=sys.stderr,
                 leave=False,
                 dynamic_ncols=True,
             )
             for i in range(start_batch, last):
                 t0 = time.perf_counter()
-                batch = self._batch(lo + i * b, min(lo + (i + 1) * b, hi), epoch, tc.num_neg)
-                loss = self.train_step(batch)
+                g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
+                batch = self._batch(self._event_index(g_lo, g_hi), epoch, tc.num_neg)
+                loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
                 dt = time.perf_counter() - t0
                 progress["epoch_loss"] += loss
                 progress["epoch_batches"] += 1
                 progress["epoch_time"] += dt
                 progress["train_time"] += dt
-                progress["train_events"] += batch.size
+                progress["train_events"] += g_hi - g_lo
                 progress["global_step"] += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", ev_s=f"{batch.size / max(dt, 1e-9):.0f}")
+                bar.set_postfix(loss=f"{loss:.4f}", ev_s=f"{(g_hi - g_lo) / max(dt, 1e-9):.0f}")
                 if tc.checkpoint_every and (i + 1) % tc.checkpoint_every == 0 and i + 1 < last:
-                    self.checkpointer.save(
-                        progress["global_step"], self._state(epoch, i + 1, {"progress": progress})
+                    self._save(
+                        self.checkpointer,
+                        progress["global_step"],
+                        self._state(epoch, i + 1, progress),
                     )
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
+            comm = self._comm_line()
             val = self.split_metrics("val", self.evaluate("val"))
             line = {
                 "epoch": epoch,
@@ -422,47 +685,46 @@ class Trainer:
                 "val_auc": val["val_auc"],
                 "events_per_s": epoch_events / max(progress["epoch_time"], 1e-9),
                 **{k: v for k, v in val.items() if k not in ("val_ap", "val_auc")},
+                **comm,
             }
             line = _finite_or_none(line)
             progress["history"].append(line)
-            with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(line) + "\n")
+            if main:
+                with open(self.out / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(line) + "\n")
             self._log(
-                f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {val['val_ap']:.4f} "
-                f"AUC {val['val_auc']:.4f} ({line['events_per_s']:.0f} events/s)"
+                f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {_fmt(line['val_ap'])} "
+                f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} events/s)"
             )
             if val["val_ap"] > progress["best_val_ap"]:
                 progress.update(best_val_ap=val["val_ap"], best_epoch=epoch, bad_epochs=0)
-                _atomic_save(
-                    {
-                        "model": self.model.state_dict(),
-                        "memory": self.memory.state_dict(),
-                        "epoch": epoch,
-                        "memory_phase": "val_end",
-                        "config": cfg.to_dict(),
-                    },
-                    best_path,
+                self._save(
+                    self.best,
+                    epoch,
+                    {"model": self.model.state_dict(), "epoch": epoch, "memory_phase": "val_end"},
                 )
             else:
                 progress["bad_epochs"] += 1
                 if tc.patience and progress["bad_epochs"] >= tc.patience:
                     progress["stopped"] = True
             progress["global_step"] += 1
-            self.checkpointer.save(
-                progress["global_step"], self._state(epoch + 1, 0, {"progress": progress})
+            self._save(
+                self.checkpointer, progress["global_step"], self._state(epoch + 1, 0, progress)
             )
 
-        best = torch.load(best_path, map_location=self.device, weights_only=False)
+        step = self._latest(self.best)
+        if step is None:
+            raise SvenError(f"no valid best model under {self.best.root}")
+        best = self._load_shard(self.best, step)
         self.model.load_state_dict(best["model"])
-        self.memory.load_state_dict(best["memory"])
         test = self.split_metrics("test", self.evaluate("test"))
-        best_line = (
-            progress["history"][best["epoch"]] if best["epoch"] < len(progress["history"]) else {}
-        )
+        hist = {h["epoch"]: h for h in progress["history"]}
+        best_line = hist.get(best["epoch"], {})
         summary = {
             "model": cfg.model.name,
             "dataset": self.dataset_name,
             "world_size": self.world_size,
+            "partition": self.partition_meta.get("strategy"),
             "epochs_run": len(progress["history"]),
             "best_epoch": best["epoch"],
             "val_ap": best_line.get("val_ap"),
@@ -471,30 +733,110 @@ class Trainer:
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
         }
+        for key in ("comm_bytes", "comm_bytes_naive", "comm_bytes_max_rank", "comm_bytes_per_rank"):
+            if key in best_line:
+                summary[key] = best_line[key]
         summary = _finite_or_none(summary)
-        _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
+        if main:
+            _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         self._log(
             f"test AP {_fmt(summary['test_ap'])} AUC {_fmt(summary['test_auc'])} "
-            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); summary in {self.out / 'summary.json'}"
+            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); summary in {self.out / 'summary.json'}",
+            force=True,
         )
         return summary
 
-    def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Re-evaluates a saved model (``best.pt`` or a ``checkpoints/step-N`` folder).
+    def _state(self, epoch: int, next_batch: int, progress: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "cursor": {"epoch": epoch, "next_batch": next_batch},
+            "progress": progress,
+        }
 
-        A state saved at the end of validation (``best.pt``) continues into test, which
-        reproduces the run's summary exactly. Any other state is re-played: memory is
-        rebuilt by walking train and val without parameter updates, then test runs.
+    # ---------------------------------------------------------------- comm
+    def _counter_state(self) -> dict[str, int]:
+        if self.exchange is None:
+            return {}
+        c = self.exchange.counter
+        return {
+            "ids": c.ids,
+            "read_rows": c.read_rows,
+            "write_rows": c.write_rows,
+            "grads": c.grads,
+            "naive": c.naive,
+        }
+
+    def _comm_line(self) -> dict[str, Any]:
+        """Per-rank bytes of this epoch's training, gathered on every rank."""
+        if self.exchange is None:
+            return {}
+        c = self.exchange.counter
+        mine = torch.tensor(
+            [c.ids, c.read_rows, c.write_rows, c.grads, c.naive],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(allr, mine)
+        per = torch.stack(allr).cpu()
+        exch = per[:, 0] + per[:, 1] + per[:, 2]
+        total = exch + per[:, 3]
+        return {
+            "comm_bytes": int(total.sum()),
+            "comm_bytes_exchange": int(exch.sum()),
+            "comm_bytes_grads": int(per[:, 3].sum()),
+            "comm_bytes_naive": int(per[:, 4].sum()),
+            "comm_bytes_per_rank": total.tolist(),
+            "comm_bytes_exchange_per_rank": exch.tolist(),
+            "comm_bytes_max_rank": int(total.max()),
+            "comm_max_over_mean": float(exch.max() / max(float(exch.float().mean()), 1.0)),
+        }
+
+    # ------------------------------------------------------------- re-eval
+    def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Re-evaluates a saved model: a run folder (its best), or a ``step-N`` folder.
+
+        A state saved at the end of validation (the best model) continues into test,
+        which reproduces the run's summary exactly. Any other state is re-played:
+        memory is rebuilt by walking train and val without parameter updates, then
+        test runs. Shards of a P-rank checkpoint are assembled when evaluating on one
+        process.
         """
         p = Path(path)
-        st = torch.load(
-            p / "state.pt" if p.is_dir() else p, map_location=self.device, weights_only=False
-        )
-        self.model.load_state_dict(st["model"])
-        res: dict[str, Any] = {}
-        if st.get("memory_phase") == "val_end":
-            self.memory.load_state_dict(st["memory"])
+        if (p / "best").is_dir():
+            p = p / "best"
+        if not (p / "state.pt").is_file():
+            ck = Checkpointer(p)
+            step = ck.latest()
+            if step is None:
+                raise SvenError(f"no valid checkpoint under {path}")
+            p = ck.path(step)
+        state = torch.load(p / "state.pt", map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        ws = int(state.get("world_size", 1))
+        owner = state["owner"].to(self.device)
+        if ws == self.world_size and torch.equal(owner, self.owner):
+            shard = torch.load(
+                p / f"memory-rank{self.rank}.pt", map_location=self.device, weights_only=False
+            )
+            self.memory.load_state_dict(shard["memory"])
+        elif self.world_size == 1:
+            full = {k: v.clone() for k, v in self.memory.state_dict().items()}
+            for r in range(ws):
+                shard = torch.load(
+                    p / f"memory-rank{r}.pt", map_location=self.device, weights_only=False
+                )
+                rows = owned_nodes(owner, r)
+                for k, v in shard["memory"].items():
+                    full[k][rows] = v
+            self.memory.load_state_dict(full)
         else:
+            raise SvenError(
+                f"{p} holds {ws} memory shards; evaluate it on {ws} ranks or on one process"
+            )
+        res: dict[str, Any] = {}
+        if state.get("memory_phase") != "val_end":
             self.memory.reset()
             self.evaluate("train")
             res.update(self.split_metrics("val", self.evaluate("val")))
@@ -506,10 +848,8 @@ class Trainer:
             **res,
         }
 
-    def _log(self, msg: str) -> None:
-        if self.rank == 0 and not self.cfg.quiet:
-            print(msg, file=sys.stderr, flush=True)
-        elif self.rank == 0 and msg.startswith("test AP"):
+    def _log(self, msg: str, force: bool = False) -> None:
+        if self.rank == 0 and (force or not self.cfg.quiet):
             print(msg, file=sys.stderr, flush=True)
 
 

@@ -29,6 +29,7 @@ class APAN(MemoryModel):
 
     sample_roots = "positive"
     read_neighbors = False
+    deliver_to_neighbors = True
 
     def __init__(
         self, *, mailbox_size: int = 10, num_heads: int = 2, dropout: float = 0.1, **kwargs

@@ -76,6 +76,8 @@ class MemoryModel(nn.Module):
     read_neighbors: bool = False
     #: Mailbox slots M.
     mailbox_size: int = 1
+    #: Whether mail also goes to the sampled neighbours of the events' endpoints.
+    deliver_to_neighbors: bool = False
 
     def __init__(
         self,

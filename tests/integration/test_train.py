@@ -97,7 +97,7 @@ def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys) -> None:
     assert main(["train", "--quiet", *_overrides(store, tmp_path)]) == 0
     assert "test AP" in capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert main(["eval", "--checkpoint", str(tmp_path / "best.pt"), "--json"]) == 0
+    assert main(["eval", "--checkpoint", str(tmp_path), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["test_ap"] == summary["test_ap"]
     assert res["test_auc_inductive"] == summary["test_auc_inductive"]
@@ -113,11 +113,11 @@ def test_resume_after_interrupt_is_exact(store: str, tmp_path) -> None:
     class Dying(sven.Trainer):
         calls = 0
 
-        def train_step(self, batch):  # dies in the second epoch, past a checkpoint
+        def train_step(self, batch, num_predictions):  # dies in epoch 2, past a checkpoint
             Dying.calls += 1
             if Dying.calls == 17:
                 raise Interrupted
-            return super().train_step(batch)
+            return super().train_step(batch, num_predictions)
 
     with pytest.raises(Interrupted):
         Dying(None, _overrides(store, tmp_path / "run", *extra)).fit()

@@ -73,7 +73,7 @@ def test_mrr_exact() -> None:
 
 
 def test_checkpoints_atomic_keep_k_and_fallback(tmp_path) -> None:
-    ck = Checkpointer(tmp_path, keep_latest_k=2)
+    ck = Checkpointer(tmp_path / "checkpoints", keep_latest_k=2)
     for step in (1, 2, 3):
         ck.save(step, {"x": torch.tensor([step])})
     assert ck.steps() == [2, 3]

@@ -1,0 +1,140 @@
+"""The distributed invariant: P ranks == one process, after every batch, in float64.
+
+Each rank processes the events the partition assigns to it, reads and writes memory
+through the owners, and sums gradients; parameters and memory must equal the
+one-process run with the same global batch after every training batch, and the final
+summaries must agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import sven
+from tests.dist.launch import run_ranks
+
+pytestmark = pytest.mark.dist
+
+MODELS = ("tgn", "jodie", "apan", "dyrep")
+STRATEGIES = ("hash", "minmax")
+METRICS = ("val_ap", "val_auc", "test_ap", "test_auc", "test_ap_inductive", "test_auc_inductive")
+
+
+def _overrides(store: str, out: str, model: str, strategy: str) -> list[str]:
+    return [
+        f"data.path={store}",
+        f"out={out}",
+        f"model.name={model}",
+        f"dist.strategy={strategy}",
+        "quiet=true",
+        "train.epochs=1",
+        "train.max_batches=24",
+        "train.batch_size=50",
+        "train.dtype=float64",
+        "model.dropout=0.0",
+        "model.sampling=recent",
+        "model.memory_dim=8",
+        "model.time_dim=4",
+        "model.embed_dim=8",
+        "model.num_neighbors=4",
+        "model.mailbox_size=3",
+        "train.lr=0.0001",
+        "dist.timeout_s=60",
+        "train.threads=1",
+    ]
+
+
+class Recording(sven.Trainer):
+    """Records (parameters, whole memory) after every training batch."""
+
+    def train_step(self, batch, num_predictions):  # noqa: D102
+        loss = super().train_step(batch, num_predictions)
+        params = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).clone()
+        self.records.append((params, self.full_memory()))
+        return loss
+
+    def full_memory(self) -> dict[str, torch.Tensor]:
+        shard = {k: v.clone() for k, v in self.memory.state_dict().items()}
+        if self.world_size == 1:
+            return shard
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, (self.owned, shard))
+        full = {}
+        for k, v in shard.items():
+            full[k] = torch.zeros((self.num_nodes, *v.shape[1:]), dtype=v.dtype)
+            for owned, sh in parts:
+                full[k][owned] = sh[k]
+        return full
+
+
+def _train(store: str, out: str, model: str, strategy: str) -> tuple[list, dict]:
+    tr = Recording(None, _overrides(store, out, model, strategy))
+    tr.records = []
+    summary = tr.fit()
+    return tr.records, summary
+
+
+def _rank_main(rank: int, world_size: int, store: str, out: str, cases: list) -> dict | None:
+    results = {}
+    for model, strategy in cases:
+        records, summary = _train(store, f"{out}/{model}-{strategy}", model, strategy)
+        results[(model, strategy)] = (records, summary)
+    return results if rank == 0 else None
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    from sven.datasets.synth import generate
+
+    path = tmp_path_factory.mktemp("inv") / "store"
+    generate(path, events=2000, nodes=80, seed=3, edge_feat_dim=2)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(store, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("ref")
+    return {(m, s): _train(store, str(out / f"{m}-{s}"), m, s) for m in MODELS for s in ("hash",)}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.all((a - b).abs() <= 1e-6 * torch.clamp(b.abs(), min=1.0)))
+
+
+def _check(ref: tuple[list, dict], got: tuple[list, dict], label: str) -> None:
+    ref_rec, ref_sum = ref
+    rec, summ = got
+    assert len(rec) == len(ref_rec) == 24, label
+    for i, ((p, mem), (rp, rmem)) in enumerate(zip(rec, ref_rec)):
+        assert _close(p, rp), f"{label}: parameters differ after batch {i}"
+        for k in rmem:
+            if rmem[k].dtype == torch.bool:
+                assert torch.equal(mem[k], rmem[k]), f"{label}: {k} differs after batch {i}"
+            else:
+                assert _close(mem[k], rmem[k]), f"{label}: memory {k} differs after batch {i}"
+    for key in METRICS:
+        a, b = summ[key], ref_sum[key]
+        assert (a is None and b is None) or a == pytest.approx(b, rel=1e-6, abs=1e-9), (label, key)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_p_ranks_equal_one_process(store, reference, tmp_path, world_size: int) -> None:
+    cases = (
+        [(m, s) for m in MODELS for s in STRATEGIES]
+        if world_size == 2
+        else [("tgn", "minmax"), ("apan", "hash")]
+    )
+    results = run_ranks(_rank_main, world_size, store, str(tmp_path), cases, timeout=900)[0]
+    for (model, strategy), got in results.items():
+        _check(reference[(model, "hash")], got, f"{model}/{strategy}/P={world_size}")
+        summary = json.loads(Path(tmp_path, f"{model}-{strategy}", "summary.json").read_text())
+        assert summary["world_size"] == world_size
+        assert summary["comm_bytes"] > 0
+        assert summary["comm_bytes_naive"] > 0
+    np.testing.assert_equal(len(results), len(cases))
