@@ -67,6 +67,10 @@ _MAGIC: tuple[tuple[bytes, Any], ...] = (
     (b"\xfd7zXZ\x00", lzma.LZMAFile),
     (b"BZh", bz2.BZ2File),
 )
+# Field separators of whitespace-separated text, as pandas' C tokenizer splits them
+# (space, tab; CR and LF end lines), as a byte lookup table: one pass per block.
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[[9, 10, 13, 32]] = True
 # Column names recognised when no column map is given (generic csv/parquet, TGB).
 _DEFAULT_NAMES = {
     "src": ("src", "source", "u", "user_id", "from", "sender", "src_id"),
@@ -267,7 +271,7 @@ class _DelimitedText:
         self._next_line += nl.size
         starts = np.concatenate([[0], nl[:-1] + 1])
         if self.sep is None:
-            ws = (buf == 32) | (buf == 9) | (buf == 13) | (buf == 10) | (buf == 11) | (buf == 12)
+            ws = _WHITESPACE[buf]
             field_starts = np.flatnonzero(~ws & np.concatenate([[True], ws[:-1]]))
             upto = np.searchsorted(field_starts, nl)  # fields starting before each newline
             first_field = np.concatenate([[0], upto[:-1]])

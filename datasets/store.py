@@ -101,25 +101,20 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def first_occurrences(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct values of (m,) ``values`` and the index of each one's first occurrence."""
-    order = np.argsort(values, kind="stable")
-    s = values[order]
-    keep = np.empty(s.size, dtype=bool)
-    keep[:1] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep], order[keep]
-
-
 class DistinctValues:
     """The sorted distinct values of a stream of arrays, with bounded re-sorting.
 
-    Each chunk is de-duplicated on arrival; pending chunks are merged into the running
-    set once they outweigh it, so each value is re-sorted O(log chunks) times instead
-    of once per chunk, and no Python-level set or dict ever holds the values.
+    Small non-negative integers (below ``DENSE_LIMIT``, the common case for node ids)
+    are marked in a bool array, one byte per possible value, which is a scatter
+    instead of a sort per chunk. Otherwise each chunk is de-duplicated on arrival and
+    pending chunks are merged into the running set once they outweigh it, so each
+    value is re-sorted O(log chunks) times. No Python set or dict holds the values.
     """
 
+    DENSE_LIMIT = 1 << 28
+
     def __init__(self) -> None:
+        self._dense: np.ndarray | None = np.zeros(0, dtype=bool)
         self._merged: np.ndarray | None = None
         self._pending: list[np.ndarray] = []
         self._pending_size = 0
@@ -128,6 +123,26 @@ class DistinctValues:
         """Adds the values of a (n,) array."""
         if values.size == 0:
             return
+        if self._dense is not None:
+            if (
+                values.dtype.kind in "iu"
+                and values.min() >= 0
+                and (top := int(values.max())) < self.DENSE_LIMIT
+            ):
+                if top >= self._dense.size:
+                    grown = np.zeros(
+                        min(max(top + 1, 2 * self._dense.size), self.DENSE_LIMIT), bool
+                    )
+                    grown[: self._dense.size] = self._dense
+                    self._dense = grown
+                self._dense[values] = True
+                return
+            # Too large, negative or not integers: from here on, sort and merge.
+            seen = np.flatnonzero(self._dense)
+            self._dense = None
+            if seen.size:
+                self._pending.append(seen)
+                self._pending_size += seen.size
         uniq = unique_sorted(values)
         self._pending.append(uniq)
         self._pending_size += uniq.size
@@ -142,6 +157,8 @@ class DistinctValues:
 
     def result(self) -> np.ndarray:
         """Returns the (n,) sorted distinct values seen so far."""
+        if self._dense is not None:
+            return np.flatnonzero(self._dense)
         self._merge()
         return self._merged if self._merged is not None else np.empty(0, dtype=np.int64)
 
@@ -248,15 +265,27 @@ class _IdSpace:
     the target range are kept (``identity``) or shifted (``shift``); otherwise they
     are numbered by first appearance in the time-sorted stream (``table``), which
     needs one pass over the sorted ids (:meth:`observe`) before :meth:`map` works.
+
+    Raw ids are located among the sorted distinct ids through a direct lookup array
+    when they are integers below ``LUT_LIMIT`` (4 bytes per possible id): a gather,
+    where a binary search of random keys costs a cache miss per level, about 100x
+    slower on millions of nodes. Other ids (strings, huge integers) are searched in
+    sorted order, which keeps the binary searches cache-friendly.
     """
 
+    LUT_LIMIT = 1 << 28
+    _UNSEEN = np.iinfo(np.int64).max
+
     def __init__(self, uniques: np.ndarray, base: int, *, allow_shift: bool = False) -> None:
-        self.uniques = uniques
+        self.uniques = uniques  # sorted; after finalize(): in compact order
         self.base = base
         self.n = int(uniques.size)
         self.delta = 0
         self.table: np.ndarray | None = None
         self.first: np.ndarray | None = None
+        self._lut: np.ndarray | None = None
+        self._lut_is_compact = False
+        self._sorted = uniques
         numeric = uniques.dtype.kind == "i"
         if numeric and uniques[0] == base and uniques[-1] == base + self.n - 1:
             self.kind = "identity"
@@ -264,26 +293,43 @@ class _IdSpace:
             self.kind, self.delta = "shift", base
         else:
             self.kind = "table"
-            self.first = np.full(self.n, -1, dtype=np.int64)
+            self.first = np.full(self.n, self._UNSEEN, dtype=np.int64)
+            if numeric and uniques[-1] < self.LUT_LIMIT:
+                # np.empty: only the entries of ids that occur are ever written or read,
+                # so untouched pages of a sparse id range cost no memory.
+                dtype = np.int32 if base + self.n < _INT32_LIMIT else np.int64
+                self._lut = np.empty(int(uniques[-1]) + 1, dtype=dtype)
+                self._lut[uniques] = np.arange(self.n)
+
+    def _positions(self, raw: np.ndarray) -> np.ndarray:
+        """Index of each raw id among the sorted distinct ids."""
+        if self._lut is not None:
+            return self._lut[raw]
+        order = np.argsort(raw, kind="stable")
+        pos = np.empty(raw.shape[0], dtype=np.int64)
+        pos[order] = np.searchsorted(self._sorted, raw[order])
+        return pos
 
     def observe(self, raw: np.ndarray, offset: int) -> None:
         """Records first appearances; ``raw`` (m,) is the next stretch of the sorted stream,
         whose first element is at stream position ``offset``."""
         assert self.first is not None
-        pos = np.searchsorted(self.uniques, raw)
-        uniq, idx = first_occurrences(pos)
-        new = self.first[uniq] < 0
-        self.first[uniq[new]] = offset + idx[new]
+        # Positions seen before keep their (smaller) first position.
+        np.minimum.at(self.first, self._positions(raw), offset + np.arange(raw.shape[0]))
 
-    def finalize(self) -> None:
+    def prepare(self) -> None:
+        """Turns the first appearances into the compact numbering; call before map()."""
         if self.kind != "table" or self.table is not None:
             return
         assert self.first is not None
         order = np.argsort(self.first, kind="stable")
+        self.first = None
         self.table = np.empty(self.n, dtype=np.int64)
         self.table[order] = self.base + np.arange(self.n, dtype=np.int64)
-        self.uniques = self.uniques[order]  # now the raw id of each compact id, in order
-        self.first = None
+        self.uniques = self._sorted[order]
+        if self._lut is not None:
+            self._lut[self._sorted] = self.table  # raw id -> compact id in one gather
+            self._lut_is_compact = True
 
     def map(self, raw: np.ndarray) -> np.ndarray:
         """Compact ids (m,) int64 of raw ids (m,)."""
@@ -291,19 +337,15 @@ class _IdSpace:
             return raw.astype(np.int64, copy=False)
         if self.kind == "shift":
             return raw.astype(np.int64, copy=False) + self.delta
-        assert self.table is not None, "finalize() first"
-        # After finalize, uniques are in compact order; searching needs the sorted copy.
-        return self.table[np.searchsorted(self._sorted, raw)]
+        assert self.table is not None, "prepare() first"
+        if self._lut_is_compact:
+            return self._lut[raw].astype(np.int64, copy=False)
+        return self.table[self._positions(raw)]
 
     @property
     def raw_ids(self) -> np.ndarray:
         """(n,) raw id of compact id ``base + i``."""
         return self.uniques
-
-    def prepare(self) -> None:
-        if self.kind == "table":
-            self.finalize()
-            self._sorted = np.sort(self.uniques)
 
 
 def _first_bad(mask: np.ndarray) -> int:
@@ -351,9 +393,11 @@ class StoreWriter:
     side's own raw ids.
 
     Memory: appended chunks go to temporary column files; closing streams them back
-    in chunks. Resident memory is a few chunks plus, for raw-id compaction, 24 bytes
-    per distinct node, plus ``SORT_BUDGET_BYTES`` when the input is out of time
-    order (larger inputs are bucketed by time on disk and sorted bucket by bucket).
+    in chunks. Resident memory is a few chunks plus, for raw-id compaction, about
+    24 bytes per distinct node and, for integer ids below 2^28, 5 bytes per possible
+    id (a seen-bitmap and a lookup table, touched only where ids occur), plus
+    ``SORT_BUDGET_BYTES`` when the input is out of time order (larger inputs are
+    bucketed by time on disk and sorted bucket by bucket).
 
     Atomicity: everything is written to a hidden temporary directory beside
     ``out_dir`` and renamed into place at close; on any error (or on leaving the
@@ -430,8 +474,11 @@ class StoreWriter:
         self.id_map = id_map
 
         self._tmp = self.out_dir.parent / f".{self.out_dir.name}.partial-{uuid.uuid4().hex[:12]}"
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp.mkdir()
+        try:
+            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            self._tmp.mkdir()
+        except OSError as exc:
+            raise SvenError(f"cannot create {self._tmp}: {exc.strerror or exc}") from None
         self._spool_dir = self._tmp / "_spool"
         self._spool_dir.mkdir()
         self._spools: dict[str, _Spool] = {
@@ -1107,9 +1154,12 @@ class TemporalEvents:
         """(n_split,) bool: events of ``split`` with an endpoint never seen in training."""
         seen = self.seen_in("train")
         start, stop = self.split_range(split)
-        src = np.asarray(self.src[start:stop])
-        dst = np.asarray(self.dst[start:stop])
-        return ~seen[src] | ~seen[dst]
+        mask = np.empty(stop - start, dtype=bool)
+        for lo, hi in iter_ranges(stop - start):  # chunks: the columns may not fit in RAM
+            src = self.src[start + lo : start + hi]
+            dst = self.dst[start + lo : start + hi]
+            mask[lo:hi] = ~seen[src] | ~seen[dst]
+        return mask
 
     def to_pyg(self) -> TemporalData:
         """Copies the events into a ``torch_geometric.data.TemporalData``.

@@ -360,3 +360,24 @@ def test_any_event_table_survives_write_and_read(tmp_path_factory, table, chunk)
     assert ev.meta["sorted_on_ingest"] == bool((np.diff(table["t"]) < 0).any())
     assert sum(ev.meta["split"]["counts"].values()) == E
     assert np.all(np.diff(ev.split.astype(int)) >= 0)
+
+
+def test_distinct_values_switches_from_bitmap_to_sorting():
+    from sven.datasets.store import DistinctValues
+
+    d = DistinctValues()
+    d.add(np.array([3, 1, 3]))
+    np.testing.assert_array_equal(d.result(), [1, 3])
+    d.add(np.array([2**40, 1, 7]))  # beyond the bitmap's range
+    d.add(np.array([5]))
+    np.testing.assert_array_equal(d.result(), [1, 3, 5, 7, 2**40])
+
+
+def test_large_sparse_ids_are_compacted_through_sorted_search(tmp_path):
+    # Ids above the lookup-table limit take the argsort + searchsorted path.
+    src = np.array([2**40, 5, 2**40 + 3])
+    dst = np.array([5, 2**35, 2**40])
+    ev = write_events(tmp_path / "s", src, dst, np.array([3, 1, 2]))
+    np.testing.assert_array_equal(ev.id_map, [5, 2**35, 2**40 + 3, 2**40])
+    np.testing.assert_array_equal(ev.id_map[ev.src], src[[1, 2, 0]])
+    np.testing.assert_array_equal(ev.id_map[ev.dst], dst[[1, 2, 0]])
