@@ -997,10 +997,11 @@ def open_reader(
     if fmt == "auto":
         fmt = detect_format(path)
     cmap = columns or ColumnMap()
-    if cmap != ColumnMap() and fmt not in ("csv", "tgb", "parquet"):
+    tabular_only = cmap != ColumnMap() or string_ids or bipartite is not None
+    if tabular_only and fmt not in ("csv", "tgb", "parquet"):
         raise ConfigError(
-            f"a column map (--src/--dst/--time/--feat/--label) applies to csv, tgb and "
-            f"parquet input only; {path.name} is {fmt}"
+            f"a column map (--src/--dst/--time/--feat/--label), --string-ids and "
+            f"--bipartite apply to csv, tgb and parquet input only; {path.name} is {fmt}"
         )
     if fmt in ("snap", "snap-signed"):
         return SnapReader(path, signed=fmt == "snap-signed", block_bytes=block_bytes)

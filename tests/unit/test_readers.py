@@ -260,7 +260,11 @@ def test_many_blocks_give_the_same_store(tmp_path):
 
 def test_column_map_only_for_tabular_formats(tmp_path):
     path = write(tmp_path / "e.txt", SNAP)
-    with pytest.raises(ConfigError, match="applies to csv, tgb and parquet"):
+    with pytest.raises(
+        ConfigError, match=r"apply to csv, tgb and parquet input only; e\.txt is snap"
+    ):
         open_reader(path, columns=ColumnMap(src="a"))
+    with pytest.raises(ConfigError, match="apply to csv, tgb and parquet"):
+        open_reader(path, bipartite=True)
     with pytest.raises(ConfigError, match="unknown format 'nope'"):
         open_reader(path, "nope")
