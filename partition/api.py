@@ -53,7 +53,7 @@ class PartitionResult:
 
     Attributes:
         owner: (N,) int32 owner per vertex.
-        assign: (E,) int64 rank per event.
+        assign: (E,) int32 rank per event.
         timings: Seconds per phase (graph, owner, assign).
     """
 
@@ -168,17 +168,18 @@ def partition_arrays(
 
     t0 = time.perf_counter()
     aff = affinity_table(graph, owner, parts)
-    assign = np.empty(src.shape[0], dtype=np.int64)
+    owner64 = owner.astype(np.int64)
+
+    def preference(s: np.ndarray, d: np.ndarray) -> np.ndarray:
+        return endpoint_preference(aff, owner64, s, d) + prices[owner64[s]] - prices[owner64[d]]
+
+    assign = np.empty(src.shape[0], dtype=np.int32)
     for lo, hi in ((0, stop), (stop, int(src.shape[0]))):
-        if hi <= lo:
-            continue
-        s = np.asarray(src[lo:hi])
-        d = np.asarray(dst[lo:hi])
-        pref = endpoint_preference(aff, owner, s, d) + prices[owner[s]] - prices[owner[d]]
-        assign[lo:hi] = assign_events(
-            s, d, owner, parts, balance=balance, preference=pref, seed=seed,
-            event_index=np.arange(lo, hi, dtype=np.int64),
-        )  # fmt: skip
+        if hi > lo:
+            assign[lo:hi] = assign_events(
+                src[lo:hi], dst[lo:hi], owner64, parts, balance=balance, preference=preference,
+                seed=seed, index_offset=lo,
+            )  # fmt: skip
     timings["assign_s"] = time.perf_counter() - t0
     say(f"assign: {timings['assign_s']:.1f}s")
     return PartitionResult(owner=owner, assign=assign, timings=timings)

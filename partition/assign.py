@@ -17,6 +17,7 @@ has room. Everything is vectorized; the loop is over rebalancing rounds.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -78,48 +79,81 @@ def assign_events(
     parts: int,
     *,
     balance: float = 1.05,
-    preference: np.ndarray | None = None,
+    preference: np.ndarray | Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     seed: int = 0,
     event_index: np.ndarray | None = None,
+    index_offset: int = 0,
+    chunk: int = 1 << 22,
     max_rounds: int = 64,
 ) -> np.ndarray:
     """Assigns each event to the owner of its source or of its destination.
 
+    Only the cut events (endpoints on different ranks) are ever held in full; the rest
+    is streamed in chunks, so memory stays near 30 bytes per cut event.
+
     Args:
-        src: (E,) source ids.
+        src: (E,) source ids (a memory map is fine).
         dst: (E,) destination ids.
         owner: (N,) owners.
         parts: P.
         balance: Event cap per rank as a multiple of the mean; met whenever the cut
             events leave enough freedom.
-        preference: (E,) preference for the source's owner (``endpoint_preference``);
-            None means no preference, so only load decides.
+        preference: Preference for the source's owner: an (E,) array, or a function
+            ``f(src (m,), dst (m,)) -> (m,)`` called on each chunk's cut events (e.g.
+            ``endpoint_preference`` plus prices); None means load alone decides.
         seed: Breaks exact preference ties pseudo-randomly.
         event_index: (E,) global indices of the events, which key the tie-breaks so
             that a subset of the events is assigned as within the whole; None means
-            0..E-1.
+            ``index_offset + (0..E-1)``.
+        index_offset: Global index of the first event when ``event_index`` is None.
+        chunk: Events read at once.
         max_rounds: Rebalancing rounds at most.
 
     Returns:
-        (E,) int64 rank per event.
+        (E,) int32 rank per event.
     """
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    a = owner[src].astype(np.int64)
-    b = owner[dst].astype(np.int64)
-    num = src.shape[0]
+    num = int(src.shape[0])
+    out = np.empty(num, dtype=np.int32)
+    fixed = np.zeros(parts, dtype=np.int64)
+    parts_idx, parts_a, parts_b, parts_pref = [], [], [], []
+    for lo in range(0, num, chunk):
+        hi = min(lo + chunk, num)
+        s = np.asarray(src[lo:hi]).astype(np.int64)
+        d = np.asarray(dst[lo:hi]).astype(np.int64)
+        a = owner[s].astype(np.int64)
+        b = owner[d].astype(np.int64)
+        out[lo:hi] = a
+        c = np.flatnonzero(a != b)
+        fixed += np.bincount(a, minlength=parts) - np.bincount(a[c], minlength=parts)
+        if preference is None:
+            pref = np.zeros(c.shape[0])
+        elif callable(preference):
+            pref = np.asarray(preference(s[c], d[c]), dtype=np.float64)
+        else:
+            pref = np.asarray(preference[lo:hi], dtype=np.float64)[c]
+        # Exact ties (no preference at all) alternate by a hash of the event index, so
+        # that neither endpoint role is favoured systematically.
+        if event_index is None:
+            idx = index_offset + lo + c
+        else:
+            idx = np.asarray(event_index[lo:hi])[c]
+        coin = ((idx * 0x9E3779B1 + seed * 0x85EBCA77) >> 7) & 1
+        pref = np.where(pref == 0.0, np.where(coin == 1, 1e-12, -1e-12), pref)
+        parts_idx.append(lo + c)
+        parts_a.append(a[c])
+        parts_b.append(b[c])
+        parts_pref.append(pref)
     if num == 0:
-        return a
-    pref = np.zeros(num) if preference is None else np.asarray(preference, dtype=np.float64)
-    # Exact ties (no preference at all) alternate by a hash of the event index, so that
-    # neither endpoint role is favoured systematically.
-    idx = np.arange(num, dtype=np.int64) if event_index is None else event_index
-    coin = ((idx * 0x9E3779B1 + seed * 0x85EBCA77) >> 7) & 1
-    pref = np.where(pref == 0.0, np.where(coin == 1, 1e-12, -1e-12), pref)
-    choice = np.where(pref > 0, a, b)
-    cut = a != b
+        return out
+    cut = np.concatenate(parts_idx)
+    a = np.concatenate(parts_a)
+    b = np.concatenate(parts_b)
+    pref = np.concatenate(parts_pref)
+    del parts_idx, parts_a, parts_b, parts_pref
     cap = max(int(np.floor(balance * num / parts)), -(-num // parts))
-    return _rebalance(choice, a, b, pref, cut, cap, parts, max_rounds)
+    choice = np.where(pref > 0, a, b)
+    out[cut] = _rebalance(choice, a, b, pref, fixed, cap, parts, max_rounds)
+    return out
 
 
 def _rebalance(
@@ -127,7 +161,7 @@ def _rebalance(
     a: np.ndarray,
     b: np.ndarray,
     pref: np.ndarray,
-    cut: np.ndarray,
+    fixed: np.ndarray,
     cap: int,
     parts: int,
     max_rounds: int,
@@ -141,11 +175,11 @@ def _rebalance(
     on a chain are frozen so that chains cannot undo each other.
 
     Args:
-        choice: (E,) int64 current rank per event, updated in place.
-        a: (E,) int64 source owner.
-        b: (E,) int64 destination owner.
-        pref: (E,) preference for ``a``.
-        cut: (E,) bool, ``a != b``.
+        choice: (m,) int64 current rank of each cut event, updated in place.
+        a: (m,) int64 source owner.
+        b: (m,) int64 destination owner (never equal to ``a``).
+        pref: (m,) preference for ``a``.
+        fixed: (P,) events per rank that have no choice.
         cap: Events per rank at most.
         parts: P.
         max_rounds: Rounds at most.
@@ -155,21 +189,20 @@ def _rebalance(
     """
     frozen = np.zeros(choice.shape[0], dtype=bool)
     for _ in range(max_rounds):
-        counts = np.bincount(choice, minlength=parts)
+        counts = fixed + np.bincount(choice, minlength=parts)
         excess = counts - cap
         if excess.max() <= 0:
             break
         room = cap - counts
         alt = a + b - choice
-        free = cut & ~frozen
-        movable = np.flatnonzero(free & (excess[choice] > 0) & (room[alt] > 0))
+        movable = np.flatnonzero(~frozen & (excess[choice] > 0) & (room[alt] > 0))
         if movable.shape[0]:
             loss = _loss(movable, choice, a, pref)
             keep = _take_per_group(movable, choice[movable], loss, excess)
             keep = _take_per_group(keep, alt[keep], _loss(keep, choice, a, pref), room)
             choice[keep] = alt[keep]
             continue
-        ev = np.flatnonzero(free)
+        ev = np.flatnonzero(~frozen)
         flow = np.bincount(choice[ev] * parts + alt[ev], minlength=parts * parts)
         path = _chain(flow.reshape(parts, parts), int(np.argmax(excess)), room > 0)
         if path is None:

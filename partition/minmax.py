@@ -208,7 +208,6 @@ def _refine(
     seed: int,
     max_rounds: int,
     patience: int,
-    say: Callable[[str], None],
 ) -> MinMaxResult:
     """Min-max refinement rounds from ``owner`` (see ``minmax_owner``)."""
     ref = _Refiner(graph, owner, parts, cost, balance, seed)
@@ -221,7 +220,7 @@ def _refine(
     eta = 0.5
     count = max(1, int(0.01 * graph.num_nodes / parts))
     stale = 0
-    for rnd in range(max_rounds):
+    for _ in range(max_rounds):
         improved = []
         moved, to = ref.propose_moves(comm, count)
         if moved.shape[0]:
@@ -251,7 +250,6 @@ def _refine(
             break
         if improved:
             history.append(int(comm.max()))
-            say(f"minmax round {rnd}: {', '.join(improved)}; max comm {comm.max()}")
     # The incrementally updated float32 affinities can differ from a fresh table in the
     # last bit; score the result exactly as the final assignment will see it.
     ref.aff = affinity_table(graph, ref.owner, parts)
@@ -311,10 +309,13 @@ def minmax_owner(
         _bisect_recursive(g, np.arange(g.num_nodes, dtype=np.int64), 0, parts, balance, seed, owner)
         if parts == 1:
             return MinMaxResult(owner.astype(np.int32), np.zeros(1))
-        res = _refine(graph, owner, parts, cost, balance, seed, max_rounds, patience, say)
+        res = _refine(graph, owner, parts, cost, balance, seed, max_rounds, patience)
         if not res.history:
             continue
-        say(f"minmax start {i}: max comm {res.history[0]} -> {res.history[-1]}")
+        say(
+            f"minmax start {i}: sampled max comm {res.history[0]} -> {res.history[-1]} "
+            f"in {len(res.history) - 2} improving rounds"
+        )
         if best is None or res.history[-1] < best.history[-1]:
             best = res
     if best is None:

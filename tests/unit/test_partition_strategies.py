@@ -153,6 +153,26 @@ def test_assignment_passes_excess_along_a_chain_of_ranks():
     np.testing.assert_array_equal(got[4:], [2, 2])
 
 
+def test_assignment_is_the_same_in_chunks_and_with_a_preference_function():
+    src, dst, _ = community_events()
+    owner = hash_owner(120, 4, seed=3)
+    graph = interaction_graph(src, dst, 120)
+    aff = affinity_table(graph, owner, 4)
+    pref = endpoint_preference(aff, owner, src, dst)
+    whole = assign_events(src, dst, owner, 4, preference=pref, seed=1)
+    chunked = assign_events(
+        src, dst, owner, 4, preference=lambda s, d: endpoint_preference(aff, owner, s, d),
+        seed=1, chunk=97,
+    )  # fmt: skip
+    np.testing.assert_array_equal(whole, chunked)
+    # A tail of the events assigned alone, tie-breaks keyed by their global index.
+    tail = assign_events(src[1000:], dst[1000:], owner, 4, seed=1, index_offset=1000)
+    by_index = assign_events(
+        src[1000:], dst[1000:], owner, 4, seed=1, event_index=np.arange(1000, 3000)
+    )
+    np.testing.assert_array_equal(tail, by_index)
+
+
 def test_preference_follows_neighbourhood_locality():
     # Vertex 0 (rank 0) talks mostly to rank-0 vertices 2, 3; vertex 1 (rank 1) talks
     # to vertex 0 only. Event 0 -> 1 should prefer rank 0: A(0,0)=2/3, A(1,0)=1.
