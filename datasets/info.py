@@ -16,6 +16,7 @@ from sven.datasets.store import SPLITS, DistinctValues, TemporalEvents, iter_ran
 __all__ = ["describe", "format_info"]
 
 DEGREE_PERCENTILES = (50, 90, 99)
+_PAIR_KEY_LIMIT = 3_037_000_499  # floor(sqrt(2^63 - 1))
 
 
 def describe(ev: TemporalEvents) -> dict[str, Any]:
@@ -27,23 +28,25 @@ def describe(ev: TemporalEvents) -> dict[str, Any]:
     Returns:
         A JSON-serialisable dict: ``events``, ``nodes``, ``bipartite``, time range
         and span, feature dims, labels, ``repeat_edge_ratio`` (share of events whose
-        directed (src, dst) pair occurred before), ``degree`` (events per node:
-        mean, percentiles, max), ``splits`` (events and time bounds per split) and
+        directed (src, dst) pair occurred before; None beyond 3e9 nodes), ``degree``
+        (events per node: mean, percentiles, max), ``splits`` (events and time
+        bounds per split) and
         ``inductive`` (per evaluation split, the share of events with an endpoint
         never seen in training, and the count of such new nodes).
     """
     meta = ev.meta
     E, N = ev.num_events, ev.num_nodes
     degree = np.zeros(N, dtype=np.int64)
-    pairs = DistinctValues()
+    # src * N + dst is a unique key per directed pair while N^2 < 2^63.
+    pairs = DistinctValues() if N < _PAIR_KEY_LIMIT else None
     for start, stop in iter_ranges(E):
         src = np.asarray(ev.src[start:stop], dtype=np.int64)
         dst = np.asarray(ev.dst[start:stop], dtype=np.int64)
         degree += np.bincount(src, minlength=N)
         degree += np.bincount(dst, minlength=N)
-        # src * N + dst is a unique key per directed pair while N^2 < 2^63.
-        pairs.add(src * N + dst)
-    unique_pairs = int(pairs.result().size)
+        if pairs is not None:
+            pairs.add(src * N + dst)
+    unique_pairs = None if pairs is None else int(pairs.result().size)
 
     seen_train = ev.seen_in("train")
     inductive: dict[str, Any] = {}
@@ -89,7 +92,7 @@ def describe(ev: TemporalEvents) -> dict[str, Any]:
         "node_feat_dim": meta["node_feat_dim"],
         "labels": labels,
         "unique_edges": unique_pairs,
-        "repeat_edge_ratio": 1.0 - unique_pairs / E,
+        "repeat_edge_ratio": None if unique_pairs is None else 1.0 - unique_pairs / E,
         "degree": {
             "mean": float(degree.mean()),
             **{f"p{q}": float(np.percentile(degree, q)) for q in DEGREE_PERCENTILES},
@@ -130,10 +133,11 @@ def format_info(info: dict[str, Any]) -> str:
     if info["labels"] is not None:
         feats += f"; labels ({info['labels']['dtype']}): {_n(info['labels']['nonzero'])} non-zero"
     lines.append(feats)
-    lines.append(
-        f"  repeats      {info['repeat_edge_ratio']:.1%} of events repeat an earlier "
-        f"(src, dst) pair; {_n(info['unique_edges'])} distinct pairs"
-    )
+    if info["repeat_edge_ratio"] is not None:
+        lines.append(
+            f"  repeats      {info['repeat_edge_ratio']:.1%} of events repeat an earlier "
+            f"(src, dst) pair; {_n(info['unique_edges'])} distinct pairs"
+        )
     deg = info["degree"]
     pct = ", ".join(f"p{q} {_n(deg[f'p{q}'])}" for q in DEGREE_PERCENTILES)
     lines.append(f"  degree       mean {deg['mean']:.2f}, {pct}, max {_n(deg['max'])}")
