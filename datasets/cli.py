@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from sven.errors import ConfigError
+from sven.errors import ConfigError, SvenError
 
 __all__ = ["add_parser"]
 
@@ -104,21 +104,24 @@ def _convert(args: argparse.Namespace) -> int:
         label=args.label,
     )
     start = time.perf_counter()
-    ev = convert(
-        args.input,
-        args.out,
-        args.format,
-        name=args.name,
-        val_frac=args.val_frac,
-        test_frac=args.test_frac,
-        overwrite=args.overwrite,
-        columns=columns,
-        sep=args.sep,
-        header=not args.no_header,
-        string_ids=args.string_ids,
-        bipartite=True if args.bipartite else None,
-        block_bytes=args.block_mb << 20,
-    )
+    try:
+        ev = convert(
+            args.input,
+            args.out,
+            args.format,
+            name=args.name,
+            val_frac=args.val_frac,
+            test_frac=args.test_frac,
+            overwrite=args.overwrite,
+            columns=columns,
+            sep=args.sep,
+            header=not args.no_header,
+            string_ids=args.string_ids,
+            bipartite=True if args.bipartite else None,
+            block_bytes=args.block_mb << 20,
+        )
+    except OSError as exc:  # disk full, permissions: a message, not a traceback
+        raise SvenError(f"{exc.filename or args.out}: {exc.strerror or exc}") from None
     print(_summary(ev.meta, str(ev.path), time.perf_counter() - start))
     return 0
 

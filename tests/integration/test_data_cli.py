@@ -140,3 +140,12 @@ def test_top_level_names_are_not_importable_outside_the_repo(tmp_path):
                 cwd=tmp_path,
             )
             assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+
+
+def test_unwritable_output_is_a_message(tmp_path, capsys):
+    raw = write_tiny(tmp_path / "tiny.txt")
+    (tmp_path / "file").write_text("")
+    assert main(["data", "convert", str(raw), "--out", str(tmp_path / "file" / "s")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sven: error: cannot create {tmp_path / 'file'}/.s.partial-")
+    assert err.count("\n") == 1
