@@ -106,8 +106,6 @@ def _emit(args: argparse.Namespace, meta: dict[str, Any], report: Any) -> None:
 
 def _partition(args: argparse.Namespace, data: str) -> int:
     """``sven partition DATA ...``."""
-    import numpy as np
-
     from sven.datasets.store import TemporalEvents
     from sven.partition.api import evaluate_store, partition_store, store_info
     from sven.partition.cost import recent_sampler, row_bytes
@@ -167,8 +165,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     from sven import __version__
 
     meta["sven_version"] = __version__
-    part = write_partition(args.out, res.owner, res.assign.astype(np.int64), meta,
-                           overwrite=args.overwrite)  # fmt: skip
+    part = write_partition(args.out, res.owner, res.assign, meta, overwrite=args.overwrite)
     _say(args, f"wrote {args.out}")
     _emit(args, part.meta, report)
     return 0

@@ -133,7 +133,8 @@ def write_partition(
         # One stable sort by rank yields every rank's events in increasing order.
         order = np.argsort(files["assign.npy"], kind="stable")
         bounds = np.searchsorted(files["assign.npy"][order], np.arange(parts + 1))
-        events = {r: order[bounds[r] : bounds[r + 1]].astype(np.int64) for r in range(parts)}
+        # argsort yields int64 indices: each rank's slice is its sorted event list.
+        events = {r: order[bounds[r] : bounds[r + 1]] for r in range(parts)}
         for r, idx in events.items():
             files[f"events_rank{r}.npy"] = idx
         checksums = {}
