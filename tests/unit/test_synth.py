@@ -58,6 +58,13 @@ def test_same_seed_same_bytes_for_any_chunk_size(stream):
         assert other[key].tobytes() == stream[key].tobytes()
 
 
+def test_edge_features_do_not_change_the_events(stream):
+    plain = _collect(events=E, nodes=N, seed=7, chunk_size=10_000)
+    assert "edge_feat" not in plain
+    for key in ("src", "dst", "t"):
+        np.testing.assert_array_equal(plain[key], stream[key])
+
+
 def test_chunks_have_requested_size():
     sizes = [len(c["t"]) for c in iter_synth_chunks(events=2_500, nodes=100, chunk_size=1_000)]
     assert sizes == [1_000, 1_000, 500]
