@@ -146,8 +146,20 @@ class MemoryExchange:
                 ((m,), torch.bool),
             ]
         )
-        self.mem_codec = _RowCodec([((d,), fdt), ((), torch.float64), ((), torch.int64)])
-        self.mail_codec = _RowCodec([((dm,), fdt), ((), torch.float64), ((), torch.int64)])
+        # Write rows: memory, last update, its event key, mail, mail time, its event
+        # key, and which of the two the row carries.
+        self.write_codec = _RowCodec(
+            [
+                ((d,), fdt),
+                ((), torch.float64),
+                ((), torch.int64),
+                ((dm,), fdt),
+                ((), torch.float64),
+                ((), torch.int64),
+                ((), torch.bool),
+                ((), torch.bool),
+            ]
+        )
         self.counter = CommCounter()
 
     # -------------------------------------------------------------- collectives
@@ -206,57 +218,69 @@ class MemoryExchange:
         return MemoryRows(*out)
 
     # --------------------------------------------------------------------- push
-    def push(self, update: MemoryUpdate, naive_rows: tuple[int, int] | None = None) -> None:
+    def push(self, update: MemoryUpdate, naive_rows: int | None = None) -> None:
         """Sends each updated node to its owner once; owners keep the latest event's row.
+
+        A node's new memory and new mail travel in one row with one id, whether it gets
+        both (an endpoint) or only a mail (an APAN neighbour).
 
         Args:
             update: This rank's write-back (node ids global).
-            naive_rows: (memory rows, mail rows) a scheme without per-batch
-                de-duplication would send (one per positive occurrence), for the counter.
+            naive_rows: Rows a scheme without per-batch de-duplication would send (one
+                per remote positive occurrence), for the counter.
         """
-        # Memory rows.
-        own = self.owner[update.nodes]
+        nodes = torch.unique(torch.cat([update.nodes, update.mail_nodes]))
+        w = nodes.numel()
+        # Both lists are sorted and unique, so their rows sit at searchsorted positions.
+        pm = torch.searchsorted(nodes, update.nodes)
+        pl = torch.searchsorted(nodes, update.mail_nodes)
+        dev, fdt = nodes.device, self.shard.dtype
+        has_mem = torch.zeros(w, dtype=torch.bool, device=dev)
+        has_mail = torch.zeros(w, dtype=torch.bool, device=dev)
+        memory = torch.zeros(w, self.shard.memory_dim, dtype=fdt, device=dev)
+        last_update = torch.zeros(w, dtype=torch.float64, device=dev)
+        key = torch.zeros(w, dtype=torch.int64, device=dev)
+        mail = torch.zeros(w, self.shard.mail_dim, dtype=fdt, device=dev)
+        mail_ts = torch.zeros(w, dtype=torch.float64, device=dev)
+        mail_key = torch.zeros(w, dtype=torch.int64, device=dev)
+        has_mem[pm], memory[pm], last_update[pm], key[pm] = (
+            True,
+            update.memory.to(fdt),
+            update.last_update,
+            update.key,
+        )
+        has_mail[pl], mail[pl], mail_ts[pl], mail_key[pl] = (
+            True,
+            update.mail.to(fdt),
+            update.mail_ts,
+            update.mail_key,
+        )
+
+        own = self.owner[nodes]
         order = torch.argsort(own, stable=True)
         counts = torch.bincount(own, minlength=self.world_size)
-        ids, _ = self._exchange(update.nodes[order], counts)
-        rows, _ = self._exchange(
-            self.mem_codec.pack(
-                [update.memory[order], update.last_update[order], update.key[order]]
-            ),
-            counts,
+        ids, _ = self._exchange(nodes[order], counts)
+        cols = [memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail]
+        rows, _ = self._exchange(self.write_codec.pack([c[order] for c in cols]), counts)
+        memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = (
+            self.write_codec.unpack(rows)
         )
-        memory, last_update, key = self.mem_codec.unpack(rows)
         self.counter.ids += self._remote_bytes(counts, ID_BYTES)
-        self.counter.write_rows += self._remote_bytes(counts, self.mem_codec.row_bytes)
-        # Mail rows.
-        mown = self.owner[update.mail_nodes]
-        morder = torch.argsort(mown, stable=True)
-        mcounts = torch.bincount(mown, minlength=self.world_size)
-        mids, _ = self._exchange(update.mail_nodes[morder], mcounts)
-        mrows, _ = self._exchange(
-            self.mail_codec.pack(
-                [update.mail[morder], update.mail_ts[morder], update.mail_key[morder]]
-            ),
-            mcounts,
-        )
-        mail, mail_ts, mail_key = self.mail_codec.unpack(mrows)
-        self.counter.ids += self._remote_bytes(mcounts, ID_BYTES)
-        self.counter.write_rows += self._remote_bytes(mcounts, self.mail_codec.row_bytes)
+        self.counter.write_rows += self._remote_bytes(counts, self.write_codec.row_bytes)
         if naive_rows is not None:
-            self.counter.naive += naive_rows[0] * (ID_BYTES + self.mem_codec.row_bytes)
-            self.counter.naive += naive_rows[1] * (ID_BYTES + self.mail_codec.row_bytes)
+            self.counter.naive += naive_rows * (ID_BYTES + self.write_codec.row_bytes)
         # Several ranks may update one node: keep the row of the latest event.
-        u, p = last_occurrence(ids, key)
-        mu, mp = last_occurrence(mids, mail_key)
+        u, p = last_occurrence(ids[has_mem], key[has_mem])
+        mu, mp = last_occurrence(ids[has_mail], mail_key[has_mail])
         self.shard.commit(
             MemoryUpdate(
                 nodes=self.local[u],
-                memory=memory[p],
-                last_update=last_update[p],
-                key=key[p],
+                memory=memory[has_mem][p],
+                last_update=last_update[has_mem][p],
+                key=key[has_mem][p],
                 mail_nodes=self.local[mu],
-                mail=mail[mp],
-                mail_ts=mail_ts[mp],
-                mail_key=mail_key[mp],
+                mail=mail[has_mail][mp],
+                mail_ts=mail_ts[has_mail][mp],
+                mail_key=mail_key[has_mail][mp],
             )
         )

@@ -298,14 +298,14 @@ class Trainer:
         if self.exchange is None:
             self.memory.commit(update)
             return
-        pos_nodes = torch.cat([batch.src, batch.dst])
-        naive_mem = int((self.owner[pos_nodes] != self.rank).sum())
-        naive_mail = naive_mem
+        # Naive: one row per occurrence of a remote node among the written endpoints
+        # (and, for mail delivered to neighbours, the neighbour slots).
+        written = [batch.src, batch.dst]
         if self.model.deliver_to_neighbors and batch.block is not None:
             b = batch.size
-            nbr = batch.block.nbr[: 2 * b][batch.block.mask[: 2 * b]]
-            naive_mail += int((self.owner[nbr] != self.rank).sum())
-        self.exchange.push(update, (naive_mem, naive_mail))
+            written.append(batch.block.nbr[: 2 * b][batch.block.mask[: 2 * b]])
+        naive = int((self.owner[torch.cat(written)] != self.rank).sum())
+        self.exchange.push(update, naive)
 
     def _event_index(self, lo: int, hi: int) -> torch.Tensor:
         """Global indices of this rank's events in [lo, hi)."""
@@ -487,6 +487,12 @@ class Trainer:
         """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split."""
         b = self.cfg.train.batch_size
         out: dict[str, float] = {}
+        # Rank metrics on float32 scores: float64 runs on P ranks differ from one process
+        # in the last bits (reduction order), which would otherwise break exact ties (e.g.
+        # two nodes with the same memory) in a different direction and move AP.
+        res = EvalResult(
+            res.pos.float(), res.neg.float(), None if res.mrr_neg is None else res.mrr_neg.float()
+        )
 
         def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
             if pos.numel() == 0:
@@ -733,7 +739,8 @@ class Trainer:
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
         }
-        for key in ("comm_bytes", "comm_bytes_naive", "comm_bytes_max_rank", "comm_bytes_per_rank"):
+        for key in ("comm_bytes", "comm_bytes_naive", "comm_bytes_max_rank", "comm_bytes_per_rank",
+                    "comm_bytes_exchange", "comm_bytes_grads", "comm_max_over_mean"):
             if key in best_line:
                 summary[key] = best_line[key]
         summary = _finite_or_none(summary)
@@ -787,6 +794,7 @@ class Trainer:
             "comm_bytes_exchange": int(exch.sum()),
             "comm_bytes_grads": int(per[:, 3].sum()),
             "comm_bytes_naive": int(per[:, 4].sum()),
+            "comm_bytes_naive_per_rank": per[:, 4].tolist(),
             "comm_bytes_per_rank": total.tolist(),
             "comm_bytes_exchange_per_rank": exch.tolist(),
             "comm_bytes_max_rank": int(total.max()),
