@@ -163,6 +163,7 @@ class Trainer:
             self.model.mailbox_size,
             self.device,
             self.dtype,
+            time_origin=float(self.t[0]) if self.t.numel() else 0.0,
         )
         self.exchange = None
         if self.world_size > 1:
@@ -182,6 +183,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
         self.best = Checkpointer(self.out / "best", 1)
         self._log(self.ctx.describe() if self.world_size > 1 else "single process", force=True)
+        self.predicted_comm = self._predict_comm() if self.world_size > 1 else None
 
     # ------------------------------------------------------------------ data
     def _load_data(self) -> None:
@@ -739,10 +741,27 @@ class Trainer:
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
         }
-        for key in ("comm_bytes", "comm_bytes_naive", "comm_bytes_max_rank", "comm_bytes_per_rank",
-                    "comm_bytes_exchange", "comm_bytes_grads", "comm_max_over_mean"):
+        for key in (
+            "comm_bytes",
+            "comm_bytes_naive",
+            "comm_bytes_max_rank",
+            "comm_bytes_per_rank",
+            "comm_bytes_exchange",
+            "comm_bytes_grads",
+            "comm_max_over_mean",
+        ):
             if key in best_line:
                 summary[key] = best_line[key]
+        if self.predicted_comm is not None:
+            summary.update(self.predicted_comm)
+            first = hist.get(0, {})
+            if "comm_bytes_exchange_per_rank" in first:
+                summary["comm_bytes_measured_epoch0_per_rank"] = first[
+                    "comm_bytes_exchange_per_rank"
+                ]
+                summary["comm_bytes_naive_measured_epoch0_per_rank"] = first[
+                    "comm_bytes_naive_per_rank"
+                ]
         summary = _finite_or_none(summary)
         if main:
             _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
@@ -762,6 +781,66 @@ class Trainer:
         }
 
     # ---------------------------------------------------------------- comm
+    def _predict_comm(self) -> dict[str, Any] | None:
+        """The partition cost model's prediction of epoch 0's exchange, per rank.
+
+        Computed with the runtime's own sampler and row widths, so that the measured
+        bytes of epoch 0 must equal it exactly. Covers models whose reads are their
+        roots and (optionally) all roots' neighbours, i.e. TGN and JODIE.
+        """
+        m = self.model
+        if (m.sample_roots, m.read_neighbors, m.deliver_to_neighbors) not in (
+            ("all", True, False),
+            ("none", False, False),
+        ):
+            return None
+        from sven.partition.cost import RowBytes, comm_cost
+        from sven.pipeline.memory_exchange import ID_BYTES
+
+        tc = self.cfg.train
+        lo, hi = self.ranges["train"]
+        if tc.max_batches:
+            hi = min(hi, lo + tc.max_batches * tc.batch_size)
+        sampler = None
+        if self.sampler is not None:
+            smp = self.sampler
+
+            def sampler(
+                nodes: torch.Tensor, times: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+                block = smp.sample(nodes.to(self.device), times.to(self.device))[0]
+                return block.nbr.cpu(), block.mask.cpu()
+
+        ev = self.events
+        report = comm_cost(
+            ev.src,
+            ev.dst,
+            ev.t,
+            self.owner.cpu().numpy(),
+            self.assign.cpu().numpy(),
+            batch_size=tc.batch_size,
+            k=self.cfg.model.num_neighbors if sampler else 0,
+            num_neg=tc.num_neg,
+            seed=tc.seed,
+            epoch=0,
+            start=lo,
+            stop=hi,
+            candidates=self.candidates.cpu().numpy(),
+            sampler=sampler,
+            widths=RowBytes(
+                read=self.exchange.read_codec.row_bytes,
+                write=self.exchange.write_codec.row_bytes,
+                id=ID_BYTES,
+            ),
+        )
+        return {
+            "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
+            "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
+            "comm_max_over_mean_predicted": float(
+                report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
+            ),
+        }
+
     def _counter_state(self) -> dict[str, int]:
         if self.exchange is None:
             return {}

@@ -72,6 +72,7 @@ class MemoryState:
         mailbox_size: M (1 for TGN/JODIE/DyRep, more for APAN).
         device: Where the state lives.
         dtype: Floating dtype of memory and mail (float32, or float64 for exactness tests).
+        time_origin: Last-update time of a node that never received mail.
     """
 
     def __init__(
@@ -82,15 +83,17 @@ class MemoryState:
         mailbox_size: int = 1,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        time_origin: float = 0.0,
     ) -> None:
         self.num_nodes = num_nodes
+        self.time_origin = float(time_origin)
         self.memory_dim = memory_dim
         self.mail_dim = mail_dim
         self.mailbox_size = mailbox_size
         self.device = torch.device(device)
         self.dtype = dtype
         self.memory = torch.zeros(num_nodes, memory_dim, device=self.device, dtype=dtype)
-        self.last_update = torch.zeros(num_nodes, device=self.device, dtype=torch.float64)
+        self.last_update = torch.full((num_nodes,), self.time_origin, device=self.device, dtype=torch.float64)
         self.mail = torch.zeros(num_nodes, mailbox_size, mail_dim, device=self.device, dtype=dtype)
         self.mail_ts = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.float64)
         self.mail_valid = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.bool)
@@ -98,9 +101,15 @@ class MemoryState:
     _FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
 
     def reset(self) -> None:
-        """Zeroes the whole state (start of an epoch)."""
+        """Zeroes the whole state (start of an epoch); last-update times go to the origin.
+
+        The origin is the stream's first timestamp, so that a node's first mail is
+        encoded with the time since the stream began (as with DyGLib's time-shifted
+        data), not since 1970 for unix-second timestamps.
+        """
         for name in self._FIELDS:
             getattr(self, name).zero_()
+        self.last_update.fill_(self.time_origin)
 
     def detach(self) -> None:
         """Cuts any autograd history (the state is stored detached; kept for API symmetry)."""
