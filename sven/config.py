@@ -77,8 +77,9 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, evaluation and checkpointing."""
 
-    epochs: int = 50
-    """Maximum number of epochs."""
+    epochs: int = 3
+    """Maximum number of epochs (the presets in configs/ carry the published schedules;
+    this default keeps ``sven train`` on the built-in data short)."""
     batch_size: int = 200
     """Global batch size B (events)."""
     lr: float = 1e-4
