@@ -107,8 +107,10 @@ def main() -> int:
     print("|" + "---|" * len(hdr))
     for r in rows:
         print(
-            f"| {r['dataset']} | {r['ranks']} | {r['strategy']} | {r['exchange_MB']:.1f} | {r['naive_MB']:.1f} "
-            f"| {r['naive_over_exchange']:.2f}x | {r['max_over_mean']:.3f} | {r['train_events_per_s']:.0f} "
+            f"| {r['dataset']} | {r['ranks']} | {r['strategy']} | {r['exchange_MB']:.1f} "
+            f"| {r['naive_MB']:.1f} "
+            f"| {r['naive_over_exchange']:.2f}x | {r['max_over_mean']:.3f} "
+            f"| {r['train_events_per_s']:.0f} "
             f"| {r['test_ap']:.4f} |"
         )
     return 0

@@ -45,7 +45,8 @@ def _train(args: argparse.Namespace) -> int:
     print(
         f"{summary['model']} on {summary['dataset']}: test AP {_fmt(summary['test_ap'])} "
         f"AUC {_fmt(summary['test_auc'])} | inductive AP {_fmt(summary['test_ap_inductive'])} "
-        f"AUC {_fmt(summary['test_auc_inductive'])} | {summary['train_events_per_s']:.0f} train events/s"
+        f"AUC {_fmt(summary['test_auc_inductive'])} | "
+        f"{summary['train_events_per_s']:.0f} train events/s"
     )
     return 0
 

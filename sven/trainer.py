@@ -245,11 +245,13 @@ class Trainer:
                 meta = dict(part.meta)
                 if int(meta.get("parts", p)) != p:
                     raise ConfigError(
-                        f"dist.partition {dc.partition} has {meta.get('parts')} parts but {p} ranks run"
+                        f"dist.partition {dc.partition} has {meta.get('parts')} parts "
+                        f"but {p} ranks run"
                     )
                 if owner.shape[0] != n or assign.shape[0] != e:
                     raise ConfigError(
-                        f"dist.partition {dc.partition} does not match the data at {self.cfg.data.path}"
+                        f"dist.partition {dc.partition} does not match the data "
+                        f"at {self.cfg.data.path}"
                     )
             else:
                 owner = np.zeros(n, dtype=np.int64)
@@ -439,7 +441,7 @@ class Trainer:
         lo, hi = self.ranges[split]
         b = self.cfg.train.batch_size
         q = self.cfg.train.mrr_negatives
-        idx_all, pos, neg, mrr_neg = [], [], [], []
+        idx_all, pos, neg = [], [], []
         for start in range(lo, hi, b):
             idx = self._event_index(start, min(start + b, hi))
             batch = self._batch(idx, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None)
@@ -630,7 +632,8 @@ class Trainer:
                     for k, v in st["comm"].items():
                         setattr(self.exchange.counter, k, v)
                 self._log(
-                    f"resumed from {self.checkpointer.path(step)} (epoch {start_epoch}, batch {start_batch})"
+                    f"resumed from {self.checkpointer.path(step)} "
+                    f"(epoch {start_epoch}, batch {start_batch})"
                 )
         if main:
             # metrics.jsonl is rebuilt from the checkpointed history, so lines written
@@ -767,7 +770,8 @@ class Trainer:
             _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         self._log(
             f"test AP {_fmt(summary['test_ap'])} AUC {_fmt(summary['test_auc'])} "
-            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); summary in {self.out / 'summary.json'}",
+            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); "
+            f"summary in {self.out / 'summary.json'}",
             force=True,
         )
         return summary

@@ -93,7 +93,9 @@ class MemoryState:
         self.device = torch.device(device)
         self.dtype = dtype
         self.memory = torch.zeros(num_nodes, memory_dim, device=self.device, dtype=dtype)
-        self.last_update = torch.full((num_nodes,), self.time_origin, device=self.device, dtype=torch.float64)
+        self.last_update = torch.full(
+            (num_nodes,), self.time_origin, device=self.device, dtype=torch.float64
+        )
         self.mail = torch.zeros(num_nodes, mailbox_size, mail_dim, device=self.device, dtype=dtype)
         self.mail_ts = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.float64)
         self.mail_valid = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.bool)

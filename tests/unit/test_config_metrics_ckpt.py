@@ -16,7 +16,8 @@ from sven.metrics import average_precision, mrr, roc_auc
 def test_overrides_and_presets(tmp_path) -> None:
     preset = tmp_path / "p.yaml"
     preset.write_text("model:\n  name: jodie\ntrain:\n  batch_size: 300\n")
-    cfg = load_config(preset, ["train.epochs=3", "train.lr=1e-3", "out=x", "model.sampling=uniform"])
+    overrides = ["train.epochs=3", "train.lr=1e-3", "out=x", "model.sampling=uniform"]
+    cfg = load_config(preset, overrides)
     assert cfg.model.name == "jodie"
     assert cfg.train.batch_size == 300
     assert cfg.train.epochs == 3
@@ -62,7 +63,8 @@ def test_metrics_match_sklearn_with_ties() -> None:
         assert average_precision(torch.tensor(s), torch.tensor(y)) == pytest.approx(
             average_precision_score(y, s), abs=1e-12
         )
-        assert roc_auc(torch.tensor(s), torch.tensor(y)) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+        auc = roc_auc(torch.tensor(s), torch.tensor(y))
+        assert auc == pytest.approx(roc_auc_score(y, s), abs=1e-12)
 
 
 def test_mrr_exact() -> None:
