@@ -268,7 +268,7 @@ def minmax_owner(
     balance: float = 1.05,
     seed: int = 0,
     max_rounds: int = 60,
-    patience: int = 8,
+    patience: int = 6,
     log: Callable[[str], None] | None = None,
 ) -> MinMaxResult:
     """Recursive flexible bisection followed by min-max refinement.
