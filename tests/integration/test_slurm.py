@@ -1,0 +1,209 @@
+"""The scripts in ``slurm/`` on a real single-node SLURM cluster (started by a fixture).
+
+Training jobs run 2 CPU tasks over gloo (``SVEN_CPU=1``) on the tiny configuration
+and must end with the metrics of a plain 2-rank ``torchrun`` run of it: straight
+through, after ``scancel`` and a resubmission, and after a rank dies and the job
+requeues itself. The preprocessing and partitioning scripts run their CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sven.datasets.store import TemporalEvents
+from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
+    REPO,
+    Cluster,
+    metrics,
+    reference_fixture,
+    slurm_fixture,
+    sven_env,
+    tiny_overrides,
+    tiny_store_fixture,
+)
+
+# Multi-process too: `-m 'not dist'` leaves these out as well.
+pytestmark = [pytest.mark.slurm, pytest.mark.dist]
+
+SCRIPTS = REPO / "slurm"
+# CPU mode on this one node, which may have no more than 2 CPUs: the header asks for
+# 2 nodes x 4 GPUs, 8 CPUs per task.
+CPU_JOB = ("--gpus-per-node=0", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1")
+# The prep and partition headers ask for 4 and 8 CPUs.
+ONE_CPU = ("--cpus-per-task=1",)
+
+
+def sbatch(
+    cluster: Cluster,
+    script: str,
+    *args: str,
+    workdir: Path,
+    options: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    wait: bool = False,
+    timeout: float = 300,
+) -> tuple[str, int]:
+    """Submits ``slurm/<script>``; returns the job id and sbatch's exit status.
+
+    With ``wait`` sbatch returns when the job ends, with the job's exit status.
+    """
+    job_env = sven_env(cluster.env)
+    job_env.update(env or {})
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/%x-%j.out"]
+    cmd += [*options, *(["--wait"] if wait else []), str(SCRIPTS / script), *args]
+    try:
+        done = subprocess.run(
+            cmd, env=job_env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        job_id = out.strip().split(";")[0]
+        info = cluster.job(job_id) if job_id else {}
+        if job_id:
+            cluster.run("scancel", job_id, check=False)
+        raise AssertionError(
+            f"job {job_id or '?'} did not end within {timeout:g} s: {info}\n"
+            f"{job_log(workdir, job_id) if job_id else ''}"
+        ) from None
+    job_id = done.stdout.strip().split(";")[0]
+    if not job_id:
+        raise AssertionError(f"sbatch failed ({done.returncode}): {done.stderr}\n{cluster.logs()}")
+    return job_id, done.returncode
+
+
+def job_log(workdir: Path, job_id: str) -> str:
+    logs = list(workdir.glob(f"*-{job_id}.out"))
+    return logs[0].read_text(errors="replace") if logs else "(no job log)"
+
+
+def wait_for_checkpoint(cluster: Cluster, job_id: str, out: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list((out / "checkpoints").glob("step-*")):
+            return
+        if cluster.job(job_id).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} wrote no checkpoint under {out}: {cluster.job(job_id)}")
+
+
+def train_job(
+    cluster: Cluster, store: Path, out: Path, workdir: Path, *, wait: bool
+) -> tuple[str, int]:
+    # quiet=false: the log then says where a resumed run started from.
+    return sbatch(
+        cluster,
+        "train.sbatch",
+        *tiny_overrides(store, "quiet=false"),
+        workdir=workdir,
+        options=CPU_JOB,
+        env={"SVEN_CPU": "1", "SVEN_OUT": str(out)},
+        wait=wait,
+    )
+
+
+def test_train_job_matches_torchrun(slurm, tiny_store, reference, tmp_path) -> None:
+    out = tmp_path / "run"
+    job, rc = train_job(slurm, tiny_store, out, tmp_path, wait=True)
+    log = job_log(tmp_path, job)
+    assert rc == 0, log
+    # sven.dist saw an srun step, and only rank 0 says so.
+    assert log.count("launcher=slurm backend=gloo world_size=2 device=cpu") == 1, log
+    assert metrics(out) == reference.metrics
+
+
+def test_cancelled_job_resumes_when_resubmitted(slurm, tiny_store, reference, tmp_path) -> None:
+    out = tmp_path / "run"
+    first, _ = train_job(slurm, tiny_store, out, tmp_path, wait=False)
+    wait_for_checkpoint(slurm, first, out)
+    slurm.run("scancel", first)
+    slurm.wait_state(first, ["CANCELLED"])
+    assert not (out / "summary.json").exists(), "the job finished before scancel"
+
+    second, rc = train_job(slurm, tiny_store, out, tmp_path, wait=True)
+    log = job_log(tmp_path, second)
+    assert rc == 0, log
+    assert "resumed from" in log, log
+    assert metrics(out) == reference.metrics
+
+
+def test_failed_rank_requeues_the_job_which_resumes(slurm, tiny_store, reference, tmp_path) -> None:
+    out = tmp_path / "run"
+    job, _ = train_job(slurm, tiny_store, out, tmp_path, wait=False)
+    wait_for_checkpoint(slurm, job, out)
+    # PID JOBID STEPID LOCALID GLOBALID: the task of global rank 1 in step 0.
+    rows = [r.split() for r in slurm.run("scontrol", "listpids", job).splitlines()[1:]]
+    rank1 = [int(r[0]) for r in rows if r[2] == "0" and r[4] == "1"]
+    assert rank1, rows
+    os.kill(rank1[0], signal.SIGKILL)
+
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=300)
+    log = job_log(tmp_path, job)
+    assert info["JobState"] == "COMPLETED", log
+    assert info.get("Restarts") == "1", info
+    assert "requeueing" in log and "resumed from" in log, log
+    assert metrics(out) == reference.metrics
+
+
+def test_gpu_mode_without_gpus_stops_at_once(slurm, tmp_path) -> None:
+    job, rc = sbatch(
+        slurm,
+        "train.sbatch",
+        workdir=tmp_path,
+        options=CPU_JOB,
+        env={"SVEN_CPU": "0"},
+        wait=True,
+    )
+    log = job_log(tmp_path, job)
+    assert rc == 2, log
+    assert "no GPUs in this allocation" in log and "requeue" not in log, log
+
+
+def test_prep_job_converts_a_raw_file(slurm, tiny_store, tmp_path) -> None:
+    ev = TemporalEvents.load(tiny_store)
+    src, dst = ev.id_map[ev.src], ev.id_map[ev.dst]
+    raw = tmp_path / "events.txt"
+    raw.write_text("".join(f"{s} {d} {t}\n" for s, d, t in zip(src, dst, ev.t)))
+    job, rc = sbatch(
+        slurm,
+        "prep.sbatch",
+        "convert",
+        str(raw),
+        "--out",
+        str(tmp_path / "store"),
+        workdir=tmp_path,
+        options=ONE_CPU,
+        wait=True,
+    )
+    assert rc == 0, job_log(tmp_path, job)
+    got = TemporalEvents.load(tmp_path / "store")
+    np.testing.assert_array_equal(got.id_map[got.src], src)
+    np.testing.assert_array_equal(got.id_map[got.dst], dst)
+    np.testing.assert_array_equal(got.t, ev.t)
+
+
+def test_partition_job_writes_a_partition(slurm, tiny_store, tmp_path) -> None:
+    part = tmp_path / "part"
+    job, rc = sbatch(
+        slurm,
+        "partition.sbatch",
+        str(tiny_store),
+        "--parts",
+        "2",
+        "--strategy",
+        "hash",
+        "--out",
+        str(part),
+        workdir=tmp_path,
+        options=ONE_CPU,
+        wait=True,
+    )
+    assert rc == 0, job_log(tmp_path, job)
+    assert (part / "meta.json").is_file(), sorted(p.name for p in part.iterdir())
