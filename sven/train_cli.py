@@ -39,7 +39,10 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
-    summary = Trainer(args.config, overrides).fit()
+    trainer = Trainer(args.config, overrides)
+    summary = trainer.fit()
+    if trainer.rank != 0:
+        return 0
     from sven.trainer import _fmt
 
     print(

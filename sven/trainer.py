@@ -573,12 +573,12 @@ class Trainer:
         state = ck.load(step, map_location=self.device)
         ws = int(state.get("world_size", 1))
         if ws != self.world_size:
-            raise SvenError(
+            raise ConfigError(
                 f"checkpoint {ck.path(step)} was written by {ws} ranks; resume it on {ws} ranks "
                 f"(this run has {self.world_size})"
             )
         if not torch.equal(state["owner"].to(self.device), self.owner):
-            raise SvenError(f"checkpoint {ck.path(step)} was written with another partition")
+            raise ConfigError(f"checkpoint {ck.path(step)} was written with another partition")
         shard = ck.load(step, f"memory-rank{self.rank}", map_location=self.device)
         self.memory.load_state_dict(shard["memory"])
         state["rng"] = shard["rng"]
@@ -594,6 +594,25 @@ class Trainer:
         """
         try:
             return self._fit()
+        except RuntimeError as exc:
+            if self.world_size == 1 or not _is_comm_failure(exc):
+                raise
+            from sven.dist import DistError
+
+            # A peer died or hung inside a collective; gloo/NCCL then raise a bare
+            # RuntimeError. Turn it into one line with where it happened (exit code 4).
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            # With two ranks the one that failed is the other one; beyond, the collective
+            # does not say which.
+            peers = [1 - self.rank] if self.world_size == 2 else []
+            who = f"rank {peers[0]}" if peers else "another rank"
+            raise DistError(
+                f"rank {self.rank}: a collective failed ({first}); {who} died or did not answer "
+                f"within {self.cfg.dist.timeout_s:.0f} s, see its log. The last complete "
+                f"checkpoint is intact: rerun with train.resume=true",
+                ranks=peers,
+                what="training",
+            ) from exc
         finally:
             self.ctx.teardown()
 
@@ -633,7 +652,8 @@ class Trainer:
                         setattr(self.exchange.counter, k, v)
                 self._log(
                     f"resumed from {self.checkpointer.path(step)} "
-                    f"(epoch {start_epoch}, batch {start_batch})"
+                    f"(epoch {start_epoch}, batch {start_batch})",
+                    force=True,
                 )
         if main:
             # metrics.jsonl is rebuilt from the checkpointed history, so lines written
@@ -942,6 +962,14 @@ class Trainer:
     def _log(self, msg: str, force: bool = False) -> None:
         if self.rank == 0 and (force or not self.cfg.quiet):
             print(msg, file=sys.stderr, flush=True)
+
+
+def _is_comm_failure(exc: BaseException) -> bool:
+    """Whether a RuntimeError comes from a broken or timed-out collective."""
+    if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in ("gloo", "nccl", "connection reset", "timed out", "broken pipe"))
 
 
 def _finite_or_none(d: dict[str, Any]) -> dict[str, Any]:
