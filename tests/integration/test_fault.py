@@ -132,13 +132,6 @@ def test_survivor_exits_non_zero_within_the_timeout(fault: Fault) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="names the rank only where the fault meets rank 0 in a barrier (checkpoint "
-    "writes: 'rank 1 did not answer within 20 s'); in the training all-reduce the "
-    "trainer lets gloo's RuntimeError out as a traceback ('Connection reset by peer', "
-    "'Timed out waiting ... for recv') without the rank (see the issue 6 report)",
-)
 def test_survivor_names_the_missing_rank(fault: Fault) -> None:
     err = fault.survivor_stderr
     assert re.search(r"\brank 1\b", err) and "Traceback" not in err, err
