@@ -849,6 +849,7 @@ class Trainer:
             epoch=0,
             start=lo,
             stop=hi,
+            parts=self.world_size,
             candidates=self.candidates.cpu().numpy(),
             sampler=sampler,
             widths=RowBytes(
