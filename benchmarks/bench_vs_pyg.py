@@ -77,8 +77,8 @@ Figures from a shared machine are noisy: every configuration runs ``--repeats`` 
 the median with the range; the load average before and after is printed with it.
 
 Usage:
-    python benchmarks/bench_vs_pyg.py --data /tmp/stores/collegemsg --epochs 3 --threads 1
-    python benchmarks/bench_vs_pyg.py --data /tmp/stores/collegemsg --device cuda --out r.json
+    python benchmarks/bench_vs_pyg.py --data STORE --epochs 3 --threads 1
+    python benchmarks/bench_vs_pyg.py --data STORE --device cuda --out r.json
 
 Numbers, not a test: nothing here passes or fails.
 """

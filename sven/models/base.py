@@ -134,18 +134,28 @@ class MemoryModel(nn.Module):
 
         Returns:
             (B, d_mail) mails for the source side and (B, d_mail) for the destination side:
-            [own memory, other memory, edge features] (TGN's identity message).
+            [own memory, what the side sees of the other endpoint, edge features].
         """
         b = batch.size
         m_src = memory[batch.root_pos[:b]]
         m_dst = memory[batch.root_pos[b : 2 * b]]
-        parts_s = [m_src, m_dst]
-        parts_d = [m_dst, m_src]
+        seen_by_src, seen_by_dst = self.other_endpoint(batch, memory)
+        parts_s = [m_src, seen_by_src]
+        parts_d = [m_dst, seen_by_dst]
         if self.edge_dim > 0 and batch.edge_feat is not None:
             e = batch.edge_feat.to(memory.dtype)
             parts_s.append(e)
             parts_d.append(e)
         return torch.cat(parts_s, dim=1), torch.cat(parts_d, dim=1)
+
+    def other_endpoint(
+        self, batch: Batch, memory: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each side's mail carries of the other endpoint: its memory (TGN's identity
+        message). Returns (B, d_mem) for the source side and (B, d_mem) for the destination.
+        """
+        b = batch.size
+        return memory[batch.root_pos[b : 2 * b]], memory[batch.root_pos[:b]]
 
     def mail_receivers(
         self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor

@@ -53,17 +53,9 @@ class DyRep(MemoryModel):
             q.view(r, 1, -1), kv.view(r, k, 1, -1), kv.view(r, k, 1, -1), mask
         )
 
-    def event_mail(self, batch: Batch, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[own memory, other's structural aggregate, edge features] for each side."""
+    def other_endpoint(
+        self, batch: Batch, memory: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The other endpoint's structural aggregate (attention over its neighbours)."""
         b = batch.size
-        m_src = memory[batch.root_pos[:b]]
-        m_dst = memory[batch.root_pos[b : 2 * b]]
-        s_src = self._structural(batch, memory, 0, b)
-        s_dst = self._structural(batch, memory, b, 2 * b)
-        parts_s = [m_src, s_dst]
-        parts_d = [m_dst, s_src]
-        if self.edge_dim > 0 and batch.edge_feat is not None:
-            e = batch.edge_feat.to(memory.dtype)
-            parts_s.append(e)
-            parts_d.append(e)
-        return torch.cat(parts_s, dim=1), torch.cat(parts_d, dim=1)
+        return self._structural(batch, memory, b, 2 * b), self._structural(batch, memory, 0, b)
