@@ -15,7 +15,7 @@ without a lossy cast. Every byte sent to another rank is counted in :class:`Comm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ ID_BYTES = 8
 class CommCounter:
     """Bytes this rank sent to other ranks, by kind (ids, memory rows, mail rows, grads).
 
-    ``naive_*`` count what a scheme without de-duplication would send: one request and one
+    ``naive`` counts what a scheme without de-duplication would send: one request and one
     row per occurrence of a remote node in the batch, one row per remote update.
     """
 
@@ -39,23 +39,6 @@ class CommCounter:
     write_rows: int = 0
     grads: int = 0
     naive: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        """All bytes sent (ids + rows + gradients)."""
-        return self.ids + self.read_rows + self.write_rows + self.grads
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters as a flat dict."""
-        return {
-            "comm_bytes": self.total,
-            "comm_bytes_ids": self.ids,
-            "comm_bytes_read_rows": self.read_rows,
-            "comm_bytes_write_rows": self.write_rows,
-            "comm_bytes_grads": self.grads,
-            "comm_bytes_naive": self.naive,
-        }
 
     def reset(self) -> None:
         """Zeroes every counter."""

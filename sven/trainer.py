@@ -16,6 +16,7 @@ runs with the whole memory as the only shard and no collective.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -869,14 +870,7 @@ class Trainer:
     def _counter_state(self) -> dict[str, int]:
         if self.exchange is None:
             return {}
-        c = self.exchange.counter
-        return {
-            "ids": c.ids,
-            "read_rows": c.read_rows,
-            "write_rows": c.write_rows,
-            "grads": c.grads,
-            "naive": c.naive,
-        }
+        return dataclasses.asdict(self.exchange.counter)
 
     def _comm_line(self) -> dict[str, Any]:
         """Per-rank bytes of this epoch's training, gathered on every rank."""
