@@ -15,7 +15,14 @@ import numpy as np
 
 from sven.errors import ConfigError
 from sven.partition.assign import affinity_table, assign_events, endpoint_preference
-from sven.partition.cost import CostReport, NeighbourFn, RowBytes, SampledCost, comm_cost
+from sven.partition.cost import (
+    Access,
+    CostReport,
+    NeighbourFn,
+    RowBytes,
+    SampledCost,
+    comm_cost,
+)
 from sven.partition.graph import interaction_graph
 from sven.partition.minmax import minmax_owner
 from sven.partition.store import Partition
@@ -89,6 +96,7 @@ def partition_arrays(
     k: int = 10,
     num_neg: int = 1,
     sampler: NeighbourFn | None = None,
+    access: Access | None = None,
     sample_events: int = 1 << 19,
     log: Callable[[str], None] | None = None,
 ) -> PartitionResult:
@@ -114,6 +122,8 @@ def partition_arrays(
         num_neg: Negatives per event in the cost model.
         sampler: Neighbour function to reuse (see ``cost.recent_sampler``); None
             builds one when ``minmax`` needs it.
+        access: The model's access pattern in the cost model (``Access.of(name)``);
+            None means TGN's.
         sample_events: Training events (whole batches) ``minmax`` replays per round.
         log: Called with a short line after each phase.
 
@@ -153,7 +163,7 @@ def partition_arrays(
         cost = SampledCost(
             src, dst, t, num_nodes,
             batch_size=batch_size, stop=stop, max_events=sample_events, k=k, num_neg=num_neg,
-            seed=seed, sampler=sampler,
+            seed=seed, sampler=sampler, access=access,
         )  # fmt: skip
         timings["sample_s"] = time.perf_counter() - t0
         say(f"minmax: sampled {cost.events.shape[0]} events ({timings['sample_s']:.1f}s)")
@@ -208,6 +218,7 @@ def partition_store(
     k: int = 10,
     num_neg: int = 1,
     sampler: NeighbourFn | None = None,
+    access: Access | None = None,
     log: Callable[[str], None] | None = None,
 ) -> PartitionResult:
     """``partition_arrays`` over a store's events, training split as the objective.
@@ -222,6 +233,7 @@ def partition_store(
         k: Neighbours per root in the cost model.
         num_neg: Negatives per event in the cost model.
         sampler: Neighbour function to reuse.
+        access: The model's access pattern; None means TGN's.
         log: Progress lines.
 
     Returns:
@@ -242,6 +254,7 @@ def partition_store(
         k=k,
         num_neg=num_neg,
         sampler=sampler,
+        access=access,
         log=log,
     )
 
@@ -256,7 +269,7 @@ def evaluate_store(
     num_neg: int = 1,
     seed: int = 0,
     widths: RowBytes | None = None,
-    deliver_to_neighbors: bool = False,
+    access: Access | None = None,
     sampler: NeighbourFn | None = None,
 ) -> CostReport:
     """The cost report of a partition over the store's training epoch.
@@ -270,7 +283,7 @@ def evaluate_store(
         num_neg: Negatives per event.
         seed: Seed of the negatives (epoch 0).
         widths: Row widths; None means ``row_bytes()``.
-        deliver_to_neighbors: APAN-style writes.
+        access: The model's access pattern; None means TGN's.
         sampler: Neighbour function to reuse; None builds ``recent_sampler``.
 
     Returns:
@@ -291,6 +304,6 @@ def evaluate_store(
         stop=stop,
         parts=parts,
         widths=widths,
-        deliver_to_neighbors=deliver_to_neighbors,
+        access=access,
         sampler=sampler,
     )

@@ -2,9 +2,14 @@
 
 ::
 
-    sven partition DATA --parts P --strategy S --out DIR [--batch B] [--k K]
+    sven partition DATA --parts P --strategy S --out DIR [--model M] [--batch B] [--k K]
                    [--num-neg N] [--balance 1.05] [--seed S] [--json] [--overwrite]
-    sven partition report DATA PART_DIR [--batch B] [--k K] [--num-neg N] [--json]
+    sven partition report DATA PART_DIR [--model M] [--batch B] [--k K] [--num-neg N] [--json]
+
+``--model`` (tgn, jodie, dyrep, apan) sets which nodes a batch reads and writes in the
+cost model: TGN samples neighbours of every root and reads them, JODIE none, DyRep
+only those of src and dst, APAN samples src's and dst's neighbours and writes mail to
+them without reading them.
 
 Both print the cost report (per-rank events, vertices, remote reads and writes, bytes,
 naive bytes; max, mean and max/mean) as a table, or as JSON with ``--json``.
@@ -49,6 +54,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch", type=int, help="global batch size B of the cost model (600; report: as built)"
     )
+    p.add_argument(
+        "--model",
+        choices=("tgn", "jodie", "dyrep", "apan"),
+        help="model whose reads and writes the cost model replays (tgn; report: as built)",
+    )
     p.add_argument("--k", type=int, help="neighbours per root (10; report: as built)")
     p.add_argument("--num-neg", type=int, help="negatives per event (1; report: as built)")
     p.add_argument("--balance", type=float, default=1.05, help="event cap as max/mean (1.05)")
@@ -70,6 +80,11 @@ def _setting(args: argparse.Namespace, name: str, meta: dict[str, Any], default:
         return int(value)
     key = {"batch": "batch_size"}.get(name, name)
     return int(meta.get(key, default))
+
+
+def _model(args: argparse.Namespace, meta: dict[str, Any]) -> str:
+    """The model of the cost model: the flag if given, else the partition's, else TGN."""
+    return str(args.model or meta.get("model", "tgn"))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -99,7 +114,8 @@ def _emit(args: argparse.Namespace, meta: dict[str, Any], report: Any) -> None:
         return
     print(
         f"partition {meta.get('strategy')} into {meta['parts']} ranks "
-        f"(balance {meta.get('balance')}, seed {meta.get('seed')})"
+        f"(balance {meta.get('balance')}, seed {meta.get('seed')}; "
+        f"cost model of {_model(args, meta)})"
     )
     print(format_report(report))
 
@@ -108,7 +124,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     """``sven partition DATA ...``."""
     from sven.datasets.store import TemporalEvents
     from sven.partition.api import evaluate_store, partition_store, store_info
-    from sven.partition.cost import recent_sampler, row_bytes
+    from sven.partition.cost import Access, recent_sampler, row_bytes
     from sven.partition.store import write_partition
 
     if args.parts is None or args.strategy is None or args.out is None:
@@ -119,6 +135,8 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     seed = _setting(args, "seed", {}, 0)
     if k < 0 or num_neg < 1:
         raise ConfigError("--k must be >= 0 and --num-neg >= 1")
+    model = _model(args, {})
+    access = Access.of(model)
     widths = row_bytes(args.memory_dim, args.mail_dim)
     events = TemporalEvents.load(data)
     if events.num_events == 0:
@@ -126,7 +144,9 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     t0 = time.perf_counter()
     # One sampler for minmax's sampled replay and the report's full replay.
     sampler = (
-        recent_sampler(events.src, events.dst, events.t, events.num_nodes, k) if k > 0 else None
+        recent_sampler(events.src, events.dst, events.t, events.num_nodes, k)
+        if k > 0 and access.samples
+        else None
     )
     sampler_s = time.perf_counter() - t0
     res = partition_store(
@@ -139,12 +159,13 @@ def _partition(args: argparse.Namespace, data: str) -> int:
         k=k,
         num_neg=num_neg,
         sampler=sampler,
+        access=access,
         log=lambda m: _say(args, m),
     )
     t1 = time.perf_counter()
     report = evaluate_store(
         events, res, parts=args.parts, batch_size=batch, k=k, num_neg=num_neg, seed=seed,
-        widths=widths, sampler=sampler,
+        widths=widths, access=access, sampler=sampler,
     )  # fmt: skip
     timings = {"sampler_s": sampler_s, **res.timings, "report_s": time.perf_counter() - t1}
     _say(args, f"report: {timings['report_s']:.1f}s")
@@ -152,6 +173,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     meta = {
         "strategy": args.strategy,
         "parts": args.parts,
+        "model": model,
         "batch_size": batch,
         "k": k,
         "num_neg": num_neg,
@@ -175,7 +197,7 @@ def _report(args: argparse.Namespace, data: str, part_dir: str) -> int:
     """``sven partition report DATA PART_DIR``."""
     from sven.datasets.store import TemporalEvents
     from sven.partition.api import evaluate_store, store_info
-    from sven.partition.cost import row_bytes
+    from sven.partition.cost import Access, row_bytes
     from sven.partition.store import load_partition
 
     events = TemporalEvents.load(data)
@@ -203,6 +225,7 @@ def _report(args: argparse.Namespace, data: str, part_dir: str) -> int:
         num_neg=_setting(args, "num_neg", meta, 1),
         seed=_setting(args, "seed", meta, 0),
         widths=widths,
+        access=Access.of(_model(args, meta)),
     )
     _emit(args, meta, report)
     return 0

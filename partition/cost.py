@@ -12,15 +12,18 @@ and for every batch and rank r:
   (``sample_negatives(seed, epoch, e, candidates, num_neg)``, candidates the distinct
   destinations of the whole store), each at its event's time;
 - neighbours: layer 1 of ``TemporalSampler(TCSR of ALL events, [k], "recent")`` for
-  those roots; masked (padded) slots are not neighbours;
-- reads: the distinct nodes among roots and neighbours; remote reads are the reads
-  owned by another rank. Rank r sends each remote id (``id`` bytes) to its owner and
-  receives its row (``read`` bytes);
+  the roots the model samples (``Access.sample_roots``: all of them, TGN; only src
+  and dst, DyRep and APAN; none, JODIE); masked (padded) slots are not neighbours;
+- reads: the distinct nodes among roots and, where the model reads them
+  (``Access.read_neighbors``), neighbours; remote reads are the reads owned by
+  another rank. Rank r sends each remote id (``id`` bytes) to its owner and receives
+  its row (``read`` bytes);
 - writes: the distinct src and dst of r's events (positives only; with
-  ``deliver_to_neighbors``, APAN-style, also the neighbours of those positive roots);
-  remote writes are those owned elsewhere, sent as id plus row (``id + write`` bytes);
+  ``Access.deliver_to_neighbors``, APAN, also the neighbours of those positive roots,
+  which need not be read); remote writes are those owned elsewhere, sent as id plus
+  row (``id + write`` bytes);
 - naive volume: the same with one fetch per occurrence instead of per distinct node
-  (every remote root and neighbour slot; every remote positive endpoint occurrence).
+  (every remote read root and neighbour slot; every remote written occurrence).
 
 Counts are summed over the epoch. The owner side is reported too: ``served_reads[r]``
 rows that r sends out for other ranks' reads and ``received_writes[r]`` rows it takes
@@ -45,6 +48,7 @@ from sven.partition.graph import unique_sorted
 from sven.pipeline.negatives import sample_negatives
 
 __all__ = [
+    "Access",
     "CostReport",
     "RowBytes",
     "SampledCost",
@@ -57,6 +61,55 @@ __all__ = [
     "row_bytes",
     "touches",
 ]
+
+
+#: Values of ``Access.sample_roots``.
+SAMPLE_ROOTS = ("all", "positive", "none")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Which nodes a model's batch touches besides its roots: the cost model's view of
+    a model. The default is TGN's.
+
+    Attributes:
+        sample_roots: Roots whose neighbours are sampled: "all" (src, dst and
+            negatives), "positive" (src and dst) or "none".
+        read_neighbors: Whether the sampled neighbours' rows are read (fetched).
+        deliver_to_neighbors: Whether the sampled neighbours of positive roots get
+            mail (written, whether or not they are read).
+    """
+
+    sample_roots: str = "all"
+    read_neighbors: bool = True
+    deliver_to_neighbors: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sample_roots not in SAMPLE_ROOTS:
+            raise ValueError(
+                f"sample_roots must be one of {SAMPLE_ROOTS}, got {self.sample_roots!r}"
+            )
+
+    @property
+    def samples(self) -> bool:
+        """Whether any neighbour is sampled and used (read or written)."""
+        return self.sample_roots != "none" and (self.read_neighbors or self.deliver_to_neighbors)
+
+    @classmethod
+    def of(cls, model: Any) -> Access:
+        """The access pattern of a model: a name ("tgn", "jodie", "dyrep", "apan"), a
+        ``MemoryModel`` subclass or instance.
+
+        Raises:
+            ValueError: On an unknown model name.
+        """
+        if isinstance(model, str):
+            from sven.models import MODELS
+
+            if model.lower() not in MODELS:
+                raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+            model = MODELS[model.lower()]
+        return cls(model.sample_roots, bool(model.read_neighbors), bool(model.deliver_to_neighbors))
 
 
 @dataclass(frozen=True)
@@ -142,6 +195,7 @@ class CostReport:
             event load on the critical path when every batch waits for its slowest rank.
         batch_max_comm: Sum over batches of the largest per-rank ``remote_reads +
             remote_writes``.
+        access: The model access pattern replayed.
     """
 
     parts: int
@@ -160,6 +214,7 @@ class CostReport:
     received_writes: np.ndarray
     batch_max_events: int = 0
     batch_max_comm: int = 0
+    access: Access = Access()
 
     @property
     def comm_bytes(self) -> np.ndarray:
@@ -224,6 +279,7 @@ class CostReport:
             "k": self.k,
             "num_neg": self.num_neg,
             "num_batches": self.num_batches,
+            "access": dataclasses.asdict(self.access),
             "row_bytes": dataclasses.asdict(self.widths),
             "metrics": stats,
             "batch_event_imbalance": (
@@ -277,13 +333,16 @@ class Touches:
 
     Attributes:
         event: (T,) int64 global index of the event that touches the node.
-        node: (T,) int64 the node read.
-        write: (T,) bool, True where the access is also a write (positive endpoint, or
-            an APAN neighbour of one).
+        node: (T,) int64 the node touched.
+        read: (T,) bool, True where the node's row is read (every root; neighbours of
+            models that read them).
+        write: (T,) bool, True where the node is written (positive endpoint, or an APAN
+            neighbour of one).
     """
 
     event: np.ndarray
     node: np.ndarray
+    read: np.ndarray
     write: np.ndarray
 
 
@@ -299,7 +358,7 @@ def touches(
     num_neg: int,
     seed: int,
     epoch: int,
-    deliver_to_neighbors: bool,
+    access: Access,
 ) -> Touches:
     """The accesses of ``events``: roots (src, dst, negatives) and their neighbours.
 
@@ -314,11 +373,11 @@ def touches(
         num_neg: Negatives per event.
         seed: Seed of the negatives.
         epoch: Epoch of the negatives.
-        deliver_to_neighbors: Neighbours of positive roots are writes too.
+        access: Which roots are sampled and whether neighbours are read or written.
 
     Returns:
         The touches, roots first (all src, all dst, each negative draw), then the
-        valid neighbour slots in root order.
+        used neighbour slots in root order.
     """
     n = events.shape[0]
     width = 2 + num_neg
@@ -327,25 +386,29 @@ def touches(
     neg = sample_negatives(seed, epoch, torch.from_numpy(events), candidates, num_neg).numpy()
     roots = np.concatenate((s, d, neg.T.reshape(-1)))
     root_ev = np.tile(events, width)
+    root_rd = np.ones(roots.shape[0], dtype=bool)
     root_wr = np.zeros(roots.shape[0], dtype=bool)
     root_wr[: 2 * n] = True
-    if k == 0 or sampler is None:
-        return Touches(root_ev, roots, root_wr)
-    times = np.tile(np.asarray(t[events]), width)
+    if k == 0 or sampler is None or not access.samples:
+        return Touches(root_ev, roots, root_rd, root_wr)
+    # Positive roots come first, so "positive" sampling is a prefix of the roots.
+    m = roots.shape[0] if access.sample_roots == "all" else 2 * n
+    times = np.tile(np.asarray(t[events]), width)[:m]
     # Touches are a multiset, so the roots can be sampled in any order: sorted by node,
     # the sampler's binary searches and gathers walk its index nearly sequentially,
     # which on a large T-CSR is several times faster than in event order.
-    order = np.argsort(roots)
+    order = np.argsort(roots[:m])
     nbr_t, mask_t = sampler(torch.from_numpy(roots[order]), torch.from_numpy(times[order]))
     nbr, mask = nbr_t.numpy(), mask_t.numpy()
+    slot_wr = np.broadcast_to(root_wr[order][:, None], mask.shape)[mask]
+    if not access.deliver_to_neighbors:
+        slot_wr = np.zeros_like(slot_wr)
+    slot_rd = np.full(slot_wr.shape[0], access.read_neighbors)
     slot_ev = np.broadcast_to(root_ev[order][:, None], mask.shape)[mask]
-    if deliver_to_neighbors:
-        slot_wr = np.broadcast_to(root_wr[order][:, None], mask.shape)[mask]
-    else:
-        slot_wr = np.zeros(slot_ev.shape[0], dtype=bool)
     return Touches(
         np.concatenate((root_ev, slot_ev)),
         np.concatenate((roots, nbr[mask])),
+        np.concatenate((root_rd, slot_rd)),
         np.concatenate((root_wr, slot_wr)),
     )
 
@@ -414,13 +477,13 @@ def count_touches(
     remote = owner[tch.node] != rank
     node, r = tch.node[remote], rank[remote]
     br = batch[remote] * parts + r
-    wr = tch.write[remote]
-    reads, served, read_b = _distinct(node, br, num_nodes, parts, owner, num_batches)
+    rd, wr = tch.read[remote], tch.write[remote]
+    reads, served, read_b = _distinct(node[rd], br[rd], num_nodes, parts, owner, num_batches)
     writes, received, write_b = _distinct(node[wr], br[wr], num_nodes, parts, owner, num_batches)
     return _Tally(
         remote_reads=reads,
         remote_writes=writes,
-        naive_reads=np.bincount(r, minlength=parts),
+        naive_reads=np.bincount(r[rd], minlength=parts),
         naive_writes=np.bincount(r[wr], minlength=parts),
         served_reads=served,
         received_writes=received,
@@ -452,7 +515,7 @@ def comm_cost(
     parts: int | None = None,
     candidates: np.ndarray | None = None,
     sampler: NeighbourFn | None = None,
-    deliver_to_neighbors: bool = False,
+    access: Access | None = None,
     widths: RowBytes | None = None,
     chunk_events: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
@@ -479,7 +542,8 @@ def comm_cost(
         candidates: (C,) negative candidates; None means the distinct ``dst``.
         sampler: Neighbour function, e.g. the runtime's own sampler; None builds
             ``recent_sampler``.
-        deliver_to_neighbors: APAN-style writes to the neighbours of positive roots.
+        access: The model's access pattern (``Access.of("apan")``, say); None means
+            TGN's.
         widths: Row widths; None means ``row_bytes()``.
         chunk_events: Events replayed at once (rounded to whole batches); memory is
             about ``chunk_events * (2 + num_neg) * (k + 1) * 40`` bytes.
@@ -496,7 +560,7 @@ def comm_cost(
         src, dst, t, [(owner, assign, parts)],
         batch_size=batch_size, k=k, num_neg=num_neg, seed=seed, epoch=epoch, start=start,
         stop=stop, candidates=candidates, sampler=sampler,
-        deliver_to_neighbors=deliver_to_neighbors, widths=widths, chunk_events=chunk_events,
+        access=access, widths=widths, chunk_events=chunk_events,
         progress=progress,
     )  # fmt: skip
     return report
@@ -517,7 +581,7 @@ def comm_costs(
     stop: int | None = None,
     candidates: np.ndarray | None = None,
     sampler: NeighbourFn | None = None,
-    deliver_to_neighbors: bool = False,
+    access: Access | None = None,
     widths: RowBytes | None = None,
     chunk_events: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
@@ -541,7 +605,7 @@ def comm_costs(
         stop: End of the epoch; None means E.
         candidates: Negative candidates.
         sampler: Neighbour function.
-        deliver_to_neighbors: APAN-style writes.
+        access: The model's access pattern; None means TGN's.
         widths: Row widths.
         chunk_events: Events replayed at once.
         progress: Called with (events done, events total) after each chunk.
@@ -567,7 +631,8 @@ def comm_costs(
         states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
                        "acc": acc, "batch_max_events": 0, "batch_max_comm": 0})  # fmt: skip
     cand = _candidates(dst, candidates)
-    if sampler is None and k > 0:
+    access = Access() if access is None else access
+    if sampler is None and k > 0 and access.samples:
         sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
 
     num_events = stop - start
@@ -581,7 +646,7 @@ def comm_costs(
         tch = touches(
             src, dst, t, idx,
             candidates=cand, sampler=sampler, k=k, num_neg=num_neg, seed=seed, epoch=epoch,
-            deliver_to_neighbors=deliver_to_neighbors,
+            access=access,
         )  # fmt: skip
         local = tch.event - e0
         touch_batch = ev_batch[local]
@@ -610,6 +675,7 @@ def comm_costs(
             widths=row_bytes() if widths is None else widths,
             batch_max_events=st["batch_max_events"],
             batch_max_comm=st["batch_max_comm"],
+            access=access,
             **st["acc"],
         )
         for st in states
@@ -639,7 +705,7 @@ class SampledCost:
         sampler: Neighbour function; None builds ``recent_sampler``.
         widths: Row widths; None means ``row_bytes()``.
         candidates: Negative candidates; None means the distinct ``dst``.
-        deliver_to_neighbors: APAN-style writes.
+        access: The model's access pattern; None means TGN's.
     """
 
     def __init__(
@@ -658,7 +724,7 @@ class SampledCost:
         sampler: NeighbourFn | None = None,
         widths: RowBytes | None = None,
         candidates: np.ndarray | None = None,
-        deliver_to_neighbors: bool = False,
+        access: Access | None = None,
     ) -> None:
         num_batches = -(-stop // batch_size)
         keep = min(num_batches, max(1, max_events // batch_size))
@@ -673,16 +739,17 @@ class SampledCost:
         self.num_batches = int(chosen.shape[0])
         self.fraction = self.events.shape[0] / max(stop, 1)
         self.widths = row_bytes() if widths is None else widths
-        if sampler is None and k > 0:
+        access = Access() if access is None else access
+        if sampler is None and k > 0 and access.samples:
             sampler = recent_sampler(src, dst, t, num_nodes, k)
         tch = touches(
             src, dst, t, self.events,
             candidates=_candidates(dst, candidates), sampler=sampler, k=k, num_neg=num_neg,
-            seed=seed, epoch=0, deliver_to_neighbors=deliver_to_neighbors,
+            seed=seed, epoch=0, access=access,
         )  # fmt: skip
         # Touches refer to events by their position in self.events from here on.
         pos = np.searchsorted(self.events, tch.event)
-        self.tch = Touches(pos, tch.node, tch.write)
+        self.tch = Touches(pos, tch.node, tch.read, tch.write)
         self.touch_batch = self.batch[pos]
         self.num_nodes = int(num_nodes)
         # Compact copies for ``comm``, which runs once per refinement proposal: int32
@@ -690,6 +757,8 @@ class SampledCost:
         self._event32 = pos.astype(np.int32)
         self._node32 = tch.node.astype(np.int32)
         self._write = tch.write
+        # Most models read every touch; then the read mask is skipped.
+        self._read = None if tch.read.all() else tch.read
         self.src = np.asarray(src[self.events]).astype(np.int64)
         self.dst = np.asarray(dst[self.events]).astype(np.int64)
 
@@ -712,8 +781,9 @@ class SampledCost:
         br = self.touch_batch[remote] * parts + rank[remote]
         key = br * self.num_nodes + self._node32[remote]
         wr = self._write[remote]
+        rd = None if self._read is None else self._read[remote]
         del br, rank, remote
-        reads = self._distinct_per_rank(key, parts)
+        reads = self._distinct_per_rank(key if rd is None else key[rd], parts)
         writes = self._distinct_per_rank(key[wr], parts)
         w = self.widths
         return reads * (w.id + w.read) + writes * (w.id + w.write)

@@ -260,6 +260,7 @@ class Trainer:
                 meta = {"strategy": dc.strategy, "parts": p}
                 if self.rank == 0:
                     from sven.partition.api import partition_arrays
+                    from sven.partition.cost import Access
 
                     ev = self.events
                     res = partition_arrays(
@@ -275,6 +276,7 @@ class Trainer:
                         seed=self.cfg.train.seed,
                         k=self.cfg.model.num_neighbors,
                         num_neg=self.cfg.train.num_neg,
+                        access=Access.of(self.cfg.model.name),
                     )
                     owner, assign = res.owner, res.assign
             # Rank 0's assignment is the one every rank uses (a partitioner need not be
@@ -806,20 +808,14 @@ class Trainer:
         }
 
     # ---------------------------------------------------------------- comm
-    def _predict_comm(self) -> dict[str, Any] | None:
+    def _predict_comm(self) -> dict[str, Any]:
         """The partition cost model's prediction of epoch 0's exchange, per rank.
 
-        Computed with the runtime's own sampler and row widths, so that the measured
-        bytes of epoch 0 must equal it exactly. Covers models whose reads are their
-        roots and (optionally) all roots' neighbours, i.e. TGN and JODIE.
+        Computed with the runtime's own sampler, row widths and the model's access
+        pattern (which roots are sampled, whether neighbours are read or get mail), so
+        that the measured bytes of epoch 0 must equal it exactly.
         """
-        m = self.model
-        if (m.sample_roots, m.read_neighbors, m.deliver_to_neighbors) not in (
-            ("all", True, False),
-            ("none", False, False),
-        ):
-            return None
-        from sven.partition.cost import RowBytes, comm_cost
+        from sven.partition.cost import Access, RowBytes, comm_cost
         from sven.pipeline.memory_exchange import ID_BYTES
 
         tc = self.cfg.train
@@ -853,6 +849,7 @@ class Trainer:
             parts=self.world_size,
             candidates=self.candidates.cpu().numpy(),
             sampler=sampler,
+            access=Access.of(self.model),
             widths=RowBytes(
                 read=self.exchange.read_codec.row_bytes,
                 write=self.exchange.write_codec.row_bytes,

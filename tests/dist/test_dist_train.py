@@ -106,7 +106,7 @@ def test_eval_of_sharded_checkpoint_reproduces_summary(store, tmp_path, capsys) 
         assert res[key] == pytest.approx(summary[key], abs=1e-6), key
 
 
-@pytest.mark.parametrize("model", ["tgn", "jodie"])
+@pytest.mark.parametrize("model", ["tgn", "jodie", "dyrep", "apan"])
 def test_measured_bytes_equal_cost_model(store, tmp_path, model: str) -> None:
     run_ranks(_comm_main, 2, store, str(tmp_path), model, timeout=600)
     summary = json.loads((tmp_path / model / "summary.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sven.partition.cost import CostReport, RowBytes, SampledCost, comm_cost, row_bytes
+from sven.partition.cost import Access, CostReport, RowBytes, SampledCost, comm_cost, row_bytes
 
 # Four nodes, four events, two ranks, batches of two events:
 #
@@ -84,14 +84,59 @@ def test_without_neighbours_only_roots_count():
     np.testing.assert_array_equal(rep.remote_writes, [1, 1])
 
 
-def test_apan_delivers_to_neighbours_of_positive_roots():
-    rep = _cost(deliver_to_neighbors=True)
+def test_delivery_to_neighbours_of_positive_roots():
+    # TGN's reads plus mail to the neighbours of positive roots.
+    rep = _cost(access=Access("all", True, True))
     # Batch 1 only (batch 0 has no neighbours). Rank 0 writes {0, 2} and their
     # neighbours {1, 3}: remote 2, 3. Rank 1 writes {1, 3} and {0, 2}: remote 1, 0.
     # The negative's neighbours are never written.
     np.testing.assert_array_equal(rep.remote_writes, [2, 2])
     np.testing.assert_array_equal(rep.naive_writes, [2, 2])
     np.testing.assert_array_equal(rep.remote_reads, [3, 2])
+
+
+def test_dyrep_reads_neighbours_of_positive_roots_only():
+    rep = _cost(access=Access.of("dyrep"))
+    # As TGN, but the negative 3 is not sampled: rank 0 no longer reads its neighbour
+    # 2 in batch 1 (one naive read fewer; 2 is read as a root anyway). Rank 1's
+    # negative neighbour 2 was local.
+    np.testing.assert_array_equal(rep.remote_reads, [1 + 2, 0 + 2])
+    np.testing.assert_array_equal(rep.naive_reads, [1 + 3, 0 + 2])
+    np.testing.assert_array_equal(rep.remote_writes, [1, 1])
+    np.testing.assert_array_equal(rep.naive_writes, [1, 1])
+    assert rep.summary()["access"] == {
+        "sample_roots": "positive",
+        "read_neighbors": True,
+        "deliver_to_neighbors": False,
+    }
+
+
+def test_apan_writes_neighbours_without_reading_them():
+    rep = _cost(access=Access.of("apan"))
+    # Reads are the roots alone: rank 0 {3} then {2, 3}; rank 1 nothing then {1}.
+    # Writes: rank 0 batch 1 {0, 2} + neighbours {1, 3} -> remote 2, 3; rank 1
+    # {1, 3} + {0, 2} -> remote 1, 0.
+    np.testing.assert_array_equal(rep.remote_reads, [3, 1])
+    np.testing.assert_array_equal(rep.naive_reads, [3, 1])
+    np.testing.assert_array_equal(rep.remote_writes, [2, 2])
+    np.testing.assert_array_equal(rep.naive_writes, [2, 2])
+    np.testing.assert_array_equal(rep.served_reads, [1, 3])
+    np.testing.assert_array_equal(rep.received_writes, [2, 2])
+
+
+def test_jodie_samples_nothing_whatever_k():
+    np.testing.assert_array_equal(
+        _cost(access=Access.of("jodie")).remote_reads, _cost(k=0).remote_reads
+    )
+
+
+def test_access_of_models_and_bad_values():
+    assert Access.of("tgn") == Access()
+    assert Access.of("JODIE") == Access("none", False, False)
+    with pytest.raises(ValueError, match="unknown model"):
+        Access.of("tgat")
+    with pytest.raises(ValueError, match="sample_roots"):
+        Access("some")
 
 
 def test_single_rank_has_no_traffic():
@@ -144,7 +189,8 @@ def test_negatives_follow_seed_epoch_and_event_index():
         np.testing.assert_array_equal(rep.naive_reads, expect)
 
 
-def test_sampled_cost_on_all_batches_equals_full_replay():
+@pytest.mark.parametrize("model", ["tgn", "jodie", "dyrep", "apan"])
+def test_sampled_cost_on_all_batches_equals_full_replay(model: str):
     rng = np.random.default_rng(0)
     n, e = 30, 400
     src = rng.integers(0, n, e)
@@ -152,10 +198,16 @@ def test_sampled_cost_on_all_batches_equals_full_replay():
     t = np.sort(rng.integers(0, 100, e))
     owner = rng.integers(0, 3, n)
     assign = np.where(rng.random(e) < 0.5, owner[src], owner[dst])
-    full = comm_cost(src, dst, t, owner, assign, batch_size=50, k=3, stop=300, parts=3)
-    sampled = SampledCost(src, dst, t, n, batch_size=50, stop=300, k=3, max_events=10**6)
+    acc = Access.of(model)
+    kw = dict(batch_size=50, k=3, stop=300, access=acc)
+    full = comm_cost(src, dst, t, owner, assign, parts=3, **kw)
+    sampled = SampledCost(src, dst, t, n, max_events=10**6, **kw)
     assert sampled.fraction == 1.0
     np.testing.assert_array_equal(sampled.comm(owner, assign[sampled.events], 3), full.comm_bytes)
+    if model != "tgn":
+        # The access pattern matters on a random graph: TGN's cost differs.
+        tgn = comm_cost(src, dst, t, owner, assign, parts=3, batch_size=50, k=3, stop=300)
+        assert not np.array_equal(tgn.comm_bytes, full.comm_bytes)
     # A sample of every other batch: whole batches, evenly spread.
     half = SampledCost(src, dst, t, n, batch_size=50, stop=300, k=3, max_events=150)
     assert half.num_batches == 3 and half.events.shape[0] == 150
