@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sven.pipeline.negatives import node_keys, root_keys
+
 if TYPE_CHECKING:
     from sven.pipeline.sampler import NeighborBlock, TemporalSampler
 
@@ -35,6 +37,9 @@ class Batch:
             masked), or None when neighbour state is not read.
         nbr_edge_feat: (block_roots, K, d_e) features of the neighbour events, or None.
         node_feat: (U, d_n) static features of ``nodes``, or None.
+        root_key: (R,) int64 random keys of the roots (uniform sampling, dropout), or
+            None when the batch draws from torch's generators instead.
+        node_key: (U,) int64 random keys of ``nodes`` for this global batch, or None.
     """
 
     index: torch.Tensor
@@ -50,6 +55,8 @@ class Batch:
     nbr_pos: torch.Tensor | None = None
     nbr_edge_feat: torch.Tensor | None = None
     node_feat: torch.Tensor | None = None
+    root_key: torch.Tensor | None = None
+    node_key: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -80,6 +87,7 @@ def make_batch(
     sample_roots: str = "all",
     read_neighbors: bool = True,
     generator: torch.Generator | None = None,
+    rng: tuple[int, int, int] | None = None,
 ) -> Batch:
     """Builds a :class:`Batch`: samples neighbours and de-duplicates the nodes to read.
 
@@ -94,7 +102,11 @@ def make_batch(
         sampler: Temporal sampler, or None for models that read no neighbours.
         sample_roots: "all" roots or only the "positive" ones (src and dst).
         read_neighbors: Whether neighbours join ``nodes`` (their state is read).
-        generator: RNG for uniform sampling.
+        generator: RNG for uniform sampling (when ``rng`` is None).
+        rng: ``(seed, stream, batch_start)``: key every random choice of the batch by
+            ``negatives.batch_keys`` (roots by event and slot, nodes by global batch),
+            so that any rank layout draws what one process draws. None leaves uniform
+            sampling to ``generator`` and dropout to torch's generator.
 
     Returns:
         The batch.
@@ -103,12 +115,17 @@ def make_batch(
     t64 = t.to(torch.float64)
     roots = torch.cat([src, dst, neg.t().reshape(-1)])
     root_t = t64.repeat(2 + neg.shape[1])
+    root_key = None
+    if rng is not None:
+        seed, stream, _ = rng
+        root_key = root_keys(seed, stream, index, 2 + neg.shape[1])
     block = None
     nbr_pos = None
     nbr_edge_feat = None
     if sampler is not None:
         n_sample = roots.shape[0] if sample_roots == "all" else 2 * b
-        block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator)[0]
+        keys = None if root_key is None else root_key[:n_sample]
+        block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
     if block is not None and read_neighbors:
         valid_nbr = block.nbr[block.mask]
         nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)
@@ -133,6 +150,8 @@ def make_batch(
         nbr_pos=nbr_pos,
         nbr_edge_feat=nbr_edge_feat,
         node_feat=None if node_feat_table is None else node_feat_table[nodes],
+        root_key=root_key,
+        node_key=None if rng is None else node_keys(*rng, nodes),
     )
 
 

@@ -29,6 +29,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from sven.pipeline.negatives import mix
+
 __all__ = ["TCSR", "NeighborBlock", "TemporalSampler"]
 
 ArrayLike = np.ndarray | torch.Tensor
@@ -252,6 +254,7 @@ class TemporalSampler:
         generator: torch.Generator | None = None,
         *,
         root_mask: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
     ) -> list[NeighborBlock]:
         """Samples ``len(fanouts)`` layers of temporal neighbours.
 
@@ -269,6 +272,11 @@ class TemporalSampler:
                 torch's default generator. Unused by ``"recent"``.
             root_mask: (R,) bool, False for padding roots (e.g. of a fixed-size padded
                 batch), whose rows come back fully masked. None means all valid.
+            keys: (R,) int64 random keys of the roots for ``"uniform"`` (see
+                ``negatives.batch_keys``): a root's draws are then a function of its
+                key alone, so that they do not depend on which rank samples it or on
+                any generator state. Slot j of a root draws from ``mix(key, j)``; the
+                next layer's roots are keyed by those draws. Overrides ``generator``.
 
         Returns:
             One NeighborBlock per layer; layer l has ``R * prod(fanouts[:l])`` roots and
@@ -278,9 +286,11 @@ class TemporalSampler:
         nodes = nodes.to(device=device, dtype=torch.int64)
         times = self._cast_times(times.to(device))
         valid = None if root_mask is None else root_mask.to(device=device, dtype=torch.bool)
+        if keys is not None:
+            keys = keys.to(device=device, dtype=torch.int64)
         blocks = []
         for k in self.fanouts:
-            block = self._sample_layer(nodes, times, valid, k, generator)
+            block, keys = self._sample_layer(nodes, times, valid, k, generator, keys)
             blocks.append(block)
             nodes, times, valid = block.nbr.flatten(), block.ts.flatten(), block.mask.flatten()
         return blocks
@@ -300,8 +310,10 @@ class TemporalSampler:
         valid: torch.Tensor | None,
         k: int,
         generator: torch.Generator | None,
-    ) -> NeighborBlock:
-        """One layer: (R,) roots -> (R, k) neighbours. See ``sample``."""
+        keys: torch.Tensor | None = None,
+    ) -> tuple[NeighborBlock, torch.Tensor | None]:
+        """One layer: (R,) roots -> (R, k) neighbours, and the next layer's (R * k,)
+        keys (None without ``keys`` or for "recent"). See ``sample``."""
         tcsr = self.tcsr
         device = tcsr.device
         num_roots = nodes.numel()
@@ -319,9 +331,16 @@ class TemporalSampler:
             count = torch.where(valid, count, torch.zeros_like(count))
 
         slot = torch.arange(k, device=device)
+        next_keys = None
         if self.strategy == "recent":
             pos = end[:, None] - 1 - slot
             mask = slot < count[:, None]
+        elif keys is not None:
+            col = torch.arange(1, k + 1, dtype=torch.int64, device=device)
+            draw = mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)
+            pos = lo[:, None] + draw % count.clamp(min=1)[:, None]
+            mask = (count > 0)[:, None].repeat(1, k)
+            next_keys = draw.flatten()
         else:
             draw = torch.randint(0, _RAND_HIGH, (num_roots, k), generator=generator, device=device)
             # clamp keeps the modulo defined for empty rows, which are masked anyway.
@@ -342,4 +361,5 @@ class TemporalSampler:
             eid = torch.where(mask, tcsr.eid.index_select(0, flat).view(num_roots, k), zero)
             ts = tcsr.ts.index_select(0, flat).view(num_roots, k)
             ts = torch.where(mask, ts, zero.to(ts.dtype))
-        return NeighborBlock(nodes=nodes, times=times, nbr=nbr, eid=eid, ts=ts, mask=mask)
+        block = NeighborBlock(nodes=nodes, times=times, nbr=nbr, eid=eid, ts=ts, mask=mask)
+        return block, next_keys

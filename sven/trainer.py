@@ -178,8 +178,6 @@ class Trainer:
             ev = self.events
             tcsr = TCSR.from_events(ev.src, ev.dst, ev.t, self.num_nodes, device=self.device)
             self.sampler = TemporalSampler(tcsr, [mc.num_neighbors], mc.sampling)
-        self.sample_gen = torch.Generator(device=self.device)
-        self.sample_gen.manual_seed(tc.seed)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=tc.lr)
         self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
         self.best = Checkpointer(self.out / "best", 1)
@@ -322,8 +320,14 @@ class Trainer:
         return idx[self.assign[lo:hi] == self.rank]
 
     def _batch(
-        self, idx: torch.Tensor, stream: int, num_neg: int, mrr_stream: int | None = None
+        self,
+        idx: torch.Tensor,
+        start: int,
+        stream: int,
+        num_neg: int,
+        mrr_stream: int | None = None,
     ) -> Batch:
+        """This rank's part of the global batch that starts at event ``start``."""
         neg = sample_negatives(self.cfg.train.seed, stream, idx, self.candidates, num_neg)
         if mrr_stream is not None:
             q = self.cfg.train.mrr_negatives
@@ -341,7 +345,9 @@ class Trainer:
             sampler=self.sampler,
             sample_roots=self.model.sample_roots,
             read_neighbors=self.model.read_neighbors,
-            generator=self.sample_gen,
+            # Uniform draws and dropout keyed by event and global batch: the same on
+            # any number of ranks and after a resume.
+            rng=(self.cfg.train.seed, stream, start),
         )
 
     def _empty_update(self) -> MemoryUpdate:
@@ -447,7 +453,9 @@ class Trainer:
         idx_all, pos, neg = [], [], []
         for start in range(lo, hi, b):
             idx = self._event_index(start, min(start + b, hi))
-            batch = self._batch(idx, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None)
+            batch = self._batch(
+                idx, start, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None
+            )
             rows = self._read(batch)
             update = self._empty_update()
             if batch.size > 0:
@@ -530,11 +538,12 @@ class Trainer:
             barrier_or_die(self.ctx, what)
 
     def _rng_state(self) -> dict[str, Any]:
-        return {"torch": torch.get_rng_state(), "sampler": self.sample_gen.get_state()}
+        # Negatives, uniform sampling and dropout are keyed by event and batch (see
+        # pipeline/negatives.py) and need no state; torch's is kept for user code.
+        return {"torch": torch.get_rng_state()}
 
     def _set_rng_state(self, s: dict[str, Any]) -> None:
         torch.set_rng_state(s["torch"])
-        self.sample_gen.set_state(s["sampler"])
 
     def _shard_file(self) -> dict[str, Any]:
         return {
@@ -690,7 +699,7 @@ class Trainer:
             for i in range(start_batch, last):
                 t0 = time.perf_counter()
                 g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
-                batch = self._batch(self._event_index(g_lo, g_hi), epoch, tc.num_neg)
+                batch = self._batch(self._event_index(g_lo, g_hi), g_lo, epoch, tc.num_neg)
                 loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
                 dt = time.perf_counter() - t0
                 progress["epoch_loss"] += loss

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.base import MemoryModel
+from sven.models.base import MemoryModel, keyed_dropout
 from sven.models.memory import MemoryRows, RecurrentUpdater, TimeEncoding
 from sven.pipeline.batch import Batch
 
@@ -62,7 +62,9 @@ class APAN(MemoryModel):
         msg = kernels.temporal_attention(
             q, key.reshape(u, m, h, -1), val.reshape(u, m, h, -1), rows.mail_valid
         )
-        return self.updater(rows, self.dropout(msg))
+        # One row per node of the batch: keyed by (global batch, node).
+        msg = keyed_dropout(msg, self.dropout.p, batch.node_key, self.training)
+        return self.updater(rows, msg)
 
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
         """The (projected) memory of every root; (R, embed_dim)."""

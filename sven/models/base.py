@@ -21,6 +21,34 @@ from torch import nn
 
 from sven.models.memory import MemoryRows, MemoryUpdate, RecurrentUpdater
 from sven.pipeline.batch import Batch, last_occurrence
+from sven.pipeline.negatives import uniform_from_keys
+
+
+def keyed_dropout(
+    x: torch.Tensor, p: float, keys: torch.Tensor | None, training: bool
+) -> torch.Tensor:
+    """Dropout whose mask is a function of each row's key, not of a generator's state.
+
+    A row's key names what the row is (a root's event and slot, or a node in a global
+    batch; see ``sven.pipeline.negatives``), so the rank that computes the row draws
+    the same mask as one process would, and a resumed run the same as an uninterrupted
+    one.
+
+    Args:
+        x: (R, D) input.
+        p: Drop probability.
+        keys: (R,) int64 row keys, or None for ``torch.nn.functional.dropout``.
+        training: Whether to drop at all.
+
+    Returns:
+        (R, D), zeros where dropped and the rest scaled by 1 / (1 - p).
+    """
+    if not training or p == 0.0:
+        return x
+    if keys is None:
+        return nn.functional.dropout(x, p, training=True)
+    keep = uniform_from_keys(keys, x.shape[1]) >= p
+    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
 
 
 @dataclass
@@ -270,6 +298,7 @@ class TemporalAttentionLayer(nn.Module):
         dt: torch.Tensor,
         mask: torch.Tensor,
         edge_feat: torch.Tensor | None,
+        row_key: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attends from each root to its neighbours.
 
@@ -280,6 +309,7 @@ class TemporalAttentionLayer(nn.Module):
             dt: (R, K) time since each neighbour event.
             mask: (R, K) bool validity.
             edge_feat: (R, K, d_e) neighbour event features, or None.
+            row_key: (R,) int64 dropout keys of the roots, or None (torch's RNG).
 
         Returns:
             (R, out_dim) embeddings.
@@ -300,4 +330,5 @@ class TemporalAttentionLayer(nn.Module):
             q.view(r, h, -1), key.reshape(r, k, h, -1), val.reshape(r, k, h, -1), mask
         )
         out = self.w_out(torch.cat([out, h_root], dim=1))
-        return self.norm(self.dropout(torch.relu(out)))
+        out = keyed_dropout(torch.relu(out), self.dropout.p, row_key, self.training)
+        return self.norm(out)

@@ -37,4 +37,6 @@ class TGN(MemoryModel):
         z = self.node_state(batch, memory)
         block = batch.block
         dt = (batch.root_t[:, None] - block.ts.to(torch.float64)).masked_fill(~block.mask, 0.0)
-        return self.attn(z, batch.root_pos, batch.nbr_pos, dt, block.mask, batch.nbr_edge_feat)
+        return self.attn(
+            z, batch.root_pos, batch.nbr_pos, dt, block.mask, batch.nbr_edge_feat, batch.root_key
+        )

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sven.pipeline.negatives import hash_counter
 from sven.pipeline.sampler import TCSR, NeighborBlock, TemporalSampler
 
 CUDA = torch.cuda.is_available()
@@ -358,7 +359,34 @@ def test_uniform_is_deterministic_for_a_seeded_generator(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_uniform_is_roughly_uniform(device):
+def test_keyed_uniform_depends_on_the_key_alone(device):
+    rng = np.random.default_rng(4)
+    n, e = 12, 120
+    src, dst = rng.integers(0, n, e).tolist(), rng.integers(0, n, e).tolist()
+    t = rng.integers(0, 20, e).tolist()
+    g = TCSR.from_events(np.array(src), np.array(dst), np.array(t), n, device)
+    sampler = TemporalSampler(g, [5, 3], "uniform")
+    nodes = torch.arange(n, device=device).repeat(3)
+    times = torch.tensor(rng.integers(0, 22, 3 * n), device=device)
+    keys = hash_counter(9, 0, torch.arange(3 * n, device=device))
+    b1, b2 = sampler.sample(nodes, times, keys=keys)
+    check_uniform_valid(src, dst, t, b1, [True] * len(nodes))
+    check_uniform_valid(src, dst, t, b2, b1.mask.flatten().tolist())
+    # The same roots in another order, among other roots, on another "rank": each
+    # keyed root draws the same neighbours in both layers, whatever the generator.
+    perm = torch.randperm(3 * n, generator=torch.Generator().manual_seed(0)).to(device)
+    gen = torch.Generator(device=device).manual_seed(123)
+    c1, c2 = sampler.sample(nodes[perm], times[perm], gen, keys=keys[perm])
+    assert torch.equal(c1.eid, b1.eid[perm]) and torch.equal(c1.mask, b1.mask[perm])
+    assert torch.equal(c2.eid.view(3 * n, 5, 3), b2.eid.view(3 * n, 5, 3)[perm])
+    # Another key draws otherwise.
+    d1, _ = sampler.sample(nodes, times, keys=keys + 1)
+    assert not torch.equal(d1.eid, b1.eid)
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["generator", "keys"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_uniform_is_roughly_uniform(device, keyed):
     # Node 0: events to 1..6 at times 0..5 plus a self-loop (eid 6) at time 2, listed
     # twice, so it is drawn twice as often. A root at time 10 sees all 8 entries.
     src = torch.tensor([0, 0, 0, 0, 0, 0, 0])
@@ -366,11 +394,16 @@ def test_uniform_is_roughly_uniform(device):
     t = torch.tensor([0, 1, 2, 3, 4, 5, 2])
     g = TCSR.from_events(src, dst, t, 7, device)
     gen = torch.Generator(device=device).manual_seed(1)
+
+    def keys(r: int) -> torch.Tensor | None:
+        return hash_counter(1, r, torch.arange(r, device=device)) if keyed else None
+
     roots = 2000
     (b,) = TemporalSampler(g, [10], "uniform").sample(
         torch.zeros(roots, dtype=torch.int64, device=device),
         torch.full((roots,), 10, device=device),
         gen,
+        keys=keys(roots),
     )
     counts = torch.bincount(b.eid.flatten().cpu(), minlength=7).tolist()
     expected = [2500] * 6 + [5000]  # 20000 draws over 8 entries
@@ -383,6 +416,7 @@ def test_uniform_is_roughly_uniform(device):
         torch.zeros(200, dtype=torch.int64, device=device),
         torch.full((200,), 2, device=device),
         gen,
+        keys=keys(200),
     )
     drawn = torch.bincount(b.eid.flatten().cpu(), minlength=7)
     assert drawn[2:].sum() == 0 and drawn[0] > 800 and drawn[1] > 800
