@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from sven.partition.graph import unique_sorted
-from sven.pipeline.negatives import sample_negatives
+from sven.pipeline.negatives import root_keys, sample_negatives
 
 __all__ = [
     "Access",
@@ -297,8 +297,12 @@ class CostReport:
         }
 
 
-#: ``f(nodes (R,) int64, times (R,)) -> (nbr (R, k) int64, mask (R, k) bool)``.
-NeighbourFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+#: ``f(nodes (R,) int64, times (R,), keys (R,) int64) -> (nbr (R, k) int64, mask (R, k)
+#: bool)``; ``keys`` are the roots' random keys (``negatives.root_keys``), which the
+#: runtime's uniform sampler draws from, so that the replay draws what training draws.
+NeighbourFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+]
 
 
 def recent_sampler(
@@ -320,7 +324,9 @@ def recent_sampler(
 
     sampler = TemporalSampler(TCSR.from_events(src, dst, t, num_nodes, "cpu"), [k], "recent")
 
-    def sample(nodes: torch.Tensor, times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        nodes: torch.Tensor, times: torch.Tensor, keys: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         block = sampler.sample(nodes, times)[0]
         return block.nbr, block.mask
 
@@ -398,7 +404,10 @@ def touches(
     # the sampler's binary searches and gathers walk its index nearly sequentially,
     # which on a large T-CSR is several times faster than in event order.
     order = np.argsort(roots[:m])
-    nbr_t, mask_t = sampler(torch.from_numpy(roots[order]), torch.from_numpy(times[order]))
+    keys = root_keys(seed, epoch, torch.from_numpy(events), width)[:m]
+    nbr_t, mask_t = sampler(
+        torch.from_numpy(roots[order]), torch.from_numpy(times[order]), keys[order]
+    )
     nbr, mask = nbr_t.numpy(), mask_t.numpy()
     slot_wr = np.broadcast_to(root_wr[order][:, None], mask.shape)[mask]
     if not access.deliver_to_neighbors:

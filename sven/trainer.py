@@ -836,9 +836,10 @@ class Trainer:
             smp = self.sampler
 
             def sampler(
-                nodes: torch.Tensor, times: torch.Tensor
+                nodes: torch.Tensor, times: torch.Tensor, keys: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
-                block = smp.sample(nodes.to(self.device), times.to(self.device))[0]
+                dev = self.device
+                block = smp.sample(nodes.to(dev), times.to(dev), keys=keys.to(dev))[0]
                 return block.nbr.cpu(), block.mask.cpu()
 
         ev = self.events

@@ -4,9 +4,7 @@ measured communication equal to the partition cost model's prediction."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 import sven
@@ -48,7 +46,7 @@ class _Dying(sven.Trainer):
 
     calls = 0
 
-    def train_step(self, batch, num_predictions):  # noqa: D102
+    def train_step(self, batch, num_predictions):
         _Dying.calls += 1
         if _Dying.calls == 19:
             raise _Stop
@@ -66,10 +64,11 @@ def _resume_main(rank: int, world_size: int, store: str, out: str) -> dict | Non
     return {"ref": ref, "resumed": resumed} if rank == 0 else None
 
 
-def _comm_main(rank: int, world_size: int, store: str, out: str, model: str) -> None:
-    sven.Trainer(
-        None, _overrides(store, f"{out}/{model}", f"model.name={model}", "train.epochs=1")
-    ).fit()
+def _comm_main(
+    rank: int, world_size: int, store: str, out: str, model: str, sampling: str = "recent"
+) -> None:
+    extra = (f"model.name={model}", "train.epochs=1", f"model.sampling={sampling}")
+    sven.Trainer(None, _overrides(store, f"{out}/{model}", *extra)).fit()
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +105,14 @@ def test_eval_of_sharded_checkpoint_reproduces_summary(store, tmp_path, capsys) 
         assert res[key] == pytest.approx(summary[key], abs=1e-6), key
 
 
-@pytest.mark.parametrize("model", ["tgn", "jodie", "dyrep", "apan"])
-def test_measured_bytes_equal_cost_model(store, tmp_path, model: str) -> None:
-    run_ranks(_comm_main, 2, store, str(tmp_path), model, timeout=600)
+@pytest.mark.parametrize(
+    ("model", "sampling"),
+    [("tgn", "recent"), ("tgn", "uniform"), ("jodie", "recent"), ("dyrep", "uniform"),
+     ("apan", "uniform")],
+)  # fmt: skip
+def test_measured_bytes_equal_cost_model(store, tmp_path, model: str, sampling: str) -> None:
+    # Uniform draws are keyed by event and slot, so the replay draws what training drew.
+    run_ranks(_comm_main, 2, store, str(tmp_path), model, sampling, timeout=600)
     summary = json.loads((tmp_path / model / "summary.json").read_text())
     measured = summary["comm_bytes_measured_epoch0_per_rank"]
     assert measured == summary["comm_bytes_predicted_epoch0_per_rank"]

@@ -54,7 +54,7 @@ def _overrides(store: str, out: str, model: str, strategy: str) -> list[str]:
 class Recording(sven.Trainer):
     """Records (parameters, whole memory) after every training batch."""
 
-    def train_step(self, batch, num_predictions):  # noqa: D102
+    def train_step(self, batch, num_predictions):
         loss = super().train_step(batch, num_predictions)
         params = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).clone()
         self.records.append((params, self.full_memory()))
