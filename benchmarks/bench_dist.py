@@ -1,7 +1,8 @@
 """Distributed communication and throughput: redundancy-free vs naive, hash vs minmax.
 
-For each dataset, rank count P and partition strategy, runs one training epoch of TGN
-with ``torchrun --nproc_per_node P -m sven train`` (gloo on CPU) and reads the run's
+For each dataset, model, rank count P and partition strategy, runs one training epoch
+(TGN by default) with ``torchrun --nproc_per_node P -m sven train`` (gloo on CPU) and
+reads the run's
 ``summary.json``: bytes sent between ranks by the redundancy-free exchange (ids and
 memory/mail rows, gradients excluded), what a naive exchange (one fetch per occurrence)
 would have sent, their ratio, the max/mean per-rank exchange volume, and training
@@ -10,6 +11,7 @@ events/s.
 Usage:
     python benchmarks/bench_dist.py --data collegemsg=STORE1 wikipedia=STORE2 \\
         --ranks 2 4 --strategies hash minmax --batch 600 --out dist.json
+    python benchmarks/bench_dist.py --data collegemsg=STORE1 --models dyrep apan --ranks 2
 
 Events/s on a 2-core machine with 4 ranks measures oversubscription as much as Sven;
 the byte counts are exact whatever the machine.
@@ -18,6 +20,7 @@ the byte counts are exact whatever the machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -28,10 +31,16 @@ from typing import Any
 
 
 def run_one(
-    store: str, ranks: int, strategy: str, batch: int, extra: list[str], workdir: Path
+    store: str,
+    model: str,
+    ranks: int,
+    strategy: str,
+    batch: int,
+    extra: list[str],
+    workdir: Path,
 ) -> dict[str, Any]:
     """Runs one distributed epoch and returns its summary."""
-    out = workdir / f"{Path(store).name}-p{ranks}-{strategy}"
+    out = workdir / f"{Path(store).name}-{model}-p{ranks}-{strategy}"
     cmd = [
         sys.executable,
         "-m",
@@ -45,7 +54,7 @@ def run_one(
         "train",
         f"data.path={store}",
         f"out={out}",
-        "model.name=tgn",
+        f"model.name={model}",
         f"train.batch_size={batch}",
         "train.epochs=1",
         f"dist.strategy={strategy}",
@@ -61,6 +70,7 @@ def main() -> int:
     """Runs the grid and prints a table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", nargs="+", required=True, help="NAME=STORE pairs")
+    ap.add_argument("--models", nargs="+", default=["tgn"], help="tgn, jodie, dyrep, apan")
     ap.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--strategies", nargs="+", default=["hash", "minmax"])
     ap.add_argument("--batch", type=int, default=600)
@@ -71,29 +81,30 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for item in args.data:
             name, store = item.split("=", 1)
-            for p in args.ranks:
-                for strategy in args.strategies:
-                    s = run_one(store, p, strategy, args.batch, args.extra, Path(tmp))
-                    exch = s["comm_bytes_exchange"]
-                    row = {
-                        "dataset": name,
-                        "ranks": p,
-                        "strategy": strategy,
-                        "exchange_MB": exch / 1e6,
-                        "naive_MB": s["comm_bytes_naive"] / 1e6,
-                        "naive_over_exchange": s["comm_bytes_naive"] / max(exch, 1),
-                        "max_over_mean": s["comm_max_over_mean"],
-                        "grads_MB": s["comm_bytes_grads"] / 1e6,
-                        "train_events_per_s": s["train_events_per_s"],
-                        "test_ap": s["test_ap"],
-                        "predicted_equals_measured": s.get("comm_bytes_predicted_epoch0_per_rank")
-                        == s.get("comm_bytes_measured_epoch0_per_rank"),
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+            for model, p, strategy in itertools.product(args.models, args.ranks, args.strategies):
+                s = run_one(store, model, p, strategy, args.batch, args.extra, Path(tmp))
+                exch = s["comm_bytes_exchange"]
+                row = {
+                    "dataset": name,
+                    "model": model,
+                    "ranks": p,
+                    "strategy": strategy,
+                    "exchange_MB": exch / 1e6,
+                    "naive_MB": s["comm_bytes_naive"] / 1e6,
+                    "naive_over_exchange": s["comm_bytes_naive"] / max(exch, 1),
+                    "max_over_mean": s["comm_max_over_mean"],
+                    "grads_MB": s["comm_bytes_grads"] / 1e6,
+                    "train_events_per_s": s["train_events_per_s"],
+                    "test_ap": s["test_ap"],
+                    "predicted_equals_measured": s.get("comm_bytes_predicted_epoch0_per_rank")
+                    == s.get("comm_bytes_measured_epoch0_per_rank"),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))
     hdr = (
         "dataset",
+        "model",
         "P",
         "strategy",
         "exchange MB",
@@ -102,16 +113,18 @@ def main() -> int:
         "max/mean",
         "events/s",
         "test AP",
+        "predicted == measured",
     )
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for r in rows:
         print(
-            f"| {r['dataset']} | {r['ranks']} | {r['strategy']} | {r['exchange_MB']:.1f} "
+            f"| {r['dataset']} | {r['model']} | {r['ranks']} | {r['strategy']} "
+            f"| {r['exchange_MB']:.1f} "
             f"| {r['naive_MB']:.1f} "
             f"| {r['naive_over_exchange']:.2f}x | {r['max_over_mean']:.3f} "
             f"| {r['train_events_per_s']:.0f} "
-            f"| {r['test_ap']:.4f} |"
+            f"| {r['test_ap']:.4f} | {'yes' if r['predicted_equals_measured'] else 'NO'} |"
         )
     return 0
 
