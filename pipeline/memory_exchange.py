@@ -2,11 +2,13 @@
 
 Rank r owns the memory, mailbox and last-update time of the vertices v with
 ``owner[v] == r``, stored as a :class:`~sven.models.memory.MemoryState` shard whose row
-``local[v]`` holds v. Per batch, :meth:`MemoryExchange.fetch` sends each unique node id a
-rank needs to its owner once and receives its row once (two ``all_to_all_single`` calls
-with variable splits, plus one for the split sizes); :meth:`MemoryExchange.push` sends
-each updated node once to its owner, which keeps the update of the latest global event
-when several ranks update the same node. The model code never calls a collective.
+``local[v]`` holds v, and their static node features, if any (they travel with the
+fetched rows, so no rank holds the whole feature table). Per batch,
+:meth:`MemoryExchange.fetch` sends each unique node id a rank needs to its owner once
+and receives its row once (two ``all_to_all_single`` calls with variable splits, plus
+one for the split sizes); :meth:`MemoryExchange.push` sends each updated node once to
+its owner, which keeps the update of the latest global event when several ranks update
+the same node. The model code never calls a collective.
 
 Rows travel as raw bytes so that float memory and float64 timestamps share one message
 without a lossy cast. Every byte sent to another rank is counted in :class:`CommCounter`.
@@ -89,6 +91,8 @@ class MemoryExchange:
         world_size: P.
         shard: This rank's :class:`MemoryState` with one row per owned vertex.
         group: Process group (None: the default group).
+        node_feat: (owned, d_n) static features of the owned vertices in shard order
+            (``owned``), or None; ``fetch`` then returns them in ``MemoryRows.node_feat``.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class MemoryExchange:
         world_size: int,
         shard: MemoryState,
         group: dist.ProcessGroup | None = None,
+        node_feat: torch.Tensor | None = None,
     ) -> None:
         self.owner = owner.to(torch.int64)
         self.rank = rank
@@ -118,17 +123,23 @@ class MemoryExchange:
             raise ValueError(
                 f"shard has {shard.num_nodes} rows but rank {rank} owns {self.owned.numel()}"
             )
+        if node_feat is not None and node_feat.shape[0] != self.owned.numel():
+            raise ValueError(
+                f"node_feat has {node_feat.shape[0]} rows but rank {rank} owns {self.owned.numel()}"
+            )
+        self.node_feat = node_feat
         m, d, dm = shard.mailbox_size, shard.memory_dim, shard.mail_dim
         fdt = shard.dtype
-        self.read_codec = _RowCodec(
-            [
-                ((d,), fdt),
-                ((), torch.float64),
-                ((m, dm), fdt),
-                ((m,), torch.float64),
-                ((m,), torch.bool),
-            ]
-        )
+        read_specs = [
+            ((d,), fdt),
+            ((), torch.float64),
+            ((m, dm), fdt),
+            ((m,), torch.float64),
+            ((m,), torch.bool),
+        ]
+        if node_feat is not None:
+            read_specs.append(((node_feat.shape[1],), node_feat.dtype))
+        self.read_codec = _RowCodec(read_specs)
         # Write rows: memory, last update, its event key, mail, mail time, its event
         # key, and which of the two the row carries.
         self.write_codec = _RowCodec(
@@ -172,17 +183,20 @@ class MemoryExchange:
                 volume); None counts each once.
 
         Returns:
-            The rows, aligned with ``nodes``.
+            The rows, aligned with ``nodes`` (with ``node_feat`` when the exchange
+            holds node features).
         """
         own = self.owner[nodes]
         order = torch.argsort(own, stable=True)
         send_ids = nodes[order]
         send_counts = torch.bincount(own, minlength=self.world_size)
         recv_ids, recv_counts = self._exchange(send_ids, send_counts)
-        rows = self.shard.gather(self.local[recv_ids])
-        packed = self.read_codec.pack(
-            [rows.memory, rows.last_update, rows.mail, rows.mail_ts, rows.mail_valid]
-        )
+        local = self.local[recv_ids]
+        rows = self.shard.gather(local)
+        cols = [rows.memory, rows.last_update, rows.mail, rows.mail_ts, rows.mail_valid]
+        if self.node_feat is not None:
+            cols.append(self.node_feat[local])
+        packed = self.read_codec.pack(cols)
         # Replies go back in the order the requests came, so the requester's counts
         # are the split sizes on both sides.
         back, _ = self._exchange(packed, recv_counts)

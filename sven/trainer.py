@@ -167,10 +167,21 @@ class Trainer:
             time_origin=float(self.t[0]) if self.t.numel() else 0.0,
         )
         self.exchange = None
+        feat = self.events.node_feat
         if self.world_size > 1:
             from sven.pipeline.memory_exchange import MemoryExchange
 
-            self.exchange = MemoryExchange(self.owner, self.rank, self.world_size, self.memory)
+            # Only the owned rows are read from the memory-mapped table; the other
+            # ranks' rows travel with the fetched memory rows.
+            owned_feat = None
+            if feat is not None:
+                rows = np.asarray(feat[self.owned.cpu().numpy()])
+                owned_feat = torch.as_tensor(rows, device=self.device).to(self.dtype)
+            self.exchange = MemoryExchange(
+                self.owner, self.rank, self.world_size, self.memory, node_feat=owned_feat
+            )
+        elif feat is not None:
+            self.node_feat = torch.as_tensor(np.array(feat), device=self.device).to(self.dtype)
         self.sampler = None
         if self.model.sample_roots != "none":
             from sven.pipeline.sampler import TCSR, TemporalSampler
@@ -210,13 +221,11 @@ class Trainer:
             if ev.edge_feat is None
             else torch.as_tensor(np.array(ev.edge_feat), device=dev).to(self.dtype)
         )
-        self.node_feat = (
-            None
-            if ev.node_feat is None
-            else torch.as_tensor(np.array(ev.node_feat), device=dev).to(self.dtype)
-        )
+        # Node features are loaded once the owners are known: on several ranks each
+        # rank holds only its own vertices' rows (see __init__).
+        self.node_feat: torch.Tensor | None = None
         self.edge_dim = 0 if self.edge_feat is None else self.edge_feat.shape[1]
-        self.node_dim = 0 if self.node_feat is None else self.node_feat.shape[1]
+        self.node_dim = 0 if ev.node_feat is None else int(ev.node_feat.shape[1])
         self.ranges = {s: tuple(int(x) for x in ev.split_range(s)) for s in _SPLITS}
         if self.ranges["train"][1] <= self.ranges["train"][0]:
             raise SvenError(f"{path}: the training split is empty")
@@ -289,14 +298,21 @@ class Trainer:
 
     # --------------------------------------------------------- state access
     def _read(self, batch: Batch) -> MemoryRows:
-        """Memory rows of ``batch.nodes``: local on one rank, fetched from owners on many."""
+        """Memory rows of ``batch.nodes``: local on one rank, fetched from owners on many.
+
+        On many ranks the nodes' static features come with the rows and are set as
+        ``batch.node_feat``.
+        """
         if self.exchange is None:
             return self.memory.gather(batch.nodes)
         pos = batch.root_pos
         if batch.nbr_pos is not None:
             pos = torch.cat([pos, batch.nbr_pos[batch.block.mask]])
         occ = torch.bincount(pos, minlength=batch.nodes.numel())
-        return self.exchange.fetch(batch.nodes, occ)
+        rows = self.exchange.fetch(batch.nodes, occ)
+        if rows.node_feat is not None:
+            batch.node_feat = rows.node_feat
+        return rows
 
     def _commit(self, update: MemoryUpdate, batch: Batch) -> None:
         """Writes a batch's memory update: locally, or pushed to the owners."""

@@ -26,6 +26,8 @@ class MemoryRows:
         mail: (U, M, d_mail) mailbox, newest mail in slot 0.
         mail_ts: (U, M) float64 time of each mail.
         mail_valid: (U, M) bool, True where a mail slot holds a mail.
+        node_feat: (U, d_n) static node features, when they travel with the rows
+            (fetched from the owners on several ranks), else None.
     """
 
     memory: torch.Tensor
@@ -33,6 +35,7 @@ class MemoryRows:
     mail: torch.Tensor
     mail_ts: torch.Tensor
     mail_valid: torch.Tensor
+    node_feat: torch.Tensor | None = None
 
 
 @dataclass

@@ -76,6 +76,11 @@ class Recording(sven.Trainer):
 
 def _train(store: str, out: str, model: str, strategy: str) -> tuple[list, dict]:
     tr = Recording(None, _overrides(store, out, model, strategy))
+    assert tr.model.node_proj is not None, "the store's node features are not used"
+    if tr.world_size > 1:
+        # Each rank holds the feature rows of its own vertices only.
+        assert tr.node_feat is None
+        assert tr.exchange.node_feat.shape == (tr.owned.numel(), 3)
     tr.records = []
     summary = tr.fit()
     return tr.records, summary
@@ -91,11 +96,24 @@ def _rank_main(rank: int, world_size: int, store: str, out: str, cases: list) ->
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
+    """A synthetic stream with edge features and static node features (which each
+    rank holds only for the vertices it owns)."""
+    from sven.datasets.store import TemporalEvents, write_events
     from sven.datasets.synth import generate
 
-    path = tmp_path_factory.mktemp("inv") / "store"
-    generate(path, events=2000, nodes=80, seed=3, edge_feat_dim=2)
-    return str(path)
+    tmp = tmp_path_factory.mktemp("inv")
+    generate(tmp / "synth", events=2000, nodes=80, seed=3, edge_feat_dim=2)
+    ev = TemporalEvents.load(tmp / "synth")
+    feat = np.random.default_rng(0).standard_normal((ev.num_nodes, 3)).astype(np.float32)
+    write_events(
+        tmp / "store",
+        np.asarray(ev.src),
+        np.asarray(ev.dst),
+        np.asarray(ev.t),
+        edge_feat=np.asarray(ev.edge_feat),
+        node_feat=feat,
+    )
+    return str(tmp / "store")
 
 
 @pytest.fixture(scope="module")
