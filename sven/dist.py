@@ -40,6 +40,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -481,6 +483,381 @@ def _pick_device(device: str | torch.device, info: LaunchInfo) -> torch.device:
     )
 
 
+# ---------------------------------------------------------------------------
+# Liveness: heartbeats in the rendezvous store, read after a failure
+# ---------------------------------------------------------------------------
+
+# Rank states a heartbeat carries. "failed": saw a collective fail, is finding out who
+# is missing; "done": posted its verdict; "exit": tore down without having seen a
+# failure (a rank that raised an error of its own, or left early).
+_RUN, _FAILED, _DONE, _EXIT = "run", "failed", "done", "exit"
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One rank's heartbeat as stored under ``sven/liveness/<attempt>/<rank>``.
+
+    Attributes:
+        step: The training step the rank last started (:meth:`DistContext.set_step`).
+        wall: The rank's wall clock (``time.time()``) when it wrote this beat.
+        seq: Beats written so far; it advances every interval while the process lives.
+        state: ``"run"``, ``"failed"``, ``"done"`` or ``"exit"``.
+        blame: The ranks this rank found missing (its verdict, with ``"done"``).
+        seen: The ``seq`` of the store host's beat this rank read last (-1: none).
+    """
+
+    step: int
+    wall: float
+    seq: int
+    state: str = _RUN
+    blame: tuple[int, ...] = ()
+    seen: int = -1
+
+    def encode(self) -> str:
+        """The stored text: ``"<step> <wall> <seq> <state> <blame,...|-> <seen>"``."""
+        blame = ",".join(map(str, self.blame)) or "-"
+        return f"{self.step} {self.wall:.3f} {self.seq} {self.state} {blame} {self.seen}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Beat:
+        """Parses :meth:`encode`'s text."""
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        step, wall, seq, state, blame, seen = text.split()
+        ranks = () if blame == "-" else tuple(int(r) for r in blame.split(","))
+        return cls(int(step), float(wall), int(seq), state, ranks, int(seen))
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Who is missing after a collective failed, as far as the heartbeats tell.
+
+    Attributes:
+        ranks: The ranks found dead, hung or gone (empty: none could be named).
+        reason: One clause per rank, e.g. ``"rank 2 died or hung (no heartbeat for
+            24 s; last at step 40)"``; empty when ``ranks`` is.
+    """
+
+    ranks: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def heartbeat_interval(timeout_s: float) -> float:
+    """Seconds between two heartbeats: ``min(2, timeout_s / 5)``.
+
+    Short enough that a diagnosis (a few intervals) fits well inside the collective
+    timeout, long enough to cost nothing (one small store write per interval).
+    """
+    return min(2.0, timeout_s / 5.0)
+
+
+class Liveness:
+    """A daemon thread writing this rank's :class:`Beat` to the rendezvous store.
+
+    The store is the TCPStore of the process group's rendezvous: hosted by rank 0
+    under a plain env:// launch (srun, mpirun, a hand-made one), by the torchrun agent
+    under torchrun. Every rank can reach it as long as its host lives, and the host
+    is the one thing a reader that cannot reach it needs to name. The main thread
+    only sets :attr:`step` (an int attribute; no collective, no I/O); the thread
+    writes on its own connection every ``interval_s`` and whenever the state changes.
+
+    After a collective failed, :meth:`diagnose` reads every rank's beats for a few
+    intervals and names the ranks whose beats stopped (dead, or frozen by SIGSTOP),
+    that left, or that are alive but behind the others' step (hung in Python).
+
+    Each beat also reads the host rank's beat (one key), so that its verdict is known
+    here even when the host has ended before this rank could ask: a rank waiting in
+    ``monitored_barrier`` for rank 0's release learns that rank 0 failed only when
+    rank 0's process exits, taking the store with it.
+
+    Args:
+        rank: This rank.
+        world_size: Number of ranks.
+        host: The store's host.
+        port: The store's port.
+        host_rank: The rank whose process hosts the store, or None (torchrun's agent).
+        interval_s: Seconds between beats.
+        prefix: Key prefix (one per start of the job, so a restarted torchrun attempt
+            does not read the beats of the previous one).
+        server: On the host rank, the store object; holding it keeps the server up
+            after the process group is destroyed, while the others still read.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        host: str,
+        port: int,
+        *,
+        host_rank: int | None,
+        interval_s: float,
+        prefix: str = "sven/liveness",
+        server: Any = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.port = port
+        self.host_rank = host_rank
+        self.interval_s = interval_s
+        self.prefix = prefix
+        self.step = 0
+        self.state = _RUN
+        self.blame: tuple[int, ...] = ()
+        self.store_error: str | None = None
+        self.host_beat: Beat | None = None
+        self._server = server
+        # seq of this (host) rank's first beat that carried its verdict.
+        self._verdict_seq: int | None = None
+        self._seq = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def window_s(self) -> float:
+        """How long :meth:`diagnose` watches for beats: a live rank writes twice in it."""
+        return 2.5 * self.interval_s + 0.5
+
+    def key(self, rank: int) -> str:
+        """The store key of ``rank``'s beat."""
+        return f"{self.prefix}/{rank}"
+
+    def _connect(self, timeout_s: float) -> dist.TCPStore:
+        return dist.TCPStore(
+            self.host,
+            self.port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+
+    def start(self) -> None:
+        """Starts the heartbeat thread (it writes its first beat at once)."""
+        self._thread = threading.Thread(target=self._run, name="sven-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            client = self._connect(max(2 * self.interval_s, 1.0))
+            host_key = None
+            if self.host_rank is not None and self.host_rank != self.rank:
+                host_key = self.key(self.host_rank)
+            while True:
+                stopping = self._stop.is_set()
+                seen = -1 if self.host_beat is None else self.host_beat.seq
+                state = self.state
+                beat = Beat(self.step, time.time(), self._seq, state, self.blame, seen)
+                client.set(self.key(self.rank), beat.encode())
+                if state == _DONE and self._verdict_seq is None:
+                    self._verdict_seq = self._seq
+                self._seq += 1
+                if host_key is not None and client.check([host_key]):
+                    self.host_beat = Beat.decode(client.get(host_key))
+                if stopping:
+                    return
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
+        except RuntimeError as err:  # DistStoreError, DistNetworkError
+            # The store's host is gone: the job is failing anyway, and retrying would
+            # only fill the log with the store client's warnings.
+            self.store_error = _first_line(err)
+
+    def mark(self, state: str, blame: Sequence[int] = ()) -> None:
+        """Sets this rank's state (and verdict) and has the thread write it now."""
+        self.state, self.blame = state, tuple(blame)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Writes a last beat (state ``"exit"`` unless a failure was seen) and joins."""
+        if self.state == _RUN:
+            self.state = _EXIT
+        if self._thread is not None:
+            self._stop.set()
+            self._wake.set()
+            # Bounded: a frozen store host would otherwise hold the exit up.
+            self._thread.join(timeout=max(2 * self.interval_s, 1.0) + 1.0)
+            self._thread = None
+        self._server = None
+
+    def _read(self, client: dist.TCPStore) -> dict[int, Beat | None]:
+        others = [r for r in range(self.world_size) if r != self.rank]
+        keys = [self.key(r) for r in others]
+        if client.check(keys):
+            present = dict(zip(others, client.multi_get(keys)))
+        else:
+            present = {r: client.get(k) for r, k in zip(others, keys) if client.check([k])}
+        return {r: Beat.decode(present[r]) if r in present else None for r in others}
+
+    def _store_gone(self, err: BaseException | str) -> Diagnosis:
+        text = err if isinstance(err, str) else _first_line(err)
+        where = f"{self.host}:{self.port}"
+        if self.host_rank is None:
+            return Diagnosis((), f"the rendezvous store at {where} does not answer ({text})")
+        if self.host_rank == self.rank:
+            return Diagnosis()
+        host = self.host_beat
+        if host is not None and host.state == _DONE:
+            # The host posted a verdict, then ended (as it does after a failure).
+            ranks = tuple(r for r in host.blame if r != self.rank)
+            if ranks:
+                return Diagnosis(
+                    ranks,
+                    "; ".join(
+                        f"rank {r} did not answer (rank {self.host_rank} says)" for r in ranks
+                    ),
+                )
+        return Diagnosis(
+            (self.host_rank,),
+            f"rank {self.host_rank} died or hung (the rendezvous store it hosts at {where} "
+            "does not answer)",
+        )
+
+    def diagnose(self) -> Diagnosis:
+        """Names the ranks that are gone, from their beats over :attr:`window_s`.
+
+        A rank is named when its beats stop advancing (dead, or frozen), when it is
+        missing or has left (state ``"exit"``), or when it is alive but its step is
+        behind the highest one (hung in Python); a rank that saw the failure itself
+        is a survivor. Without such a rank, the verdicts the other survivors posted
+        are used, then the live ranks that never saw the failure.
+
+        Returns:
+            The diagnosis; an unreachable store names its host rank.
+        """
+        if self.store_error is not None:
+            # The heartbeat thread already lost the store (its host closed it).
+            return self._store_gone(self.store_error)
+        try:
+            # A plain connect first: the store client retries a refused connection until
+            # its timeout, logging a stack trace on every try.
+            with socket.create_connection((self.host, self.port), timeout=2.0):
+                pass
+        except OSError as err:
+            return self._store_gone(str(err))
+        try:
+            client = self._connect(min(self.window_s, 5.0))
+            first = self._read(client)
+            deadline = time.monotonic() + self.window_s
+            cur = first
+            while time.monotonic() < deadline:
+                # A survivor says so at once; a dead rank only by the silence of a window.
+                if all(b is not None and b.state != _RUN for b in cur.values()):
+                    break
+                time.sleep(min(0.25, self.interval_s / 2))
+                cur = self._read(client)
+        except RuntimeError as err:
+            return self._store_gone(err)
+        now = time.time()
+
+        def alive(r: int, b: Beat) -> bool:
+            # A survivor says so; a rank still running proves it lives by a new beat.
+            if b.state in (_FAILED, _DONE):
+                return True
+            before = first[r]
+            return b.state == _RUN and before is not None and b.seq != before.seq
+
+        live = {r: b for r, b in cur.items() if b is not None and alive(r, b)}
+        top = max([self.step, *(b.step for b in live.values())])
+        named: dict[int, str] = {}
+        for r, b in cur.items():
+            if b is None:
+                named[r] = f"rank {r} died or hung (it never wrote a heartbeat)"
+            elif b.state == _EXIT:
+                named[r] = f"rank {r} left the job (its process ended; see its log)"
+            elif r not in live:
+                age = max(now - b.wall, 0.0)
+                named[r] = (
+                    f"rank {r} died or hung (no heartbeat for {age:.0f} s; last at step {b.step})"
+                )
+            elif b.state == _RUN and b.step < top:
+                named[r] = f"rank {r} hung (alive, but at step {b.step} while others reached {top})"
+        if not named:
+            # Nothing to see from here (e.g. the missing rank came back): trust a survivor
+            # that saw more, then the live ranks that never saw the failure.
+            for q, b in cur.items():
+                if b is not None and b.state == _DONE:
+                    for r in b.blame:
+                        if r != self.rank:
+                            named.setdefault(r, f"rank {r} did not answer (rank {q} says)")
+        if not named:
+            named = {
+                r: f"rank {r} did not answer (alive, but it did not see the failure: hung?)"
+                for r, b in live.items()
+                if b.state == _RUN
+            }
+        ranks = tuple(sorted(named))
+        return Diagnosis(ranks, "; ".join(named[r] for r in ranks))
+
+    def linger(self, skip: Sequence[int] = ()) -> None:
+        """On the store's host: waits until the other survivors know what it found.
+
+        Their diagnosis reads this process's store; exiting at once would make them
+        name this rank instead of the missing one. Waits until each has posted its own
+        verdict or has read this rank's, for two diagnosis windows at most.
+        """
+        if self.host_rank != self.rank or self._server is None:
+            return
+        others = [r for r in range(self.world_size) if r != self.rank and r not in skip]
+        deadline = time.monotonic() + 2 * self.window_s + 2.0
+
+        def informed(b: Beat | None) -> bool:
+            if b is None:
+                return False
+            mine = self._verdict_seq
+            return b.state in (_DONE, _EXIT) or (mine is not None and b.seen >= mine)
+
+        try:
+            client = self._connect(min(self.window_s, 5.0))
+            while time.monotonic() < deadline:
+                beats = self._read(client)
+                if all(informed(beats[r]) for r in others):
+                    return
+                time.sleep(0.1)
+        except RuntimeError:
+            return
+
+
+def _store_address() -> tuple[str, int, Any] | None:
+    """(host, port, store) of the default group's rendezvous TCPStore, if it is one."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if not isinstance(store, dist.TCPStore):
+        return None
+    return store.host, int(store.port), store
+
+
+def _start_liveness(rank: int, world_size: int, timeout_s: float) -> Liveness | None:
+    """A started :class:`Liveness` on the default group's store, or None without one."""
+    if world_size < 2:
+        return None
+    found = _store_address()
+    if found is None:
+        return None
+    host, port, store = found
+    # torchrun's workers join the agent's store (TORCHELASTIC_USE_AGENT_STORE); every
+    # other env:// rendezvous runs the store's server inside rank 0.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    host_rank = None if agent else 0
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    live = Liveness(
+        rank,
+        world_size,
+        host,
+        port,
+        host_rank=host_rank,
+        interval_s=heartbeat_interval(timeout_s),
+        prefix=f"sven/liveness/{attempt}",
+        server=store if host_rank == rank else None,
+    )
+    live.start()
+    return live
+
+
 @dataclass
 class DistContext:
     """This process's place in the job, and the process group's lifetime.
@@ -504,6 +881,8 @@ class DistContext:
         timeout_s: Collective timeout of the process group, seconds.
         health_group: The gloo group for :func:`barrier_or_die` (None: the default
             group, which is gloo itself).
+        liveness: This rank's heartbeat in the rendezvous store (None on one process,
+            or where the rendezvous is not a TCPStore).
     """
 
     rank: int
@@ -516,6 +895,7 @@ class DistContext:
     info: LaunchInfo
     timeout_s: float = DEFAULT_TIMEOUT_S
     health_group: dist.ProcessGroup | None = None
+    liveness: Liveness | None = field(default=None, repr=False)
     _owns_group: bool = field(default=False, repr=False)
     _saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
 
@@ -543,15 +923,63 @@ class DistContext:
         """:func:`barrier_or_die` on this context."""
         barrier_or_die(self, what, timeout_s)
 
+    def set_step(self, step: int) -> None:
+        """Records the training step this rank starts, for its heartbeat (no I/O)."""
+        if self.liveness is not None:
+            self.liveness.step = step
+
+    def diagnose_failure(self) -> Diagnosis:
+        """After a collective failed: who is missing, from the ranks' heartbeats.
+
+        Says "failed" in this rank's heartbeat (so the others do not name it), destroys
+        the process group this context created (which breaks the collectives that other
+        survivors wait in, so that they find out now rather than at their timeout),
+        reads the heartbeats for a few intervals (:meth:`Liveness.diagnose`) and posts
+        the verdict. Takes about ``2.5 * heartbeat_interval(timeout_s)`` seconds.
+
+        Returns:
+            The diagnosis (empty without heartbeats).
+        """
+        lv = self.liveness
+        if lv is not None:
+            lv.mark(_FAILED)
+        self._abort_group()
+        if lv is None:
+            return Diagnosis()
+        diag = lv.diagnose()
+        lv.mark(_DONE, diag.ranks)
+        return diag
+
+    def record_failure(self, ranks: Sequence[int]) -> None:
+        """Posts a verdict found otherwise (e.g. by ``monitored_barrier``) and aborts."""
+        if self.liveness is not None:
+            self.liveness.mark(_DONE, ranks)
+        self._abort_group()
+
+    def _abort_group(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except RuntimeError:
+                pass  # already broken; the exit that follows frees what is left
+
     def teardown(self) -> None:
         """Destroys the process group this context created; safe to call twice.
 
-        Also puts back the env:// variables that :func:`init_distributed` set, so a
-        later launch detection in this process is not misled by them.
+        Stops the heartbeat. After a failure, the rank hosting the rendezvous store
+        first waits (a few seconds at most) for the other survivors' verdicts, which
+        they read from that store. Also puts back the env:// variables that
+        :func:`init_distributed` set, so a later launch detection in this process is
+        not misled by them.
         """
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        lv = self.liveness
+        self._abort_group()
         self._owns_group = False
+        if lv is not None:
+            if lv.state in (_FAILED, _DONE):
+                lv.linger(skip=lv.blame)
+            lv.stop()
+            self.liveness = None
         _restore_env(self._saved_env)
         self._saved_env = {}
 
@@ -644,7 +1072,9 @@ def init_distributed(
         existing = dist.get_backend()
         timeout = timedelta(seconds=timeout_s)
         health = dist.new_group(backend="gloo", timeout=timeout) if existing != "gloo" else None
-        return context(existing, info, owns=False, health=health)
+        ctx = context(existing, info, owns=False, health=health)
+        ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
+        return ctx
     if info.world_size == 1 and not force_group:
         return context("none", info, owns=False)
     if not dist.is_available():
@@ -689,7 +1119,9 @@ def init_distributed(
         ) from err
     # monitored_barrier, which names missing ranks, exists only in gloo.
     health = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-    return context(backend, info, owns=True, health=health, saved=saved)
+    ctx = context(backend, info, owns=True, health=health, saved=saved)
+    ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
+    return ctx
 
 
 def _first_line(err: BaseException) -> str:
@@ -705,9 +1137,11 @@ def _missing_ranks(message: str) -> list[int]:
 def barrier_or_die(ctx: DistContext, what: str, timeout_s: float | None = None) -> None:
     """Waits for every rank; raises a DistError naming those that did not come.
 
-    Rank 0 collects all ranks (gloo's ``monitored_barrier`` with ``wait_all_ranks``);
-    the other ranks wait for rank 0's release, so on them the error names rank 0.
-    After a failure the process group is unusable: tear down and exit.
+    Rank 0 collects all ranks (gloo's ``monitored_barrier`` with ``wait_all_ranks``),
+    which names the missing ones; the other ranks wait for rank 0's release and, when
+    it does not come, name the ranks whose heartbeats say they are gone
+    (:meth:`DistContext.diagnose_failure`), else rank 0. After a failure the process
+    group is destroyed: tear down and exit.
 
     Args:
         ctx: The context from :func:`init_distributed`.
@@ -727,8 +1161,14 @@ def barrier_or_die(ctx: DistContext, what: str, timeout_s: float | None = None) 
     except RuntimeError as err:
         missing = _missing_ranks(str(err))
         if missing:
+            ctx.record_failure(missing)
             who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
             msg = f"{who} did not answer within {wait:g} s (at {what!r})"
+        elif (diag := ctx.diagnose_failure()).ranks:
+            # Only rank 0's monitored_barrier sees who is missing; the others ask the
+            # heartbeats rather than blame rank 0 for not releasing them.
+            missing = list(diag.ranks)
+            msg = f"{diag.reason} (at {what!r}, a barrier of {wait:g} s)"
         elif ctx.rank != 0:
             missing = [0]
             msg = (

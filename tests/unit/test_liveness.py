@@ -1,0 +1,140 @@
+"""Heartbeats and the diagnosis of who is missing (sven.dist.Liveness), on one process.
+
+A TCPStore served by the test stands in for the rendezvous store; the other ranks'
+beats are written by hand (or by a thread that keeps them fresh), so each verdict is
+checked without starting any rank.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from sven.dist import Beat, Liveness, free_port, heartbeat_interval
+
+INTERVAL_S = 0.1
+
+
+@pytest.fixture
+def store() -> Iterator[dist.TCPStore]:
+    server = dist.TCPStore(
+        "127.0.0.1",
+        free_port(),
+        is_master=True,
+        timeout=timedelta(seconds=5),
+        wait_for_workers=False,
+    )
+    yield server
+
+
+def _liveness(store: dist.TCPStore, rank: int, world_size: int, **kw) -> Liveness:
+    kw.setdefault("host_rank", 0)
+    return Liveness(
+        rank, world_size, "127.0.0.1", store.port, interval_s=INTERVAL_S, prefix="t", **kw
+    )
+
+
+class _Beating:
+    """Keeps other ranks' beats advancing, as their heartbeat threads would."""
+
+    def __init__(self, store: dist.TCPStore, beats: dict[int, Beat]) -> None:
+        self.store, self.beats = store, beats
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client = dist.TCPStore(
+            "127.0.0.1", self.store.port, is_master=False, wait_for_workers=False
+        )
+        seq = 0
+        while not self.stop.is_set():
+            for r, b in self.beats.items():
+                client.set(f"t/{r}", Beat(b.step, time.time(), seq, b.state, b.blame).encode())
+            seq += 1
+            self.stop.wait(INTERVAL_S / 2)
+
+    def __enter__(self) -> _Beating:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_beat_round_trip_and_interval() -> None:
+    b = Beat(40, 1234.5, 7, "done", (2, 3), 12)
+    assert Beat.decode(b.encode().encode()) == b
+    assert Beat.decode(Beat(0, 1.0, 0).encode()) == Beat(0, 1.0, 0, "run", (), -1)
+    assert heartbeat_interval(600) == 2.0 and heartbeat_interval(5) == 1.0
+
+
+def test_heartbeat_thread_writes_step_and_final_state(store) -> None:
+    store.set("t/0", Beat(12, time.time(), 33, "done", (2,)).encode())
+    lv = _liveness(store, 1, 3)
+    lv.start()
+    lv.step = 12
+    time.sleep(3 * INTERVAL_S)
+    beat = Beat.decode(store.get("t/1"))
+    # It also read the host's beat, and says which one it read.
+    assert beat.step == 12 and beat.seen == 33 and lv.host_beat.blame == (2,)
+    lv.stop()
+    last = Beat.decode(store.get("t/1"))
+    assert last.state == "exit" and last.step == 12
+
+
+def test_a_silent_rank_is_named_with_its_last_step(store) -> None:
+    # Rank 2 wrote one beat at step 40 and nothing since; rank 1 lives, rank 3 saw the
+    # failure too.
+    store.set("t/2", Beat(40, time.time() - 24, 5).encode())
+    with _Beating(store, {1: Beat(41, 0, 0), 3: Beat(41, 0, 0, "failed")}):
+        lv = _liveness(store, 0, 4)
+        lv.step = 41
+        diag = lv.diagnose()
+    assert diag.ranks == (2,)
+    assert diag.reason.startswith("rank 2 died or hung (no heartbeat for 2")
+    assert "last at step 40" in diag.reason
+
+
+def test_a_live_rank_behind_the_others_is_named_as_hung(store) -> None:
+    with _Beating(store, {1: Beat(41, 0, 0, "failed"), 2: Beat(38, 0, 0)}):
+        lv = _liveness(store, 0, 3)
+        lv.step = 41
+        diag = lv.diagnose()
+    assert diag.ranks == (2,) and "rank 2 hung (alive, but at step 38" in diag.reason
+
+
+def test_missing_and_departed_ranks_are_named(store) -> None:
+    store.set("t/1", Beat(3, time.time(), 9, "exit").encode())
+    lv = _liveness(store, 0, 3)
+    diag = lv.diagnose()
+    assert diag.ranks == (1, 2)
+    assert "rank 1 left the job" in diag.reason and "rank 2 died or hung (it never" in diag.reason
+
+
+def test_survivors_only_adopt_a_verdict(store) -> None:
+    # Nothing wrong in sight from rank 1, but rank 0 found rank 2 missing.
+    with _Beating(store, {0: Beat(5, 0, 0, "done", (2,)), 2: Beat(5, 0, 0, "failed")}):
+        diag = _liveness(store, 1, 3).diagnose()
+    assert diag.ranks == (2,) and "rank 0 says" in diag.reason
+
+
+def test_an_unreachable_store_names_its_host() -> None:
+    lv = Liveness(2, 4, "127.0.0.1", free_port(), host_rank=0, interval_s=INTERVAL_S, prefix="t")
+    start = time.monotonic()
+    diag = lv.diagnose()
+    assert diag.ranks == (0,) and "rendezvous store it hosts" in diag.reason
+    assert time.monotonic() - start < 3
+    # The host's last beat, read while it lived, carried a verdict: it ended after a
+    # failure it found, so the rank it named is the one missing.
+    lv.host_beat = Beat(7, time.time(), 50, "done", (3,))
+    diag = lv.diagnose()
+    assert diag.ranks == (3,) and diag.reason == "rank 3 did not answer (rank 0 says)"
+    # Under torchrun the agent hosts it: no rank to name.
+    lv.host_rank = None
+    assert lv.diagnose().ranks == ()
