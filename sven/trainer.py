@@ -103,6 +103,9 @@ class Trainer:
         >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
     """
 
+    # Where training is, for failure messages.
+    _where: str = "start"
+
     def __init__(
         self, config: Config | dict | str | Path | None = None, overrides: list[str] | None = None
     ):
@@ -628,18 +631,23 @@ class Trainer:
             from sven.dist import DistError
 
             # A peer died or hung inside a collective; gloo/NCCL then raise a bare
-            # RuntimeError. Turn it into one line with where it happened (exit code 4).
+            # RuntimeError that does not say which. The heartbeats do (sven.dist).
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            # With two ranks the one that failed is the other one; beyond, the collective
-            # does not say which.
-            peers = [1 - self.rank] if self.world_size == 2 else []
-            who = f"rank {peers[0]}" if peers else "another rank"
+            diag = self.ctx.diagnose_failure()
+            peers = list(diag.ranks)
+            timeout = self.cfg.dist.timeout_s
+            if peers:
+                who = diag.reason
+            elif self.world_size == 2:
+                peers = [1 - self.rank]
+                who = f"rank {peers[0]} died or did not answer within {timeout:.0f} s, see its log"
+            else:
+                who = f"another rank died or did not answer within {timeout:.0f} s, see the logs"
             raise DistError(
-                f"rank {self.rank}: a collective failed ({first}); {who} died or did not answer "
-                f"within {self.cfg.dist.timeout_s:.0f} s, see its log. The last complete "
-                f"checkpoint is intact: rerun with train.resume=true",
+                f"rank {self.rank}: a collective failed at {self._where} ({first}); {who}. "
+                "The last complete checkpoint is intact: rerun with train.resume=true",
                 ranks=peers,
-                what="training",
+                what=self._where,
             ) from exc
         finally:
             self.ctx.teardown()
@@ -714,6 +722,8 @@ class Trainer:
             )
             for i in range(start_batch, last):
                 t0 = time.perf_counter()
+                self._where = f"epoch {epoch} batch {i}"
+                self.ctx.set_step(progress["global_step"])
                 g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
                 batch = self._batch(self._event_index(g_lo, g_hi), g_lo, epoch, tc.num_neg)
                 loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
@@ -736,6 +746,7 @@ class Trainer:
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
             comm = self._comm_line()
+            self._where = f"epoch {epoch} validation"
             val = self.split_metrics("val", self.evaluate("val"))
             line = {
                 "epoch": epoch,
@@ -776,6 +787,7 @@ class Trainer:
             raise SvenError(f"no valid best model under {self.best.root}")
         best = self._load_shard(self.best, step)
         self.model.load_state_dict(best["model"])
+        self._where = "test"
         test = self.split_metrics("test", self.evaluate("test"))
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(best["epoch"], {})

@@ -413,6 +413,29 @@ def torchrun_cmd(nproc: int = 2) -> list[str]:
     ]
 
 
+def start_rank(
+    rank: int, world_size: int, port: int, args: Sequence[str], log: Path
+) -> subprocess.Popen:
+    """Starts ``sven ARGS`` as one rank of an env:// launch, output to ``log``.
+
+    No launcher agent: torchrun would kill the other ranks itself when one dies, and
+    hide how Sven behaves.
+    """
+    env = sven_env()
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    with open(log, "w") as f:
+        return subprocess.Popen(
+            [str(VENV_BIN / "sven"), *args], env=env, stdout=f, stderr=subprocess.STDOUT
+        )
+
+
 def run_checked(cmd: Sequence[str], *, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
     """Runs a command; an exit other than 0 fails with its whole output."""
     kw.setdefault("env", sven_env())
