@@ -1010,7 +1010,8 @@ def init_distributed(
 
     Sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
     ``LOCAL_WORLD_SIZE`` in ``os.environ`` for the env:// rendezvous (and for any
-    library that reads them), pins ``cuda:<local_rank>`` under NCCL, and under NCCL
+    library that reads them), pins ``cuda:<local_rank>`` under NCCL (whose default
+    group also carries gloo for CPU tensors, see :func:`group_backend`), and under NCCL
     also creates a gloo group for :func:`barrier_or_die`. If a process group already
     exists (a test harness made it), the context adopts it and leaves it alone on
     teardown.
@@ -1103,7 +1104,7 @@ def init_distributed(
     timeout = timedelta(seconds=timeout_s)
     try:
         dist.init_process_group(
-            backend,
+            group_backend(backend),
             init_method="env://",
             rank=info.rank,
             world_size=info.world_size,
@@ -1122,6 +1123,19 @@ def init_distributed(
     ctx = context(backend, info, owns=True, health=health, saved=saved)
     ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
     return ctx
+
+
+def group_backend(backend: str) -> str:
+    """The backend string of the default process group for ``backend``.
+
+    NCCL moves CUDA tensors only: a collective on a CPU tensor (rank 0's partition
+    arrays, a counter built on the host) fails in a group that is NCCL alone ("No
+    backend type associated with device type cpu"). Under NCCL the group therefore
+    carries gloo for CPU tensors too, and each collective goes where its tensor lives;
+    object collectives (``broadcast_object_list``) then travel through gloo without a
+    round trip through the GPU.
+    """
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def _first_line(err: BaseException) -> str:
@@ -1219,6 +1233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ctx.is_main:
                 print(ctx.describe(), flush=True)
             total = allreduce_sum_(torch.full((1,), ctx.rank + 1.0, device=ctx.device))
+            # A host tensor too: under NCCL it must find the group's gloo side.
+            host = allreduce_sum_(torch.full((1,), ctx.rank + 1.0))
             barrier_or_die(ctx, "sven.dist self-check")
             expected = ctx.world_size * (ctx.world_size + 1) / 2
             print(
@@ -1227,7 +1243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"host={socket.gethostname()} allreduce={total.item():g}",
                 flush=True,
             )
-            return 0 if total.item() == expected else 1
+            return 0 if total.item() == host.item() == expected else 1
     except SvenError as err:
         print(f"sven.dist: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -562,7 +562,9 @@ class Trainer:
         return {"torch": torch.get_rng_state()}
 
     def _set_rng_state(self, s: dict[str, Any]) -> None:
-        torch.set_rng_state(s["torch"])
+        # Shards load onto the run's device, but torch's RNG state must be a CPU tensor
+        # (on a GPU run, resume otherwise fails: "RNG state must be a torch.ByteTensor").
+        torch.set_rng_state(s["torch"].cpu())
 
     def _shard_file(self) -> dict[str, Any]:
         return {

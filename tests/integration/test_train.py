@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import sven
 from sven.cli import main
@@ -19,6 +20,19 @@ METRIC_KEYS = (
     "test_ap_inductive",
     "test_auc_inductive",
 )
+
+# On a GPU, checkpoints load onto the device with every tensor in them (RNG states
+# included): the cuda cases catch host-only pieces. They run with ``pytest -m gpu``.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +107,10 @@ def test_memory_model_learns_synthetic(tmp_path) -> None:
     assert summary["test_ap"] > 0.62
 
 
-def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys) -> None:
-    assert main(["train", "--quiet", *_overrides(store, tmp_path)]) == 0
+@pytest.mark.parametrize("device", DEVICES)
+def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys, device: str) -> None:
+    over = _overrides(store, tmp_path, f"train.device={device}")
+    assert main(["train", "--quiet", *over]) == 0
     assert "test AP" in capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert main(["eval", "--checkpoint", str(tmp_path), "--json"]) == 0
@@ -103,8 +119,14 @@ def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys) -> None:
     assert res["test_auc_inductive"] == summary["test_auc_inductive"]
 
 
-def test_resume_after_interrupt_is_exact(store: str, tmp_path) -> None:
-    extra = ("train.checkpoint_every=4", "model.dropout=0.1", "model.sampling=uniform")
+@pytest.mark.parametrize("device", DEVICES)
+def test_resume_after_interrupt_is_exact(store: str, tmp_path, device: str) -> None:
+    extra = (
+        "train.checkpoint_every=4",
+        "model.dropout=0.1",
+        "model.sampling=uniform",
+        f"train.device={device}",
+    )
     ref = sven.Trainer(None, _overrides(store, tmp_path / "ref", *extra)).fit()
 
     class Interrupted(Exception):

@@ -280,3 +280,44 @@ def test_bad_backend_and_device() -> None:
         init_distributed("mpi", environ={}, device="cpu")
     with pytest.raises(DistError, match="needs a CUDA device"):
         init_distributed("nccl", environ={}, device="cpu")
+
+
+def test_nccl_group_also_carries_gloo_for_host_tensors(monkeypatch) -> None:
+    """Under NCCL, collectives on CPU tensors (the partition arrays rank 0 broadcasts,
+    object collectives) need a CPU backend in the default group: NCCL alone raises
+    "No backend type associated with device type cpu". Checked without a GPU by
+    recording what init_distributed asks torch for."""
+    assert sdist.group_backend("nccl") == "cpu:gloo,cuda:nccl"
+    assert sdist.group_backend("gloo") == "gloo"
+    asked: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_init(backend, **kwargs):
+        asked.update(backend=backend, **kwargs)
+        raise Stop
+
+    monkeypatch.setattr(sdist, "_pick_device", lambda device, info: torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
+    monkeypatch.setattr(dist, "init_process_group", fake_init)
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        with pytest.raises(Stop):
+            init_distributed("nccl", environ=env, device="cuda")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert asked["backend"] == "cpu:gloo,cuda:nccl"
+    assert asked["device_id"] == torch.device("cuda", 1)
