@@ -790,22 +790,27 @@ class Liveness:
         return Diagnosis(ranks, "; ".join(named[r] for r in ranks))
 
     def linger(self, skip: Sequence[int] = ()) -> None:
-        """On the store's host: waits until the other survivors know what it found.
+        """On the store's host: waits until the other ranks are done with the store.
 
-        Their diagnosis reads this process's store; exiting at once would make them
-        name this rank instead of the missing one. Waits until each has posted its own
-        verdict or has read this rank's, for two diagnosis windows at most.
+        The store ends with this process. After a failure the survivors' diagnosis
+        reads it, and exiting at once would make them name this rank instead of the
+        missing one: wait until each has posted its verdict or read this rank's. At a
+        normal end, wait until each has written its last beat, so that none of their
+        heartbeat threads meets a closed store. Two diagnosis windows at most.
         """
         if self.host_rank != self.rank or self._server is None:
             return
         others = [r for r in range(self.world_size) if r != self.rank and r not in skip]
         deadline = time.monotonic() + 2 * self.window_s + 2.0
+        failed = self.state in (_FAILED, _DONE)
 
         def informed(b: Beat | None) -> bool:
             if b is None:
                 return False
             mine = self._verdict_seq
-            return b.state in (_DONE, _EXIT) or (mine is not None and b.seen >= mine)
+            if b.state in (_DONE, _EXIT):
+                return True
+            return failed and mine is not None and b.seen >= mine
 
         try:
             client = self._connect(min(self.window_s, 5.0))
@@ -966,18 +971,21 @@ class DistContext:
     def teardown(self) -> None:
         """Destroys the process group this context created; safe to call twice.
 
-        Stops the heartbeat. After a failure, the rank hosting the rendezvous store
-        first waits (a few seconds at most) for the other survivors' verdicts, which
-        they read from that store. Also puts back the env:// variables that
-        :func:`init_distributed` set, so a later launch detection in this process is
-        not misled by them.
+        Stops the heartbeat. The rank hosting the rendezvous store first waits (a few
+        seconds at most) until the other ranks are done with that store: after a
+        failure, until they know its verdict; else until they wrote their last beat.
+        Also puts back the env:// variables that :func:`init_distributed` set, so a
+        later launch detection in this process is not misled by them.
         """
         lv = self.liveness
+        if lv is not None and lv.state == _RUN:
+            # Before the group goes: a rank that fails on it then reads that this one
+            # left rather than that it hangs.
+            lv.mark(_EXIT)
         self._abort_group()
         self._owns_group = False
         if lv is not None:
-            if lv.state in (_FAILED, _DONE):
-                lv.linger(skip=lv.blame)
+            lv.linger(skip=lv.blame)
             lv.stop()
             self.liveness = None
         _restore_env(self._saved_env)
