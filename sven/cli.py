@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except SvenError as exc:
-        print(f"sven: error: {exc}", file=sys.stderr)
+        if not exc.quiet:
+            print(f"sven: {exc.prefix}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("sven: interrupted", file=sys.stderr)

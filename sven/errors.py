@@ -1,4 +1,21 @@
-"""Errors that the CLI reports as a one-line message and a non-zero exit, never a traceback."""
+"""Errors that the CLI reports as a one-line message and a non-zero exit, never a traceback.
+
+Exit codes of ``sven``:
+
+=====  ==========================================================================
+0      success
+1      :class:`SvenError` (other expected errors, e.g. no valid checkpoint)
+2      :class:`ConfigError`: a bad configuration or override; rerunning fails again
+3      :class:`DataError`: bad input data; rerunning fails again
+4      :class:`sven.dist.DistError`: a launch that cannot start, or a rank that died
+       or hung; the last complete checkpoint is intact
+75     :class:`Stopped`: training stopped on SIGTERM or SIGUSR1 after a checkpoint
+       (``EX_TEMPFAIL``: try again); ``train.resume=true`` continues exactly
+130    interrupted by Ctrl-C (SIGINT)
+=====  ==========================================================================
+
+``slurm/train.sbatch`` requeues the job on 75 and after failures, never on 2 or 3.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +25,13 @@ class SvenError(Exception):
 
     Attributes:
         exit_code: Process exit code the CLI returns for this error.
+        prefix: What the CLI writes between ``sven:`` and the message.
+        quiet: The CLI writes nothing (another rank reports for this one).
     """
 
     exit_code: int = 1
+    prefix: str = "error: "
+    quiet: bool = False
 
 
 class DataError(SvenError, ValueError):
@@ -32,3 +53,27 @@ class ConfigError(SvenError, ValueError):
     """An invalid configuration value or override."""
 
     exit_code = 2
+
+
+class Stopped(SvenError):
+    """Training stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint.
+
+    Not a failure: every rank stopped after the same step and wrote its part of the
+    checkpoint, and rerunning with ``train.resume=true`` continues exactly as if the
+    run had not stopped. Only rank 0 reports it.
+
+    Attributes:
+        signal_name: The signal that asked for the stop, e.g. ``"SIGTERM"``.
+        checkpoint: The checkpoint folder written at the stop.
+    """
+
+    exit_code = 75
+    prefix = ""
+
+    def __init__(
+        self, message: str, signal_name: str, checkpoint: object, quiet: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+        self.checkpoint = str(checkpoint)
+        self.quiet = quiet

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 
 import torch
 
-from sven.errors import ConfigError
+from sven.errors import ConfigError, Stopped
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,13 +35,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from sven.trainer import Trainer
+    from sven.trainer import STOP_SIGNALS, Trainer
 
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
     trainer = Trainer(args.config, overrides)
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except Stopped:
+        # The checkpoint is written and fit() has put the old handlers back. A late
+        # SIGTERM (srun ends the other tasks of a step with one as soon as one task
+        # exits non-zero) must not turn this exit code into a death by signal.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        raise
     if trainer.rank != 0:
         return 0
     from sven.trainer import _fmt

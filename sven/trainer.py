@@ -20,8 +20,11 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from tqdm import tqdm
 
 from sven.checkpoint import Checkpointer
 from sven.config import Config, dump_config, load_config
-from sven.errors import ConfigError, SvenError
+from sven.errors import ConfigError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
 from sven.pipeline.batch import Batch, make_batch
@@ -45,6 +48,9 @@ from sven.pipeline.negatives import sample_negatives
 _EVAL_STREAM = {"train": (1 << 20) + 2, "val": 1 << 20, "test": (1 << 20) + 1}
 _MRR_STREAM = {"train": (1 << 21) + 2, "val": 1 << 21, "test": (1 << 21) + 1}
 _SPLITS = ("train", "val", "test")
+# Signals that stop training after the current step with a checkpoint: scancel and
+# preemption send SIGTERM; SLURM's --signal=USR1@N warns N seconds before the time limit.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @dataclass
@@ -103,6 +109,11 @@ class Trainer:
         >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
     """
 
+    # A stop signal this process received (set by the handler fit() installs), and
+    # the all-ranks vote on it from the last step's gradient all-reduce (a tensor, read
+    # only after the loss's own host sync).
+    _stop_signal: int | None = None
+    _stop_votes: torch.Tensor | None = None
     # Where training is, for failure messages.
     _where: str = "start"
 
@@ -426,11 +437,16 @@ class Trainer:
         Plain sum, not DDP's mean: each rank already divides by the global prediction
         count. One bucket also serves ranks with an empty share of the batch, which
         DDP's forward hooks would not. A parameter without gradient on every rank stays
-        without one (Adam then skips it, as in one process).
+        without one (Adam then skips it, as in one process). One more element carries
+        this rank's stop signal (:func:`_stop_vote`), so that every rank learns of a
+        signal any rank got after the same step, without a collective of its own.
         """
         params = list(self.model.parameters())
         has = torch.tensor(
             [p.grad is not None for p in params], dtype=self.dtype, device=self.device
+        )
+        vote = torch.tensor(
+            [_stop_vote(self._stop_signal, self.world_size)], dtype=self.dtype, device=self.device
         )
         flat = torch.cat(
             [
@@ -439,7 +455,7 @@ class Trainer:
                 else torch.zeros(p.numel(), dtype=self.dtype, device=self.device)
                 for p in params
             ]
-            + [has, loss.to(self.dtype).reshape(1)]
+            + [has, vote, loss.to(self.dtype).reshape(1)]
         )
         dist.all_reduce(flat)
         p_count = self.world_size
@@ -449,7 +465,8 @@ class Trainer:
         )
         off = 0
         n_par = len(params)
-        has_all = flat[-1 - n_par : -1]
+        has_all = flat[-2 - n_par : -2]
+        self._stop_votes = flat[-2]
         for i, p in enumerate(params):
             n = p.numel()
             p.grad = flat[off : off + n].view_as(p).clone() if has_all[i] > 0 else None
@@ -622,9 +639,18 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Trains with early stopping on val AP, then evaluates the best model on test.
 
+        SIGTERM and SIGUSR1 (:data:`STOP_SIGNALS`) stop training after the step that
+        follows them, on every rank at the same step, with a checkpoint; the previous
+        handlers are back when fit returns.
+
         Returns:
             The summary (also written to ``<out>/summary.json`` by rank 0).
+
+        Raises:
+            Stopped: A stop signal arrived; the checkpoint is written (exit code 75).
+            DistError: A rank died or hung; the message names it (exit code 4).
         """
+        restore = self._catch_stop_signals()
         try:
             return self._fit()
         except RuntimeError as exc:
@@ -652,7 +678,74 @@ class Trainer:
                 what=self._where,
             ) from exc
         finally:
-            self.ctx.teardown()
+            try:
+                self.ctx.teardown()
+            finally:
+                # After the teardown: a SIGTERM that srun sends once another rank has
+                # exited must not kill this one halfway through.
+                restore()
+
+    def _catch_stop_signals(self) -> Callable[[], None]:
+        """Makes SIGTERM/SIGUSR1 set a flag; returns what puts the old handlers back.
+
+        Only the main thread may install handlers; elsewhere (a Trainer run in a
+        thread) signals keep their handlers and training cannot be stopped by them.
+        """
+        self._stop_signal = None
+        self._stop_votes = None
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_signal(signum: int, frame: object) -> None:
+            # Only a flag: the step boundary where all ranks agree is the train loop's.
+            if self._stop_signal is None:
+                self._stop_signal = signum
+
+        old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+
+        def restore() -> None:
+            for s, handler in old.items():
+                # None: installed from C; the default is the closest we can put back.
+                signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+        return restore
+
+    def _stop_requested(self) -> int:
+        """The stop signal all ranks agreed on after the last step, or 0."""
+        if self.world_size == 1:
+            return self._stop_signal or 0
+        if self._stop_votes is None:
+            return 0
+        got = _stop_from_votes(round(self._stop_votes.item()), self.world_size)
+        # Rank 0 speaks for all: name its own signal where it had one.
+        return (self._stop_signal or got) if got else 0
+
+    def _stop(
+        self,
+        signum: int,
+        epoch: int,
+        next_batch: int,
+        last: int,
+        progress: dict[str, Any],
+        saved: bool,
+    ) -> Stopped:
+        """Writes the stop checkpoint (unless this step's periodic one is it).
+
+        Returns:
+            The :class:`Stopped` to raise, which says where and what was written.
+        """
+        step = progress["global_step"]
+        if not saved:
+            self._save(self.checkpointer, step, self._state(epoch, next_batch, progress))
+        name = signal.Signals(signum).name
+        path = self.checkpointer.path(step)
+        return Stopped(
+            f"stopped by {name} at epoch {epoch} step {step} (batch {next_batch} of {last}); "
+            f"checkpoint {path}; rerun with train.resume=true",
+            signal_name=name,
+            checkpoint=path,
+            quiet=self.rank != 0,
+        )
 
     def _fit(self) -> dict[str, Any]:
         cfg, tc = self.cfg, self.cfg.train
@@ -738,12 +831,18 @@ class Trainer:
                 progress["global_step"] += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", ev_s=f"{(g_hi - g_lo) / max(dt, 1e-9):.0f}")
+                saved = False
                 if tc.checkpoint_every and (i + 1) % tc.checkpoint_every == 0 and i + 1 < last:
                     self._save(
                         self.checkpointer,
                         progress["global_step"],
                         self._state(epoch, i + 1, progress),
                     )
+                    saved = True
+                stop = self._stop_requested()
+                if stop:
+                    bar.close()
+                    raise self._stop(stop, epoch, i + 1, last, progress, saved)
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
@@ -994,6 +1093,25 @@ class Trainer:
     def _log(self, msg: str, force: bool = False) -> None:
         if self.rank == 0 and (force or not self.cfg.quiet):
             print(msg, file=sys.stderr, flush=True)
+
+
+def _stop_vote(signum: int | None, world_size: int) -> int:
+    """This rank's term of the summed stop vote: SIGTERM 1, SIGUSR1 ``world_size + 1``.
+
+    A sum of P such terms still says whether any rank got each signal (see
+    :func:`_stop_from_votes`); exact in float32 up to P = 4095.
+    """
+    if signum is None:
+        return 0
+    return 1 if signum == signal.SIGTERM else world_size + 1
+
+
+def _stop_from_votes(total: int, world_size: int) -> int:
+    """The signal to report from a summed vote (SIGTERM first), or 0 for none."""
+    usr1, term = divmod(total, world_size + 1)
+    if term:
+        return int(signal.SIGTERM)
+    return int(signal.SIGUSR1) if usr1 else 0
 
 
 def _is_comm_failure(exc: BaseException) -> bool:
