@@ -152,6 +152,27 @@ def test_failed_rank_requeues_the_job_which_resumes(slurm, tiny_store, reference
     assert metrics(out) == reference.metrics
 
 
+def test_time_limit_warning_checkpoints_and_requeues(
+    slurm, tiny_store, reference, tmp_path
+) -> None:
+    # What --signal=B:USR1@300 does near the time limit: SIGUSR1 to the batch shell,
+    # which passes it on to the ranks; they stop after one step with a checkpoint
+    # (exit 75) and the job requeues itself and resumes from it.
+    out = tmp_path / "run"
+    job, _ = train_job(slurm, tiny_store, out, tmp_path, wait=False)
+    wait_for_checkpoint(slurm, job, out)
+    slurm.run("scancel", "--batch", "--signal=USR1", job)
+
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=300)
+    log = job_log(tmp_path, job)
+    assert info["JobState"] == "COMPLETED", log
+    assert info.get("Restarts") == "1", info
+    assert "sven: stopped by SIGUSR1 at epoch" in log, log
+    assert "stopped with a checkpoint (exit 75); requeueing" in log, log
+    assert "resumed from" in log, log
+    assert metrics(out) == reference.metrics
+
+
 def test_gpu_mode_without_gpus_stops_at_once(slurm, tmp_path) -> None:
     job, rc = sbatch(
         slurm,
