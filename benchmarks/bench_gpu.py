@@ -22,6 +22,13 @@ costs only its own time and what came before is kept. Steps, in order:
    reproduce that run's metrics.
 9. ``synth1``: one GPU on the built-in synthetic dataset (``data.path`` empty).
 10. ``gloo2-hash``: two CPU ranks (gloo) of the same config, for comparison.
+11. ``models2``: JODIE, and DyRep and APAN with uniform sampling, one epoch each on two
+    NCCL ranks (their own presets); measured epoch-0 bytes against the prediction.
+12. ``fault2``: two NCCL ranks started by hand (env://, no agent); once the first
+    checkpoint exists rank 1 is killed; rank 0's exit code, time and message.
+13. ``stop2``: two NCCL ranks get SIGTERM mid-epoch (as ``scancel`` sends it): both
+    must exit 75 with a checkpoint, and the resumed run must end with the metrics of
+    ``resume2-full``.
 
 Usage (on the GPU machine, from the repository root)::
 
@@ -273,6 +280,72 @@ def train_record(rec: dict[str, Any], run_dir: Path) -> None:
     del lines
 
 
+def by_hand(
+    run_dir: Path, dev: str, over: list[str], how: str, limit: float, env: dict[str, str]
+) -> dict[str, Any]:
+    """Two ranks started by hand (env://, no agent); after the first checkpoint, rank 1
+    is killed (``how="kill"``) or both get SIGTERM (``"term"``, as scancel sends it).
+
+    Returns:
+        Exit codes, seconds from the signal to each exit, and each rank's last lines.
+    """
+    import signal
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [PY, "-m", "sven", "train", "--config", "configs/tgn.yaml", f"out={run_dir}",
+           f"train.device={dev}", "dist.timeout_s=30", "quiet=false", *over]  # fmt: skip
+    procs, logs = [], []
+    for rank in (0, 1):
+        log = run_dir.parent / f"{run_dir.name}-rank{rank}.log"
+        logs.append(log)
+        rank_env = {**os.environ, **NCCL_ENV, **env, "PYTHONUNBUFFERED": "1",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": "2"}  # fmt: skip
+        with open(log, "w") as f:
+            procs.append(
+                subprocess.Popen(cmd, cwd=ROOT, env=rank_env, stdout=f, stderr=subprocess.STDOUT)
+            )
+    rec: dict[str, Any] = {"cmd": " ".join(cmd), "how": how}
+    end = time.monotonic() + limit
+    try:
+        while not list((run_dir / "checkpoints").glob("step-*")):
+            if time.monotonic() > end or any(p.poll() is not None for p in procs):
+                rec["error"] = "no checkpoint before the deadline or a rank exited"
+                return rec
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        if how == "kill":
+            procs[1].kill()
+        else:
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+        waits = []
+        for p in procs:
+            try:
+                p.wait(timeout=max(1.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            waits.append(round(time.monotonic() - t0, 1) if p.returncode is not None else None)
+        rec["rcs"] = [p.returncode for p in procs]
+        rec["exit_after_s"] = waits
+        # kill: the survivor must stop with an error; term: both stop with a checkpoint.
+        ok = rec["rcs"][0] not in (0, None) if how == "kill" else rec["rcs"] == [75, 75]
+        rec["rc"] = 0 if ok else 1
+        rec["checkpoints"] = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        rec["tails"] = [log.read_text(errors="replace")[-1500:] for log in logs]
+    return rec
+
+
 def setup(wheels: str) -> None:
     """Installs carried wheels into /tmp/site and the package (editable, offline)."""
     paths = []
@@ -332,7 +405,7 @@ def main() -> int:
     ap.add_argument(
         "--steps",
         default="env,tests,selfcheck,gpu1,nccl2-hash,nccl2-minmax,eval2,resume1,resume2,"
-        "profile,synth1,gloo2-hash",
+        "profile,synth1,gloo2-hash,models2,fault2,stop2",
     )
     ap.add_argument("--setup", action="store_true")
     ap.add_argument("--wheels", default=".device_data/whl")
@@ -374,6 +447,7 @@ def main() -> int:
         timeout: float,
         gate: str = "",
         rundir: str = "",
+        config: str = "configs/tgn.yaml",
         **kw: Any,
     ) -> None:
         if (gate or name) not in steps:
@@ -385,7 +459,7 @@ def main() -> int:
             "sven",
             "train",
             "--config",
-            "configs/tgn.yaml",
+            config,
             f"out={rd}",
             *common,
             *over,
@@ -546,6 +620,34 @@ def main() -> int:
         240,
     )
     r.save()
+    for model in ("jodie", "dyrep", "apan"):
+        sampling = [] if model == "jodie" else ["model.sampling=uniform"]
+        train(
+            f"models2-{model}",
+            torchrun(2),
+            [f"data.path={data}", f"train.device={dev}", "train.epochs=1", *sampling],
+            150,
+            gate="models2",
+            config=f"configs/{model}.yaml",
+            env=nccl_env,
+        )
+    if "fault2" in steps:
+        r.results["fault2"] = by_hand(
+            runs / "fault2", dev, [f"data.path={data}", *short, "train.epochs=3"], "kill",
+            min(150.0, r.left() - 5), nccl_env,
+        )  # fmt: skip
+        r.save()
+    if "stop2" in steps:
+        rd = runs / "stop2"
+        over = [f"data.path={data}", *short, "train.epochs=3"]
+        rec = by_hand(rd, dev, over, "term", min(150.0, r.left() - 5), nccl_env)
+        r.results["stop2"] = rec
+        r.save()
+        train(
+            "stop2-resumed", torchrun(2), [*short, "train.epochs=3", "train.resume=true"], 120,
+            gate="stop2", rundir="stop2", env=nccl_env,
+        )  # fmt: skip
+        compare("stop2-check", "resume2-full", "stop2-resumed")
     bad = [k for k, v in r.results.items() if isinstance(v, dict) and v.get("rc") not in (0, None)]
     print(json.dumps({k: v for k, v in r.results.items() if not isinstance(v, dict)}), flush=True)
     print("failed steps:", bad or "none", flush=True)
