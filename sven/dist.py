@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -56,6 +56,10 @@ LAUNCHERS = ("torchrun", "slurm", "mpi", "single")
 # torch's own default: long enough for rank 0 to finish a checkpoint or an
 # evaluation while the others wait at the next collective.
 DEFAULT_TIMEOUT_S = 1800.0
+#: Under NCCL the process group waits this much longer than ``timeout_s``, so that the
+#: heartbeat watchdog (``Liveness.watch``), which names the dead rank, acts before
+#: NCCL's own watchdog aborts the process.
+NCCL_GRACE_S = 60.0
 # srun step ids at or above this are Slurm's special steps (batch script, extern,
 # interactive shell of salloc), whose processes are not tasks of a launch.
 _SLURM_SPECIAL_STEP = 0xFFFFFFF0
@@ -613,6 +617,62 @@ class Liveness:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # (stall seconds, callback) of :meth:`watch`, or None.
+        self._stall: tuple[float, Callable[[Diagnosis, float], None]] | None = None
+
+    def watch(self, stall_s: float, on_stall: Callable[[Diagnosis, float], None]) -> None:
+        """Has the heartbeat thread act when this rank stops making progress.
+
+        For backends where a dead peer leaves this rank blocked outside Python: under
+        NCCL a collective that never completes blocks the next host sync, and NCCL's
+        own watchdog later ends the process with an abort that names nobody. When
+        :attr:`step` has not changed for ``stall_s`` seconds, the thread diagnoses;
+        if that names a rank, it posts the verdict and calls ``on_stall(diagnosis,
+        seconds stalled)``, which should end the process. Ranks that are slow together
+        (a long evaluation, a checkpoint) are named by nobody and go on.
+
+        Args:
+            stall_s: Seconds without a new step before the thread looks.
+            on_stall: Called from the heartbeat thread with the diagnosis.
+        """
+        self._stall = (stall_s, on_stall)
+
+    def _check_stall(self, progress: list[float | int]) -> bool:
+        """One watchdog look (heartbeat thread); ``progress`` is ``[step, since]``.
+
+        Returns:
+            True when ``on_stall`` was called (the thread then ends).
+        """
+        if self._stall is None or self.state != _RUN:
+            return False
+        stall_s = self._stall[0]
+        now = time.monotonic()
+        if self.step != progress[0]:
+            progress[0], progress[1] = self.step, now
+            return False
+        if now - progress[1] <= stall_s:
+            return False
+        diag = self.diagnose(failed=False)
+        if not diag.ranks:
+            progress[1] = time.monotonic()
+            return False
+        self.state, self.blame = _DONE, diag.ranks
+        return self._stalled(diag, time.monotonic() - progress[1])
+
+    def _stalled(self, diag: Diagnosis, seconds: float) -> bool:
+        """Posts the verdict, lets the others read it (store host), calls on_stall."""
+        assert self._stall is not None
+        try:
+            client = self._connect(max(2 * self.interval_s, 1.0))
+            beat = Beat(self.step, time.time(), self._seq, _DONE, self.blame)
+            client.set(self.key(self.rank), beat.encode())
+            self._verdict_seq = self._seq
+            self._seq += 1
+        except RuntimeError:
+            pass  # the store is gone: nobody can read a verdict anyway
+        self.linger(skip=diag.ranks)
+        self._stall[1](diag, seconds)
+        return True
 
     @property
     def window_s(self) -> float:
@@ -638,6 +698,7 @@ class Liveness:
         self._thread.start()
 
     def _run(self) -> None:
+        progress: list[float | int] = [self.step, time.monotonic()]
         try:
             client = self._connect(max(2 * self.interval_s, 1.0))
             host_key = None
@@ -654,7 +715,7 @@ class Liveness:
                 self._seq += 1
                 if host_key is not None and client.check([host_key]):
                     self.host_beat = Beat.decode(client.get(host_key))
-                if stopping:
+                if stopping or self._check_stall(progress):
                     return
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
@@ -662,6 +723,20 @@ class Liveness:
             # The store's host is gone: the job is failing anyway, and retrying would
             # only fill the log with the store client's warnings.
             self.store_error = _first_line(err)
+        # Watching, the thread still ends a rank that stalls with its store gone.
+        while self._stall is not None and not self._stop.is_set():
+            if self.state != _RUN:
+                return
+            if self.step != progress[0]:
+                progress[0], progress[1] = self.step, time.monotonic()
+            elif time.monotonic() - progress[1] > self._stall[0]:
+                diag = self._store_gone(self.store_error or "")
+                if diag.ranks:
+                    self.state, self.blame = _DONE, diag.ranks
+                    self._stall[1](diag, time.monotonic() - progress[1])
+                    return
+                progress[1] = time.monotonic()
+            self._stop.wait(self.interval_s)
 
     def mark(self, state: str, blame: Sequence[int] = ()) -> None:
         """Sets this rank's state (and verdict) and has the thread write it now."""
@@ -713,14 +788,19 @@ class Liveness:
             "does not answer)",
         )
 
-    def diagnose(self) -> Diagnosis:
+    def diagnose(self, failed: bool = True) -> Diagnosis:
         """Names the ranks that are gone, from their beats over :attr:`window_s`.
 
         A rank is named when its beats stop advancing (dead, or frozen), when it is
         missing or has left (state ``"exit"``), or when it is alive but its step is
         behind the highest one (hung in Python); a rank that saw the failure itself
         is a survivor. Without such a rank, the verdicts the other survivors posted
-        are used, then the live ranks that never saw the failure.
+        are used, then (``failed``: a collective is known to have failed) the live
+        ranks that never saw the failure.
+
+        Args:
+            failed: Whether a collective failed; the watchdog, which only sees a
+                stall, passes False so that live ranks stalled alike are not named.
 
         Returns:
             The diagnosis; an unreachable store names its host rank.
@@ -780,7 +860,7 @@ class Liveness:
                     for r in b.blame:
                         if r != self.rank:
                             named.setdefault(r, f"rank {r} did not answer (rank {q} says)")
-        if not named:
+        if not named and failed:
             named = {
                 r: f"rank {r} did not answer (alive, but it did not see the failure: hung?)"
                 for r, b in live.items()
@@ -955,6 +1035,19 @@ class DistContext:
         lv.mark(_DONE, diag.ranks)
         return diag
 
+    def _on_stall(self, diag: Diagnosis, seconds: float) -> None:
+        """Ends a rank blocked by a dead peer (heartbeat thread; see Liveness.watch)."""
+        step = self.liveness.step if self.liveness is not None else -1
+        print(
+            f"sven: error: rank {self.rank}: no progress for {seconds:.0f} s at step {step} "
+            f"(a {self.backend} collective did not complete); {diag.reason}. The last "
+            "complete checkpoint is intact: rerun with train.resume=true",
+            file=sys.stderr,
+            flush=True,
+        )
+        # The main thread is blocked in the device runtime: nothing but an exit ends it.
+        os._exit(DistError.exit_code)
+
     def record_failure(self, ranks: Sequence[int]) -> None:
         """Posts a verdict found otherwise (e.g. by ``monitored_barrier``) and aborts."""
         if self.liveness is not None:
@@ -1116,7 +1209,7 @@ def init_distributed(
             init_method="env://",
             rank=info.rank,
             world_size=info.world_size,
-            timeout=timeout,
+            timeout=timeout + timedelta(seconds=NCCL_GRACE_S) if backend == "nccl" else timeout,
             device_id=dev if backend == "nccl" else None,
         )
     except (RuntimeError, ValueError) as err:  # DistStoreError and friends are RuntimeErrors
@@ -1130,6 +1223,11 @@ def init_distributed(
     health = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     ctx = context(backend, info, owns=True, health=health, saved=saved)
     ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
+    if backend == "nccl" and ctx.liveness is not None:
+        # A dead peer blocks an NCCL rank in a host sync, out of Python's reach, until
+        # NCCL's watchdog aborts it (NCCL_GRACE_S after the timeout) without naming
+        # anyone; the heartbeat thread names the rank and ends it first.
+        ctx.liveness.watch(timeout_s, ctx._on_stall)
     return ctx
 
 

@@ -138,3 +138,53 @@ def test_an_unreachable_store_names_its_host() -> None:
     # Under torchrun the agent hosts it: no rank to name.
     lv.host_rank = None
     assert lv.diagnose().ranks == ()
+
+
+def _watched(store: dist.TCPStore, rank: int, world_size: int, stall_s: float):
+    """A started Liveness whose watchdog records its calls instead of exiting."""
+    calls: list = []
+    called = threading.Event()
+
+    def on_stall(diag, seconds: float) -> None:
+        calls.append((diag, seconds))
+        called.set()
+
+    lv = _liveness(store, rank, world_size)
+    lv.watch(stall_s, on_stall)
+    lv.start()
+    return lv, calls, called
+
+
+def test_watchdog_ends_a_rank_stalled_by_a_dead_peer(store) -> None:
+    # Rank 1 (say, under NCCL) is blocked in a collective whose peer, rank 2, died at
+    # step 7: rank 1's step stops advancing and rank 2's beats stopped.
+    store.set("t/2", Beat(7, time.time(), 3).encode())
+    with _Beating(store, {0: Beat(7, 0, 0)}):
+        lv, calls, called = _watched(store, 1, 3, stall_s=0.3)
+        lv.step = 7
+        assert called.wait(10), "the watchdog did not act"
+        lv.stop()
+    ((diag, seconds),) = calls
+    assert diag.ranks == (2,) and "rank 2 died or hung" in diag.reason
+    assert seconds >= 0.3
+    # It posted its verdict for the other survivors.
+    last = Beat.decode(store.get("t/1"))
+    assert last.state == "done" and last.blame == (2,)
+
+
+def test_watchdog_spares_ranks_that_are_slow_together_or_progress(store) -> None:
+    # Every peer beats at this rank's step (a long evaluation): nobody to name.
+    with _Beating(store, {0: Beat(7, 0, 0), 2: Beat(7, 0, 0)}):
+        lv, calls, _ = _watched(store, 1, 3, stall_s=0.2)
+        lv.step = 7
+        time.sleep(2.0)
+        lv.stop()
+    assert calls == []
+    # A rank that keeps stepping is never stalled, even next to a silent peer.
+    store.set("t/2", Beat(7, time.time(), 3).encode())
+    lv, calls, _ = _watched(store, 1, 3, stall_s=0.3)
+    for step in range(20):
+        lv.step = 8 + step
+        time.sleep(0.1)
+    lv.stop()
+    assert calls == []
