@@ -33,7 +33,7 @@ costs only its own time and what came before is kept. Steps, in order:
 Usage (on the GPU machine, from the repository root)::
 
     python3 benchmarks/bench_gpu.py --setup --data .device_data/collegemsg \\
-        --synth-cache .device_data/cache --out $OUT --runs-dir /tmp/runs --deadline-s 540
+        --synth-cache .device_data/cache --out $OUT --runs-dir RUNS --deadline-s 540
 
 ``--device cpu --quick`` runs the same steps on CPU with gloo in place of NCCL and a
 few batches per epoch: a check of the driver itself on a machine without a GPU.
@@ -48,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -347,7 +348,8 @@ def by_hand(
 
 
 def setup(wheels: str) -> None:
-    """Installs carried wheels into /tmp/site and the package (editable, offline)."""
+    """Installs carried wheels into ``<tmp>/sven-site`` and the package (editable, offline)."""
+    site = os.path.join(tempfile.gettempdir(), "sven-site")
     paths = []
     whl = sorted(glob.glob(os.path.join(wheels, "*.whl"))) if wheels else []
     if whl:
@@ -364,19 +366,19 @@ def setup(wheels: str) -> None:
                 "--no-cache-dir",
                 "--upgrade",
                 "--target",
-                "/tmp/site",
+                site,
                 *whl,
             ],
             check=True,
         )
-        paths.append("/tmp/site")
+        paths.append(site)
     done = subprocess.run(
         [PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
         cwd=ROOT,
     )
     if done.returncode != 0:
         # Old setuptools: lay the package out by hand (sven/{datasets,partition,pipeline}).
-        pkg = Path("/tmp/svenpkg/sven")
+        pkg = Path(tempfile.gettempdir(), "svenpkg", "sven")
         pkg.mkdir(parents=True, exist_ok=True)
         for f in (ROOT / "sven").iterdir():
             if not (pkg / f.name).exists():
@@ -384,8 +386,8 @@ def setup(wheels: str) -> None:
         for d in ("datasets", "partition", "pipeline"):
             if not (pkg / d).exists():
                 (pkg / d).symlink_to(ROOT / d)
-        paths.append("/tmp/svenpkg")
-        print("editable install failed; using a symlinked package in /tmp/svenpkg", flush=True)
+        paths.append(str(pkg.parent))
+        print(f"editable install failed; using a symlinked package in {pkg.parent}", flush=True)
     if paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [*paths, *filter(None, [os.environ.get("PYTHONPATH")])]
