@@ -116,6 +116,20 @@ def node_keys(seed: int, stream: int, batch_start: int, nodes: torch.Tensor) -> 
     return hash_counter(seed, stream, nodes, _NODE_DRAW + batch_start)
 
 
+def draws_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """``width`` independent draws per key, uniform integers in [0, 2**63).
+
+    Args:
+        keys: (R,) int64 keys.
+        width: Draws per key.
+
+    Returns:
+        (R, width) int64.
+    """
+    col = torch.arange(1, width + 1, dtype=torch.int64, device=keys.device)
+    return mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)
+
+
 def uniform_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
     """``width`` independent uniform numbers in [0, 1) per key.
 
@@ -126,6 +140,5 @@ def uniform_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
     Returns:
         (R, width) float64.
     """
-    col = torch.arange(1, width + 1, dtype=torch.int64, device=keys.device)
-    bits = mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019) >> 10
-    return bits.to(torch.float64) * (1.0 / (1 << 53))
+    # The top 53 of the 63 bits: a float64 holds them exactly.
+    return (draws_from_keys(keys, width) >> 10).to(torch.float64) * (1.0 / (1 << 53))

@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from sven.pipeline.negatives import mix
+from sven.pipeline.negatives import draws_from_keys
 
 __all__ = ["TCSR", "NeighborBlock", "TemporalSampler"]
 
@@ -335,14 +335,14 @@ class TemporalSampler:
         if self.strategy == "recent":
             pos = end[:, None] - 1 - slot
             mask = slot < count[:, None]
-        elif keys is not None:
-            col = torch.arange(1, k + 1, dtype=torch.int64, device=device)
-            draw = mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)
-            pos = lo[:, None] + draw % count.clamp(min=1)[:, None]
-            mask = (count > 0)[:, None].repeat(1, k)
-            next_keys = draw.flatten()
         else:
-            draw = torch.randint(0, _RAND_HIGH, (num_roots, k), generator=generator, device=device)
+            if keys is not None:
+                draw = draws_from_keys(keys, k)
+                next_keys = draw.flatten()
+            else:
+                draw = torch.randint(
+                    0, _RAND_HIGH, (num_roots, k), generator=generator, device=device
+                )
             # clamp keeps the modulo defined for empty rows, which are masked anyway.
             pos = lo[:, None] + draw % count.clamp(min=1)[:, None]
             mask = (count > 0)[:, None].repeat(1, k)
