@@ -637,31 +637,37 @@ class Liveness:
         """
         self._stall = (stall_s, on_stall)
 
-    def _check_stall(self, progress: list[float | int]) -> bool:
+    def _check_stall(self, progress: list[float | int], diagnose: Callable[[], Diagnosis]) -> bool:
         """One watchdog look (heartbeat thread); ``progress`` is ``[step, since]``.
+
+        Args:
+            progress: The step last seen and since when (monotonic), updated here.
+            diagnose: Who to blame once stalled (the heartbeats, or the lost store).
 
         Returns:
             True when ``on_stall`` was called (the thread then ends).
         """
         if self._stall is None or self.state != _RUN:
             return False
-        stall_s = self._stall[0]
         now = time.monotonic()
         if self.step != progress[0]:
             progress[0], progress[1] = self.step, now
             return False
-        if now - progress[1] <= stall_s:
+        if now - progress[1] <= self._stall[0]:
             return False
-        diag = self.diagnose(failed=False)
+        diag = diagnose()
         if not diag.ranks:
             progress[1] = time.monotonic()
             return False
         self.state, self.blame = _DONE, diag.ranks
-        return self._stalled(diag, time.monotonic() - progress[1])
+        if self.store_error is None:
+            self._post_verdict()
+            self.linger(skip=diag.ranks)
+        self._stall[1](diag, time.monotonic() - progress[1])
+        return True
 
-    def _stalled(self, diag: Diagnosis, seconds: float) -> bool:
-        """Posts the verdict, lets the others read it (store host), calls on_stall."""
-        assert self._stall is not None
+    def _post_verdict(self) -> None:
+        """Writes this rank's ``done`` beat with its verdict, from the calling thread."""
         try:
             client = self._connect(max(2 * self.interval_s, 1.0))
             beat = Beat(self.step, time.time(), self._seq, _DONE, self.blame)
@@ -670,9 +676,6 @@ class Liveness:
             self._seq += 1
         except RuntimeError:
             pass  # the store is gone: nobody can read a verdict anyway
-        self.linger(skip=diag.ranks)
-        self._stall[1](diag, seconds)
-        return True
 
     @property
     def window_s(self) -> float:
@@ -715,7 +718,7 @@ class Liveness:
                 self._seq += 1
                 if host_key is not None and client.check([host_key]):
                     self.host_beat = Beat.decode(client.get(host_key))
-                if stopping or self._check_stall(progress):
+                if stopping or self._check_stall(progress, lambda: self.diagnose(failed=False)):
                     return
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
@@ -724,18 +727,10 @@ class Liveness:
             # only fill the log with the store client's warnings.
             self.store_error = _first_line(err)
         # Watching, the thread still ends a rank that stalls with its store gone.
-        while self._stall is not None and not self._stop.is_set():
-            if self.state != _RUN:
+        lost = self.store_error or ""
+        while self._stall is not None and self.state == _RUN and not self._stop.is_set():
+            if self._check_stall(progress, lambda: self._store_gone(lost)):
                 return
-            if self.step != progress[0]:
-                progress[0], progress[1] = self.step, time.monotonic()
-            elif time.monotonic() - progress[1] > self._stall[0]:
-                diag = self._store_gone(self.store_error or "")
-                if diag.ranks:
-                    self.state, self.blame = _DONE, diag.ranks
-                    self._stall[1](diag, time.monotonic() - progress[1])
-                    return
-                progress[1] = time.monotonic()
             self._stop.wait(self.interval_s)
 
     def mark(self, state: str, blame: Sequence[int] = ()) -> None:
