@@ -378,8 +378,14 @@ def run_sven(
     device: str,
     threads: int,
     workdir: str | None,
+    extra: tuple[str, ...] = (),
+    side: str = "sven",
 ) -> RunResult:
-    """Trains and evaluates Sven's TGN through ``sven.Trainer`` (``ev`` gives the split)."""
+    """Trains and evaluates Sven's TGN through ``sven.Trainer`` (``ev`` gives the split).
+
+    ``extra`` overrides name a variant (e.g. ``train.cuda_graph=off``), reported as
+    ``side``.
+    """
     det = torch.are_deterministic_algorithms_enabled()
     det_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     with tempfile.TemporaryDirectory(prefix="bench_vs_pyg-", dir=workdir) as out:
@@ -403,6 +409,7 @@ def run_sven(
             f"train.threads={threads}",
             f"train.device={device}",
             "quiet=true",
+            *extra,
         ]
         try:
             summary = sven.Trainer(None, overrides).fit()
@@ -415,7 +422,7 @@ def run_sven(
     lo, hi = ev.ranges["train"]
     events = int(summary["epochs_run"]) * (hi - lo)
     return RunResult(
-        "sven",
+        side,
         seed,
         events,
         events / rate,
@@ -445,7 +452,8 @@ def table(results: list[RunResult]) -> str:
         "val AP | best epoch | CPU s / wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for side in ("sven", "pyg"):
+    sides = list(dict.fromkeys(r.side for r in results))
+    for side in sides:
         rs = [r for r in results if r.side == side]
         if not rs:
             continue
@@ -460,17 +468,20 @@ def table(results: list[RunResult]) -> str:
             f"{', '.join(str(r.best_epoch) for r in rs)} | "
             f"{fmt([r.cpu_s / max(r.wall_s, 1e-9) for r in rs], 2)} |"
         )
-    sven_runs = [r for r in results if r.side == "sven"]
     pyg_runs = [r for r in results if r.side == "pyg"]
-    if sven_runs and pyg_runs:
+    for side in sides:
+        sven_runs = [r for r in results if r.side == side]
+        if side == "pyg" or not pyg_runs:
+            continue
         # Each repeat ran both sides back to back: their ratio is less exposed to the
         # machine's load drifting between repeats than either rate alone.
         ratios = [s.train_events_per_s / p.train_events_per_s for s, p in zip(sven_runs, pyg_runs)]
-        rows.append(f"\nsven / pyg train events/s, paired by repeat: {fmt(ratios, 2)}")
+        rows.append(f"\n{side} / pyg train events/s, paired by repeat: {fmt(ratios, 2)}")
     return "\n".join(rows)
 
 
 def main() -> None:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="event store (sven data convert output)")
     ap.add_argument("--epochs", type=int, default=3)
@@ -479,10 +490,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side")
     ap.add_argument("--seed", type=int, default=0, help="seed of the first repeat")
     ap.add_argument("--sides", nargs="+", default=["sven", "pyg"], choices=["sven", "pyg"])
+    ap.add_argument("--batch", type=int, default=BATCH, help="events per batch, both sides")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
+        help="a Sven variant with its own overrides, e.g. eager=train.cuda_graph=off; "
+        "repeatable; replaces the plain 'sven' side",
+    )
     ap.add_argument("--workdir", default=None, help="where Sven's run folders go (temporary)")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args()
 
+    BATCH = args.batch
+    variants: dict[str, tuple[str, ...]] = {}
+    for spec in args.variant:
+        name, _, over = spec.partition("=")
+        variants[f"sven-{name}"] = tuple(x for x in over.split(",") if x)
+    sides: list[str] = []
+    for side in args.sides:
+        sides.extend(variants or {"sven": ()}) if side == "sven" else sides.append(side)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
@@ -494,12 +522,20 @@ def main() -> None:
     for rep in range(args.repeats):
         seed = args.seed + rep
         # Alternate which side goes first, so drift in the machine's load hits both.
-        order = args.sides if rep % 2 == 0 else args.sides[::-1]
+        order = sides if rep % 2 == 0 else sides[::-1]
         for side in order:
             wall0, cpu0 = time.perf_counter(), time.process_time()
-            if side == "sven":
+            if side != "pyg":
                 r = run_sven(
-                    ev, args.data, args.epochs, seed, args.device, args.threads, args.workdir
+                    ev,
+                    args.data,
+                    args.epochs,
+                    seed,
+                    args.device,
+                    args.threads,
+                    args.workdir,
+                    variants.get(side, ()),
+                    side,
                 )
             else:
                 r = run_pyg(ev, args.epochs, seed, device)
@@ -525,6 +561,8 @@ def main() -> None:
         record: dict[str, Any] = {
             "data": args.data,
             "epochs": args.epochs,
+            "batch": BATCH,
+            "variants": {k: list(v) for k, v in variants.items()},
             "device": args.device,
             "threads": torch.get_num_threads(),
             "repeats": args.repeats,

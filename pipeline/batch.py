@@ -40,6 +40,9 @@ class Batch:
         root_key: (R,) int64 random keys of the roots (uniform sampling, dropout), or
             None when the batch draws from torch's generators instead.
         node_key: (U,) int64 random keys of ``nodes`` for this global batch, or None.
+        valid: (B,) bool, False for the padding events of a fixed-capacity batch (they
+            repeat a real event, and their loss, scores and writes are masked), or None
+            when every event is real.
     """
 
     index: torch.Tensor
@@ -57,6 +60,7 @@ class Batch:
     node_feat: torch.Tensor | None = None
     root_key: torch.Tensor | None = None
     node_key: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -87,7 +91,9 @@ def make_batch(
     sample_roots: str = "all",
     read_neighbors: bool = True,
     generator: torch.Generator | None = None,
-    rng: tuple[int, int, int] | None = None,
+    rng: tuple[int, int | torch.Tensor, int | torch.Tensor] | None = None,
+    valid: torch.Tensor | None = None,
+    pad_node: int | None = None,
 ) -> Batch:
     """Builds a :class:`Batch`: samples neighbours and de-duplicates the nodes to read.
 
@@ -106,7 +112,15 @@ def make_batch(
         rng: ``(seed, stream, batch_start)``: key every random choice of the batch by
             ``negatives.batch_keys`` (roots by event and slot, nodes by global batch),
             so that any rank layout draws what one process draws. None leaves uniform
-            sampling to ``generator`` and dropout to torch's generator.
+            sampling to ``generator`` and dropout to torch's generator. ``stream`` and
+            ``batch_start`` may be 0-d device tensors (the captured step's inputs).
+        valid: (B,) bool mask of real events (see ``Batch.valid``), or None.
+        pad_node: None: de-duplicate with ``torch.unique`` (U = number of distinct
+            nodes). An id (the memory's scratch row N): de-duplicate into fixed slots
+            (:func:`~sven.pipeline.dedupe.dedupe_fixed`), U = number of roots plus
+            neighbour slots, masked neighbour slots pointing at ``pad_node``; nothing
+            then depends on the data's values, so the step can be captured. The node
+            feature table must then have a row for ``pad_node``.
 
     Returns:
         The batch.
@@ -126,7 +140,18 @@ def make_batch(
         n_sample = roots.shape[0] if sample_roots == "all" else 2 * b
         keys = None if root_key is None else root_key[:n_sample]
         block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
-    if block is not None and read_neighbors:
+    if pad_node is not None:
+        from sven.pipeline.dedupe import dedupe_fixed
+
+        ids = roots
+        if block is not None and read_neighbors:
+            pad = torch.full_like(block.nbr, pad_node)
+            ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+        nodes, inverse = dedupe_fixed(ids, pad_node)
+        root_pos = inverse[: roots.shape[0]]
+        if block is not None and read_neighbors:
+            nbr_pos = inverse[roots.shape[0] :].view_as(block.nbr)
+    elif block is not None and read_neighbors:
         valid_nbr = block.nbr[block.mask]
         nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)
         root_pos = inverse[: roots.shape[0]]
@@ -152,6 +177,7 @@ def make_batch(
         node_feat=None if node_feat_table is None else node_feat_table[nodes],
         root_key=root_key,
         node_key=None if rng is None else node_keys(*rng, nodes),
+        valid=valid,
     )
 
 

@@ -32,26 +32,92 @@ def mix(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def hash_counter(seed: int, epoch: int, index: torch.Tensor, draw: int = 0) -> torch.Tensor:
+def stream_key(
+    seed: int,
+    epoch: int | torch.Tensor,
+    draw: int | torch.Tensor = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The mixed key of a (seed, epoch, draw) stream, a 0-d int64 tensor.
+
+    ``epoch`` and ``draw`` may be Python ints or 0-d int64 tensors on the device: the
+    captured training step keeps its epoch and batch start in device scalars, so the key
+    is computed there without a host round trip. Both give the same value: int64
+    products wrap modulo 2**64, whose low 63 bits are those of the exact product.
+
+    Args:
+        seed: Run seed.
+        epoch: Epoch number or evaluation stream id.
+        draw: Which draw (negatives: 0..n-1; root and node keys: see below).
+        device: Where the key lives when both are ints.
+
+    Returns:
+        () int64 in [0, 2**63).
+    """
+    if isinstance(epoch, torch.Tensor) or isinstance(draw, torch.Tensor):
+        # Device arithmetic only with Python scalars as operands: no host tensor is
+        # copied in, so the key can be computed inside a captured CUDA graph.
+        const = (seed * 0x9E3779B1) & _MASK63
+        parts = []
+        for term, mult in ((epoch, 0x85EBCA77), (draw, 0xC2B2AE3D)):
+            if isinstance(term, torch.Tensor):
+                parts.append(term.to(torch.int64) * mult)
+            else:
+                const = (const + term * mult) & _MASK63
+        return mix((sum(parts[1:], parts[0]) + const) & _MASK63)
+    key_int = (seed * 0x9E3779B1 + epoch * 0x85EBCA77 + draw * 0xC2B2AE3D) & _MASK63
+    return mix(torch.tensor(key_int, dtype=torch.int64, device=device))
+
+
+def hash_columns(
+    seed: int,
+    epoch: int | torch.Tensor,
+    index: torch.Tensor,
+    first_draw: int | torch.Tensor,
+    num_draws: int,
+) -> torch.Tensor:
+    """Hashes (seed, epoch, index, draw) for ``num_draws`` consecutive draws at once.
+
+    Row j equals ``hash_counter(seed, epoch, index, first_draw + j)``; one chain of
+    element-wise ops serves every draw (a few kernels instead of a few per draw), and
+    nothing is copied from the host, so it can run inside a captured CUDA graph.
+
+    Args:
+        seed: Run seed.
+        epoch: Epoch number or evaluation stream id (int or 0-d device tensor).
+        index: (B,) int64 global event (or node) indices.
+        first_draw: The first draw number (int or 0-d device tensor).
+        num_draws: How many draws.
+
+    Returns:
+        (num_draws, B) int64 values uniform in [0, 2**63).
+    """
+    draw = torch.arange(num_draws, dtype=torch.int64, device=index.device) + first_draw
+    key = stream_key(seed, epoch, draw)
+    return mix(index.to(torch.int64)[None, :] * 0x2545F4914F6CDD1D + key[:, None])
+
+
+def hash_counter(
+    seed: int, epoch: int | torch.Tensor, index: torch.Tensor, draw: int | torch.Tensor = 0
+) -> torch.Tensor:
     """Hashes (seed, epoch, index, draw) into non-negative int64 values.
 
     Args:
         seed: Run seed.
-        epoch: Epoch number (or a split-specific stream id for evaluation).
+        epoch: Epoch number (or a split-specific stream id for evaluation); an int or a
+            0-d int64 tensor on ``index``'s device.
         index: (B,) int64 global event indices.
-        draw: Which of several draws per event.
+        draw: Which of several draws per event; an int or a 0-d device tensor.
 
     Returns:
         (B,) int64 values uniform in [0, 2**63).
     """
-    key_int = (seed * 0x9E3779B1 + epoch * 0x85EBCA77 + draw * 0xC2B2AE3D) & _MASK63
-    key = mix(torch.tensor([key_int], dtype=torch.int64))
-    return mix(index.to(torch.int64) * 0x2545F4914F6CDD1D + key.to(index.device))
+    return hash_columns(seed, epoch, index, draw, 1)[0]
 
 
 def sample_negatives(
     seed: int,
-    epoch: int,
+    epoch: int | torch.Tensor,
     event_index: torch.Tensor,
     candidates: torch.Tensor,
     num_neg: int = 1,
@@ -72,11 +138,8 @@ def sample_negatives(
     """
     if candidates.numel() == 0:
         raise ValueError("no candidate nodes to draw negatives from")
-    cols = [
-        candidates[hash_counter(seed, epoch, event_index, j) % candidates.numel()]
-        for j in range(num_neg)
-    ]
-    return torch.stack(cols, dim=1)
+    draws = hash_columns(seed, epoch, event_index, 0, num_neg)
+    return candidates[draws % candidates.numel()].t()
 
 
 #: Draw numbers of ``hash_counter`` used by root keys and node keys; negatives use
@@ -85,7 +148,9 @@ _ROOT_DRAW = 1 << 24
 _NODE_DRAW = 1 << 25
 
 
-def root_keys(seed: int, stream: int, index: torch.Tensor, slots: int) -> torch.Tensor:
+def root_keys(
+    seed: int, stream: int | torch.Tensor, index: torch.Tensor, slots: int
+) -> torch.Tensor:
     """Random keys of a batch's roots, fixed by (seed, stream, event, slot).
 
     Args:
@@ -97,10 +162,12 @@ def root_keys(seed: int, stream: int, index: torch.Tensor, slots: int) -> torch.
     Returns:
         (slots * B,) int64 in [0, 2**63), laid out like the roots (slot-major).
     """
-    return torch.cat([hash_counter(seed, stream, index, _ROOT_DRAW + j) for j in range(slots)])
+    return hash_columns(seed, stream, index, _ROOT_DRAW, slots).reshape(-1)
 
 
-def node_keys(seed: int, stream: int, batch_start: int, nodes: torch.Tensor) -> torch.Tensor:
+def node_keys(
+    seed: int, stream: int | torch.Tensor, batch_start: int | torch.Tensor, nodes: torch.Tensor
+) -> torch.Tensor:
     """Random keys of the nodes a global batch reads, fixed by (seed, stream, batch, node).
 
     Args:
@@ -113,7 +180,7 @@ def node_keys(seed: int, stream: int, batch_start: int, nodes: torch.Tensor) -> 
     Returns:
         (U,) int64 in [0, 2**63).
     """
-    return hash_counter(seed, stream, nodes, _NODE_DRAW + batch_start)
+    return hash_columns(seed, stream, nodes, _NODE_DRAW + batch_start, 1)[0]
 
 
 def draws_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:

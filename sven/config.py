@@ -110,6 +110,14 @@ class TrainConfig:
     """Deterministic kernels (``torch.use_deterministic_algorithms``): multithreaded
     gradient accumulation is otherwise order-dependent, and reruns and resumed runs
     would drift apart in the last bits."""
+    cuda_graph: str = "auto"
+    """On one process on CUDA, capture the whole training step (and the evaluation
+    step) as a CUDA graph and replay it: auto (capture, fall back to eager with a notice
+    if capture fails), on (fail if it cannot), off (eager). Ignored on CPU and on
+    several ranks."""
+    compile: bool = False
+    """On one process on CUDA, compile the model with ``torch.compile`` (fewer, fused
+    kernels; the first steps take longer)."""
 
     def __post_init__(self) -> None:
         for f in ("epochs", "batch_size", "num_neg", "keep_latest_k"):
@@ -122,6 +130,11 @@ class TrainConfig:
             raise ConfigError(f"train.lr must be positive, got {self.lr}")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"train.dtype must be float32 or float64, got {self.dtype!r}")
+        # YAML 1.1 reads an unquoted on/off (and yes/no) as a boolean.
+        mode = str(self.cuda_graph).lower()
+        self.cuda_graph = {"true": "on", "yes": "on", "false": "off", "no": "off"}.get(mode, mode)
+        if self.cuda_graph not in ("auto", "on", "off"):
+            raise ConfigError(f"train.cuda_graph must be auto, on or off, got {self.cuda_graph!r}")
 
 
 @dataclass(kw_only=True)

@@ -40,8 +40,7 @@ from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
-from sven.pipeline.batch import Batch, make_batch
-from sven.pipeline.negatives import sample_negatives
+from sven.pipeline.batch import Batch
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
 # run and every epoch evaluates against the same negatives.
@@ -203,11 +202,64 @@ class Trainer:
             ev = self.events
             tcsr = TCSR.from_events(ev.src, ev.dst, ev.t, self.num_nodes, device=self.device)
             self.sampler = TemporalSampler(tcsr, [mc.num_neighbors], mc.sampling)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=tc.lr)
+        from sven.pipeline.stages import EventTables
+
+        feat = self.node_feat
+        if feat is not None:
+            # A zero row for the scratch slot of fixed-size batches.
+            feat = torch.cat([feat, feat.new_zeros(1, feat.shape[1])])
+        self.tables = EventTables(
+            src=self.src,
+            dst=self.dst,
+            t=self.t,
+            edge_feat=self.edge_feat,
+            node_feat=feat,
+            candidates=self.candidates,
+            sampler=self.sampler,
+            num_nodes=self.num_nodes,
+        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=tc.lr, **self._adam_flags())
+        self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
+            "before_step": [],
+            "after_step": [],
+        }
+        self.single: _SingleProcessStep | None = None
+        if self.world_size == 1:
+            self.single = _SingleProcessStep(self)
         self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
         self.best = Checkpointer(self.out / "best", 1)
         self._log(self.ctx.describe() if self.world_size > 1 else "single process", force=True)
         self.predicted_comm = self._predict_comm() if self.world_size > 1 else None
+
+    def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
+        """Calls ``fn(trainer)`` before or after every training step, on every rank.
+
+        For observing a run (tests record parameters and memory after each step, or
+        interrupt one) without subclassing. An ``after_step`` hook that reads device
+        tensors waits for the step to finish, which costs speed on CUDA.
+
+        Args:
+            when: "before_step" or "after_step".
+            fn: The hook; exceptions propagate out of ``fit``.
+        """
+        if when not in self._hooks:
+            raise ValueError(f"when must be one of {sorted(self._hooks)}, got {when!r}")
+        self._hooks[when].append(fn)
+
+    def _adam_flags(self) -> dict[str, bool]:
+        """Adam's implementation: on CUDA the fused kernel with its step count on the
+        device, so that the optimizer step can be captured in a CUDA graph."""
+        if self.device.type == "cuda":
+            return {"fused": True, "capturable": True}
+        return {}
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        """Loads optimizer state saved by any run (CPU or GPU) with this run's flags."""
+        flags = self._adam_flags()
+        for g in state.get("param_groups", []):
+            for k in ("fused", "capturable"):
+                g[k] = flags.get(k, False)
+        self.optimizer.load_state_dict(state)
 
     # ------------------------------------------------------------------ data
     def _load_data(self) -> None:
@@ -358,26 +410,19 @@ class Trainer:
         mrr_stream: int | None = None,
     ) -> Batch:
         """This rank's part of the global batch that starts at event ``start``."""
-        neg = sample_negatives(self.cfg.train.seed, stream, idx, self.candidates, num_neg)
-        if mrr_stream is not None:
-            q = self.cfg.train.mrr_negatives
-            neg = torch.cat(
-                [neg, sample_negatives(self.cfg.train.seed, mrr_stream, idx, self.candidates, q)], 1
-            )
-        return make_batch(
+        from sven.pipeline.stages import events_batch
+
+        return events_batch(
+            self.tables,
             idx,
-            self.src[idx],
-            self.dst[idx],
-            self.t[idx],
-            neg,
-            edge_feat_table=self.edge_feat,
-            node_feat_table=self.node_feat,
-            sampler=self.sampler,
+            stream,
+            start,
+            seed=self.cfg.train.seed,
+            num_neg=num_neg,
             sample_roots=self.model.sample_roots,
             read_neighbors=self.model.read_neighbors,
-            # Uniform draws and dropout keyed by event and global batch: the same on
-            # any number of ranks and after a resume.
-            rng=(self.cfg.train.seed, stream, start),
+            mrr_stream=mrr_stream,
+            mrr_negatives=self.cfg.train.mrr_negatives if mrr_stream is not None else 0,
         )
 
     def _empty_update(self) -> MemoryUpdate:
@@ -482,6 +527,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, split: str) -> EvalResult:
         """Walks a split without gradients, updating memory; returns all scores."""
+        if self.single is not None:
+            return self.single.evaluate(split)
         self.model.eval()
         lo, hi = self.ranges[split]
         b = self.cfg.train.batch_size
@@ -774,7 +821,7 @@ class Trainer:
             if step is not None:
                 st = self._load_shard(self.checkpointer, step)
                 self.model.load_state_dict(st["model"])
-                self.optimizer.load_state_dict(st["optimizer"])
+                self._load_optimizer(st["optimizer"])
                 self._set_rng_state(st["rng"])
                 progress = st["progress"]
                 start_epoch, start_batch = st["cursor"]["epoch"], st["cursor"]["next_batch"]
@@ -815,34 +862,52 @@ class Trainer:
                 leave=False,
                 dynamic_ncols=True,
             )
+            ep_t0, paused = time.perf_counter(), 0.0
             for i in range(start_batch, last):
-                t0 = time.perf_counter()
                 self._where = f"epoch {epoch} batch {i}"
                 self.ctx.set_step(progress["global_step"])
                 g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
-                batch = self._batch(self._event_index(g_lo, g_hi), g_lo, epoch, tc.num_neg)
-                loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
-                dt = time.perf_counter() - t0
-                progress["epoch_loss"] += loss
+                for fn in self._hooks["before_step"]:
+                    fn(self)
+                if self.single is not None:
+                    # Nothing is read back: the loss accumulates on the device.
+                    self.single.train_batch(epoch, g_lo, g_hi)
+                else:
+                    batch = self._batch(self._event_index(g_lo, g_hi), g_lo, epoch, tc.num_neg)
+                    loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
+                    progress["epoch_loss"] += loss
+                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                for fn in self._hooks["after_step"]:
+                    fn(self)
                 progress["epoch_batches"] += 1
-                progress["epoch_time"] += dt
-                progress["train_time"] += dt
                 progress["train_events"] += g_hi - g_lo
                 progress["global_step"] += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", ev_s=f"{(g_hi - g_lo) / max(dt, 1e-9):.0f}")
                 saved = False
-                if tc.checkpoint_every and (i + 1) % tc.checkpoint_every == 0 and i + 1 < last:
-                    self._save(
-                        self.checkpointer,
-                        progress["global_step"],
-                        self._state(epoch, i + 1, progress),
-                    )
-                    saved = True
                 stop = self._stop_requested()
+                at_ckpt = (
+                    tc.checkpoint_every and (i + 1) % tc.checkpoint_every == 0 and i + 1 < last
+                )
+                if at_ckpt or stop:
+                    t_save = time.perf_counter()
+                    self._flush_step(progress)
+                    if at_ckpt:
+                        self._save(
+                            self.checkpointer,
+                            progress["global_step"],
+                            self._state(epoch, i + 1, progress),
+                        )
+                        saved = True
+                    paused += time.perf_counter() - t_save
                 if stop:
                     bar.close()
                     raise self._stop(stop, epoch, i + 1, last, progress, saved)
+            self._flush_step(progress)
+            # Wall time of the epoch's training, device work included (the steps run
+            # asynchronously; _flush_step waited for them), checkpoints excluded.
+            dt = time.perf_counter() - ep_t0 - paused
+            progress["epoch_time"] += dt
+            progress["train_time"] += dt
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
@@ -936,6 +1001,13 @@ class Trainer:
             force=True,
         )
         return summary
+
+    def _flush_step(self, progress: dict[str, Any]) -> None:
+        """Waits for the queued steps and moves the device-side loss into ``progress``."""
+        if self.single is not None:
+            progress["epoch_loss"] += self.single.take_loss()
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _state(self, epoch: int, next_batch: int, progress: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -1145,3 +1217,134 @@ def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
 
     walk(cfg.to_dict(), "")
     return flat + list(overrides)
+
+
+class _SingleProcessStep:
+    """The one-process step: device-resident event tables, the pure step functions of
+    :mod:`sven.step`, and their CUDA-graph capture.
+
+    On CUDA every batch has the configured capacity (the last one padded) and its inputs
+    (event range, random streams, prediction count) live in 0-d device tensors refilled
+    in place, so one captured graph serves every training batch and another every
+    evaluation batch. On CPU the same functions run eagerly on exact-size batches
+    (``torch.unique`` de-duplication, which computes less than fixed slots there).
+    """
+
+    def __init__(self, tr: Trainer) -> None:
+        from sven.step import StepGraph
+
+        self.tr = tr
+        tc, dev = tr.cfg.train, tr.device
+        self.tables = tr.tables
+        self.fixed = dev.type == "cuda"
+        self.capacity = tc.batch_size if self.fixed else None
+        from sven.pipeline.stages import select_batch
+
+        self.select: Callable[..., Batch] = select_batch
+        self.model: Any = tr.model
+        if tc.compile and self.fixed:
+            # Fixed shapes: one compilation serves every batch. The batch selection
+            # stays eager: inductor cannot yet emit its 64-bit hash constants.
+            self.model = torch.compile(tr.model, dynamic=False)
+        names = ("start", "stop", "stream", "mrr_stream", "split_lo")
+        self.inp: dict[str, Any]
+        if self.fixed:
+            self.inp = {k: torch.zeros((), dtype=torch.int64, device=dev) for k in names}
+            self.inp["npred"] = torch.ones((), dtype=torch.float64, device=dev)
+        else:
+            self.inp = {**dict.fromkeys(names, 0), "npred": 1.0}
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        rows = max(hi - lo for lo, hi in tr.ranges.values()) + 1  # + a scratch row
+        self.scores = torch.zeros(rows, 2 + tc.mrr_negatives, dtype=tr.dtype, device=dev)
+
+        def memory_state() -> list[torch.Tensor]:
+            return list(tr.memory.full.values())
+
+        log = lambda msg: tr._log(msg, force=True)  # noqa: E731
+        self.train_graph = StepGraph(
+            self._train,
+            mode=tc.cuda_graph,
+            device=dev,
+            state=lambda: (
+                [p.data for p in tr.model.parameters()] + memory_state() + [self.loss_sum]
+            ),
+            optimizer=tr.optimizer,
+            log=log,
+        )
+        self.eval_graph = StepGraph(
+            self._eval,
+            mode=tc.cuda_graph,
+            device=dev,
+            state=lambda: [*memory_state(), self.scores],
+            log=log,
+        )
+
+    def _set(self, **values: float) -> None:
+        for k, v in values.items():
+            if self.fixed:
+                self.inp[k].fill_(v)
+            else:
+                self.inp[k] = v
+
+    def _batch(self, num_neg: int, mrr: int) -> Batch:
+        tr, inp = self.tr, self.inp
+        return self.select(
+            self.tables,
+            inp["start"],
+            inp["stop"],
+            inp["stream"],
+            seed=tr.cfg.train.seed,
+            num_neg=num_neg,
+            sample_roots=tr.model.sample_roots,
+            read_neighbors=tr.model.read_neighbors,
+            capacity=self.capacity,
+            mrr_stream=inp["mrr_stream"] if mrr else None,
+            mrr_negatives=mrr,
+        )
+
+    def _train(self) -> None:
+        from sven.step import torch_determinism_off, train_step
+
+        tr = self.tr
+        with torch_determinism_off(self.fixed):
+            batch = self._batch(tr.cfg.train.num_neg, 0)
+            loss = train_step(self.model, tr.optimizer, tr.memory, batch, self.inp["npred"])
+            self.loss_sum += loss
+
+    def _eval(self) -> None:
+        from sven.step import eval_step, torch_determinism_off
+
+        tr = self.tr
+        with torch_determinism_off(self.fixed):
+            batch = self._batch(1, tr.cfg.train.mrr_negatives)
+            out = eval_step(self.model, tr.memory, batch)
+            scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
+            rows = batch.index - self.inp["split_lo"]
+            if batch.valid is not None:
+                rows = torch.where(batch.valid, rows, self.scores.shape[0] - 1)
+            # Padded events all write the scratch row; real ones distinct rows.
+            self.scores.index_copy_(0, rows, scores)
+
+    def train_batch(self, epoch: int, lo: int, hi: int) -> None:
+        """Queues the training step of global batch [lo, hi) of ``epoch``."""
+        npred = (hi - lo) * (1 + self.tr.cfg.train.num_neg)
+        self._set(start=lo, stop=hi, stream=epoch, npred=float(npred))
+        self.train_graph()
+
+    def take_loss(self) -> float:
+        """The summed mean losses of the steps since the last call (waits for them)."""
+        value = float(self.loss_sum)
+        self.loss_sum.zero_()
+        return value
+
+    def evaluate(self, split: str) -> EvalResult:
+        """Walks a split through the evaluation step; returns all scores."""
+        tr = self.tr
+        lo, hi = tr.ranges[split]
+        b, q = tr.cfg.train.batch_size, tr.cfg.train.mrr_negatives
+        self._set(split_lo=lo, stream=_EVAL_STREAM[split], mrr_stream=_MRR_STREAM[split])
+        for start in range(lo, hi, b):
+            self._set(start=start, stop=min(start + b, hi))
+            self.eval_graph()
+        scores = self.scores[: hi - lo].cpu()
+        return EvalResult(scores[:, 0], scores[:, 1], scores[:, 2:] if q else None)

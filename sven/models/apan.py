@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.base import MemoryModel, keyed_dropout
+from sven.models.base import MemoryModel, endpoint_keys, keyed_dropout, take_rows
 from sven.models.memory import MemoryRows, RecurrentUpdater, TimeEncoding
 from sven.pipeline.batch import Batch
 
@@ -68,7 +68,7 @@ class APAN(MemoryModel):
 
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
         """The (projected) memory of every root; (R, embed_dim)."""
-        return self.out(self.node_state(batch, memory)[batch.root_pos])
+        return self.out(take_rows(self.node_state(batch, memory), batch.root_pos))
 
     def mail_receivers(
         self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor
@@ -78,13 +78,16 @@ class APAN(MemoryModel):
         b = batch.size
         block = batch.block
         k = block.nbr.shape[1]
+        # Fixed shapes: every neighbour slot is a candidate; masked slots (and padded
+        # events) carry key -1 and write nothing.
         mask = block.mask[: 2 * b].reshape(-1)
         side_mail = torch.cat([mail_src, mail_dst]).repeat_interleave(k, dim=0)
         side_t = torch.cat([batch.t, batch.t]).repeat_interleave(k)
-        side_key = torch.cat([batch.index * 4 + 2, batch.index * 4 + 3]).repeat_interleave(k)
+        side_key = endpoint_keys(batch, (2, 3)).repeat_interleave(k)
+        side_key = torch.where(mask, side_key, torch.full_like(side_key, -1))
         return (
-            torch.cat([recv, block.nbr[: 2 * b].reshape(-1)[mask]]),
-            torch.cat([mails, side_mail[mask]]),
-            torch.cat([ts, side_t[mask]]),
-            torch.cat([keys, side_key[mask]]),
+            torch.cat([recv, block.nbr[: 2 * b].reshape(-1)]),
+            torch.cat([mails, side_mail]),
+            torch.cat([ts, side_t]),
+            torch.cat([keys, side_key]),
         )

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.base import MemoryModel
+from sven.models.base import MemoryModel, take_rows
 from sven.pipeline.batch import Batch
 
 
@@ -40,14 +40,14 @@ class DyRep(MemoryModel):
 
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
         """The (projected) memory of every root; (R, embed_dim)."""
-        return self.out(self.node_state(batch, memory)[batch.root_pos])
+        return self.out(take_rows(self.node_state(batch, memory), batch.root_pos))
 
     def _structural(self, batch: Batch, memory: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """Attention of roots lo..hi over their neighbours' memory; (hi - lo, d_mem)."""
         block = batch.block
         mask = block.mask[lo:hi]
-        q = memory[batch.root_pos[lo:hi]]
-        kv = memory[batch.nbr_pos[lo:hi]] * mask[..., None].to(memory.dtype)
+        q = take_rows(memory, batch.root_pos[lo:hi])
+        kv = take_rows(memory, batch.nbr_pos[lo:hi]) * mask[..., None].to(memory.dtype)
         r, k = mask.shape
         return kernels.temporal_attention(
             q.view(r, 1, -1), kv.view(r, k, 1, -1), kv.view(r, k, 1, -1), mask

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sven.models.base import MemoryModel
+from sven.models.base import MemoryModel, take_rows
 from sven.pipeline.batch import Batch
 
 
@@ -40,6 +40,6 @@ class JODIE(MemoryModel):
 
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
         """Time-projected memory of every root; (R, embed_dim)."""
-        z = self.node_state(batch, memory)[batch.root_pos]
+        z = take_rows(self.node_state(batch, memory), batch.root_pos)
         dt = (batch.root_t - last_update[batch.root_pos]) / self.time_scale
         return self.out(z * (1 + self.time_proj(dt.to(z.dtype)[:, None])))

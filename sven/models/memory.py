@@ -65,6 +65,58 @@ class MemoryUpdate:
     mail_key: torch.Tensor
 
 
+@dataclass
+class DenseUpdate:
+    """A batch's write-back before last-occurrence selection: one candidate row per writer.
+
+    Every candidate carries an ordering key (global-event based, see
+    :meth:`MemoryModel.mail_receivers`); a key of -1 marks a candidate that writes
+    nothing (a padded event, a masked neighbour slot). Selecting the winner of each
+    node (the largest key) is a scatter, not a compaction, so the shapes depend only on
+    the batch capacity: the captured step commits it with
+    :meth:`MemoryState.commit_dense`, and :meth:`compact` gives the
+    :class:`MemoryUpdate` that the memory exchange sends on several ranks.
+
+    Attributes:
+        nodes: (P,) int64 node of each memory candidate.
+        memory: (P, d_mem) candidate memory (detached).
+        last_update: (P,) float64.
+        key: (P,) int64 ordering key, -1 for none.
+        mail_nodes: (Q,) int64 receiver of each mail candidate.
+        mail: (Q, d_mail) candidate mail (detached).
+        mail_ts: (Q,) float64.
+        mail_key: (Q,) int64 ordering key, -1 for none.
+    """
+
+    nodes: torch.Tensor
+    memory: torch.Tensor
+    last_update: torch.Tensor
+    key: torch.Tensor
+    mail_nodes: torch.Tensor
+    mail: torch.Tensor
+    mail_ts: torch.Tensor
+    mail_key: torch.Tensor
+
+    def compact(self) -> MemoryUpdate:
+        """The winners only, one per node (data-dependent size: synchronises on CUDA)."""
+        from sven.pipeline.batch import last_occurrence
+
+        m = self.key >= 0
+        nodes, p = last_occurrence(self.nodes[m], self.key[m])
+        q_m = self.mail_key >= 0
+        mail_nodes, q = last_occurrence(self.mail_nodes[q_m], self.mail_key[q_m])
+        return MemoryUpdate(
+            nodes=nodes,
+            memory=self.memory[m][p],
+            last_update=self.last_update[m][p],
+            key=self.key[m][p],
+            mail_nodes=mail_nodes,
+            mail=self.mail[q_m][q],
+            mail_ts=self.mail_ts[q_m][q],
+            mail_key=self.mail_key[q_m][q],
+        )
+
+
 class MemoryState:
     """Memory, last-update time and mailbox of N nodes.
 
@@ -76,6 +128,10 @@ class MemoryState:
         device: Where the state lives.
         dtype: Floating dtype of memory and mail (float32, or float64 for exactness tests).
         time_origin: Last-update time of a node that never received mail.
+
+    The tensors hold one more row than N, a scratch row at index N: fixed-shape steps
+    point padded reads and losing writes at it instead of compacting (see
+    :meth:`commit_dense`). Its content is never meaningful; ``state_dict`` leaves it out.
     """
 
     def __init__(
@@ -95,15 +151,36 @@ class MemoryState:
         self.mailbox_size = mailbox_size
         self.device = torch.device(device)
         self.dtype = dtype
-        self.memory = torch.zeros(num_nodes, memory_dim, device=self.device, dtype=dtype)
-        self.last_update = torch.full(
-            (num_nodes,), self.time_origin, device=self.device, dtype=torch.float64
-        )
-        self.mail = torch.zeros(num_nodes, mailbox_size, mail_dim, device=self.device, dtype=dtype)
-        self.mail_ts = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.float64)
-        self.mail_valid = torch.zeros(num_nodes, mailbox_size, device=self.device, dtype=torch.bool)
+        dev, n1, m = self.device, num_nodes + 1, mailbox_size
+        # Full buffers with the scratch row; the public attributes are views of the
+        # first N rows.
+        self.full: dict[str, torch.Tensor] = {
+            "memory": torch.zeros(n1, memory_dim, device=dev, dtype=dtype),
+            "last_update": torch.full((n1,), self.time_origin, device=dev, dtype=torch.float64),
+            "mail": torch.zeros(n1, m, mail_dim, device=dev, dtype=dtype),
+            "mail_ts": torch.zeros(n1, m, device=dev, dtype=torch.float64),
+            "mail_valid": torch.zeros(n1, m, device=dev, dtype=torch.bool),
+        }
 
     _FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
+
+    def _field(name: str) -> property:  # type: ignore[misc]
+        def get(self: MemoryState) -> torch.Tensor:
+            return self.full[name][: self.num_nodes]
+
+        def put(self: MemoryState, value: torch.Tensor) -> None:
+            # Assignment writes in place: the buffers keep their addresses, which a
+            # captured CUDA graph has recorded.
+            self.full[name][: self.num_nodes].copy_(value)
+
+        return property(get, put, doc=f"(N, ...) view of the ``{name}`` buffer.")
+
+    memory = _field("memory")
+    last_update = _field("last_update")
+    mail = _field("mail")
+    mail_ts = _field("mail_ts")
+    mail_valid = _field("mail_valid")
+    del _field
 
     def reset(self) -> None:
         """Zeroes the whole state (start of an epoch); last-update times go to the origin.
@@ -112,18 +189,57 @@ class MemoryState:
         encoded with the time since the stream began (as with DyGLib's time-shifted
         data), not since 1970 for unix-second timestamps.
         """
-        for name in self._FIELDS:
-            getattr(self, name).zero_()
-        self.last_update.fill_(self.time_origin)
+        for t in self.full.values():
+            t.zero_()
+        self.full["last_update"].fill_(self.time_origin)
 
     def detach(self) -> None:
-        """Cuts any autograd history (the state is stored detached; kept for API symmetry)."""
-        for name in self._FIELDS:
-            setattr(self, name, getattr(self, name).detach())
+        """Kept for API symmetry: the state is stored detached (commits detach)."""
+
+    @property
+    def scratch(self) -> int:
+        """Index of the scratch row (N)."""
+        return self.num_nodes
 
     def gather(self, nodes: torch.Tensor) -> MemoryRows:
-        """Reads the rows of ``nodes`` (U,) as a :class:`MemoryRows`."""
-        return MemoryRows(*(getattr(self, name)[nodes] for name in self._FIELDS))
+        """Reads the rows of ``nodes`` (U,) as a :class:`MemoryRows` (N: the scratch row)."""
+        return MemoryRows(*(self.full[name][nodes] for name in self._FIELDS))
+
+    def winners(self, nodes: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """Where each candidate writes: its node if its key is the node's largest, else N.
+
+        Args:
+            nodes: (P,) int64 node ids in [0, N].
+            key: (P,) int64 distinct ordering keys, -1 for candidates that write nothing.
+
+        Returns:
+            (P,) int64 target rows: unique among the winners; every other candidate goes
+            to the scratch row, so the writes need no compaction and their result does
+            not depend on the order of duplicate writes (only the scratch row has any).
+        """
+        best = torch.full((self.num_nodes + 1,), -1, dtype=torch.int64, device=nodes.device)
+        best.scatter_reduce_(0, nodes, key, reduce="amax")
+        win = (key >= 0) & (best.gather(0, nodes) == key)
+        return torch.where(win, nodes, torch.full_like(nodes, self.num_nodes))
+
+    def commit_dense(self, update: DenseUpdate) -> None:
+        """Writes a :class:`DenseUpdate` with fixed shapes (capturable in a CUDA graph).
+
+        The same result as ``commit(update.compact())``: each node gets the memory and
+        the mail of its candidate with the largest key.
+        """
+        f = self.full
+        tgt = self.winners(update.nodes, update.key)
+        f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
+        f["last_update"].index_copy_(0, tgt, update.last_update.to(torch.float64))
+        n = self.winners(update.mail_nodes, update.mail_key)
+        if self.mailbox_size > 1:
+            # Shift the queue of each receiver by one slot (the oldest falls out).
+            for name in ("mail", "mail_ts", "mail_valid"):
+                f[name].index_copy_(0, n, torch.roll(f[name].index_select(0, n), 1, dims=1))
+        f["mail"][:, 0].index_copy_(0, n, update.mail.detach().to(self.dtype))
+        f["mail_ts"][:, 0].index_copy_(0, n, update.mail_ts.to(torch.float64))
+        f["mail_valid"][:, 0].index_fill_(0, n, True)
 
     def commit(self, update: MemoryUpdate) -> None:
         """Writes a batch's update: memory rows, then one new mail per mail node.
@@ -145,7 +261,7 @@ class MemoryState:
         self.mail_valid[n, 0] = True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """All state tensors (for checkpoints)."""
+        """All state tensors without the scratch row (for checkpoints)."""
         return {name: getattr(self, name) for name in self._FIELDS}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

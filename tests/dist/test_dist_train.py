@@ -41,23 +41,26 @@ class _Stop(Exception):
     pass
 
 
-class _Dying(sven.Trainer):
-    """Stops every rank at the same training batch, past a checkpoint."""
-
+def _die_at(at: int):
+    """A ``before_step`` hook that stops every rank at the same training batch."""
     calls = 0
 
-    def train_step(self, batch, num_predictions):
-        _Dying.calls += 1
-        if _Dying.calls == 19:
+    def hook(trainer: sven.Trainer) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == at:
             raise _Stop
-        return super().train_step(batch, num_predictions)
+
+    return hook
 
 
 def _resume_main(rank: int, world_size: int, store: str, out: str) -> dict | None:
     extra = ("train.checkpoint_every=5",)
     ref = sven.Trainer(None, _overrides(store, f"{out}/ref", *extra)).fit()
     try:
-        _Dying(None, _overrides(store, f"{out}/run", *extra)).fit()
+        dying = sven.Trainer(None, _overrides(store, f"{out}/run", *extra))
+        dying.add_hook("before_step", _die_at(19))
+        dying.fit()
     except _Stop:
         pass
     resumed = sven.Trainer(None, _overrides(store, f"{out}/run", *extra, "train.resume=true")).fit()

@@ -51,31 +51,29 @@ def _overrides(store: str, out: str, model: str, strategy: str) -> list[str]:
     ]
 
 
-class Recording(sven.Trainer):
-    """Records (parameters, whole memory) after every training batch."""
+def _record(tr: sven.Trainer) -> None:
+    """Records (parameters, whole memory) after a training batch."""
+    params = torch.cat([p.detach().reshape(-1) for p in tr.model.parameters()]).clone()
+    tr.records.append((params, _full_memory(tr)))
 
-    def train_step(self, batch, num_predictions):
-        loss = super().train_step(batch, num_predictions)
-        params = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).clone()
-        self.records.append((params, self.full_memory()))
-        return loss
 
-    def full_memory(self) -> dict[str, torch.Tensor]:
-        shard = {k: v.clone() for k, v in self.memory.state_dict().items()}
-        if self.world_size == 1:
-            return shard
-        parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, (self.owned, shard))
-        full = {}
-        for k, v in shard.items():
-            full[k] = torch.zeros((self.num_nodes, *v.shape[1:]), dtype=v.dtype)
-            for owned, sh in parts:
-                full[k][owned] = sh[k]
-        return full
+def _full_memory(tr: sven.Trainer) -> dict[str, torch.Tensor]:
+    shard = {k: v.clone() for k, v in tr.memory.state_dict().items()}
+    if tr.world_size == 1:
+        return shard
+    parts: list = [None] * tr.world_size
+    dist.all_gather_object(parts, (tr.owned, shard))
+    full = {}
+    for k, v in shard.items():
+        full[k] = torch.zeros((tr.num_nodes, *v.shape[1:]), dtype=v.dtype)
+        for owned, sh in parts:
+            full[k][owned] = sh[k]
+    return full
 
 
 def _train(store: str, out: str, model: str, strategy: str) -> tuple[list, dict]:
-    tr = Recording(None, _overrides(store, out, model, strategy))
+    tr = sven.Trainer(None, _overrides(store, out, model, strategy))
+    tr.add_hook("after_step", _record)
     assert tr.model.node_proj is not None, "the store's node features are not used"
     if tr.world_size > 1:
         # Each rank holds the feature rows of its own vertices only.

@@ -38,19 +38,17 @@ NO_PERIODIC = "train.checkpoint_every=1000"
 SUMMARY_KEYS = ("val_ap", "val_auc", "test_ap", "test_auc", "best_epoch", "epochs_run")
 
 
-def _signalling_step(at: int, signum: int):
-    """``Trainer.train_step`` that sends this process ``signum`` before its ``at``-th call."""
-    step = sven.Trainer.train_step
+def _signal_at(at: int, signum: int):
+    """A ``before_step`` hook that sends this process ``signum`` before the ``at``-th step."""
     calls = 0
 
-    def train_step(self, batch, num_predictions):
+    def hook(trainer: sven.Trainer) -> None:
         nonlocal calls
         calls += 1
         if calls == at:
             os.kill(os.getpid(), signum)
-        return step(self, batch, num_predictions)
 
-    return train_step
+    return hook
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +63,8 @@ def test_signal_stops_after_the_step_with_a_checkpoint(
     signum: int, tiny_store, uninterrupted, tmp_path
 ) -> None:
     before = signal.getsignal(signum)
-    Signalling = type("Signalling", (sven.Trainer,), {"train_step": _signalling_step(20, signum)})
-    trainer = Signalling(None, tiny_overrides(tiny_store, f"out={tmp_path}", NO_PERIODIC))
+    trainer = sven.Trainer(None, tiny_overrides(tiny_store, f"out={tmp_path}", NO_PERIODIC))
+    trainer.add_hook("before_step", _signal_at(20, signum))
     with pytest.raises(Stopped) as stopped:
         trainer.fit()
     assert signal.getsignal(signum) == before, "fit() did not put the old handler back"
@@ -90,7 +88,13 @@ def test_signal_stops_after_the_step_with_a_checkpoint(
 
 
 def test_cli_says_where_it_stopped_and_exits_75(tiny_store, tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(sven.Trainer, "train_step", _signalling_step(3, signal.SIGTERM))
+    init = sven.Trainer.__init__
+
+    def init_with_hook(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        self.add_hook("before_step", _signal_at(3, signal.SIGTERM))
+
+    monkeypatch.setattr(sven.Trainer, "__init__", init_with_hook)
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         rc = main(["train", *tiny_overrides(tiny_store, f"out={tmp_path}", NO_PERIODIC)])

@@ -132,17 +132,18 @@ def test_resume_after_interrupt_is_exact(store: str, tmp_path, device: str) -> N
     class Interrupted(Exception):
         pass
 
-    class Dying(sven.Trainer):
-        calls = 0
+    calls = 0
 
-        def train_step(self, batch, num_predictions):  # dies in epoch 2, past a checkpoint
-            Dying.calls += 1
-            if Dying.calls == 17:
-                raise Interrupted
-            return super().train_step(batch, num_predictions)
+    def die(trainer: sven.Trainer) -> None:  # dies in epoch 2, past a checkpoint
+        nonlocal calls
+        calls += 1
+        if calls == 17:
+            raise Interrupted
 
+    dying = sven.Trainer(None, _overrides(store, tmp_path / "run", *extra))
+    dying.add_hook("before_step", die)
     with pytest.raises(Interrupted):
-        Dying(None, _overrides(store, tmp_path / "run", *extra)).fit()
+        dying.fit()
     resumed = sven.Trainer(
         None, _overrides(store, tmp_path / "run", *extra, "train.resume=true")
     ).fit()
@@ -155,3 +156,77 @@ def test_resume_after_interrupt_is_exact(store: str, tmp_path, device: str) -> N
 def test_bad_data_path_is_a_clean_error(tmp_path, capsys) -> None:
     assert main(["train", f"data.path={tmp_path / 'missing'}", f"out={tmp_path}"]) != 0
     assert "no event store" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tgn", "jodie", "dyrep", "apan"])
+def test_captured_step_equals_eager_step(store: str, tmp_path, model: str) -> None:
+    """The CUDA-graph replay of the step computes what the eager step computes: the same
+    parameters and memory after 30 batches (deterministic kernels, float32)."""
+    states = {}
+    for mode in ("off", "on"):
+        tr = sven.Trainer(
+            None,
+            _overrides(
+                store,
+                tmp_path / mode,
+                f"model.name={model}",
+                "train.device=cuda",
+                f"train.cuda_graph={mode}",
+                "train.batch_size=50",
+                "train.epochs=1",
+                "model.dropout=0.1",
+                "model.sampling=uniform",
+            ),
+        )
+        seen = []
+
+        def record(t: sven.Trainer, seen: list = seen) -> None:
+            if len(seen) == 29:
+                params = torch.cat([p.detach().reshape(-1) for p in t.model.parameters()])
+                seen.append((params.cpu(), {k: v.cpu() for k, v in t.memory.state_dict().items()}))
+            else:
+                seen.append(None)
+
+        tr.add_hook("after_step", record)
+        summary = tr.fit()
+        assert tr.single.train_graph.captured == (mode == "on")
+        states[mode] = (seen[29], summary)
+    (p0, m0), s0 = states["off"]
+    (p1, m1), s1 = states["on"]
+    # The graph replays the same kernels in the same order: equal up to float32
+    # rounding of any atomics left (none with deterministic kernels).
+    torch.testing.assert_close(p0, p1, rtol=1e-5, atol=1e-6)
+    for k in m0:
+        torch.testing.assert_close(m0[k], m1[k], rtol=1e-5, atol=1e-6)
+    assert s0["test_ap"] == pytest.approx(s1["test_ap"], abs=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tgn", "apan"])
+def test_fixed_step_on_cuda_is_bitwise_reproducible(store: str, tmp_path, model: str) -> None:
+    """The CUDA step runs with torch's deterministic mode off (it is deterministic by
+    construction, see sven.step.torch_determinism_off): two runs agree bit for bit."""
+    params = []
+    for run in ("a", "b"):
+        tr = sven.Trainer(
+            None,
+            _overrides(
+                store,
+                tmp_path / run,
+                f"model.name={model}",
+                "train.device=cuda",
+                "train.batch_size=50",
+                "model.sampling=uniform",
+            ),
+        )
+        summary = tr.fit()
+        flat = torch.cat([p.detach().reshape(-1) for p in tr.model.parameters()]).cpu()
+        params.append((flat, {k: v.cpu() for k, v in tr.memory.state_dict().items()}, summary))
+    (p0, m0, s0), (p1, m1, s1) = params
+    assert torch.equal(p0, p1)
+    for k in m0:
+        assert torch.equal(m0[k], m1[k]), k
+    assert s0["test_ap"] == s1["test_ap"] and s0["val_ap"] == s1["val_ap"]

@@ -1,0 +1,96 @@
+"""Where a training step's GPU time goes: a torch.profiler table of the eager fixed step.
+
+Builds a one-process :class:`sven.Trainer` on a store, runs ``--warmup`` training
+batches, then profiles ``--steps`` more (eager, so that every kernel shows) and prints
+the kernels by total device time, per step. Numbers, not a test.
+
+Usage:
+    python benchmarks/profile_step.py --data STORE --out OUT [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import sven
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True, help="folder for the table and JSON")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--tag", default="step")
+    ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as run:
+        tr = sven.Trainer(
+            None,
+            [
+                f"data.path={args.data}",
+                f"out={run}",
+                "quiet=true",
+                "train.device=cuda",
+                *args.overrides,
+            ],
+        )
+        assert tr.single is not None, "profiles the one-process step"
+        lo, _ = tr.ranges["train"]
+        b = tr.cfg.train.batch_size
+
+        def step(i: int) -> None:
+            tr.single.train_batch(0, lo + i * b, lo + (i + 1) * b)
+
+        for i in range(args.warmup):
+            step(i)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(args.warmup, args.warmup + args.steps):
+            step(i)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / args.steps
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(args.warmup + args.steps, args.warmup + 2 * args.steps):
+                step(i)
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels) / args.steps
+    launches = sum(e.count for e in kernels) / args.steps
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+    record = {
+        "tag": args.tag,
+        "overrides": args.overrides,
+        "captured": tr.single.train_graph.captured,
+        "wall_ms_per_step": wall * 1e3,
+        "events_per_s": b / wall,
+        "gpu_ms_per_step": total / 1e3,
+        "kernels_per_step": launches,
+        "top": [
+            {
+                "name": e.key[:120],
+                "us_per_step": e.self_device_time_total / args.steps,
+                "calls_per_step": e.count / args.steps,
+            }
+            for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
+        ],
+    }
+    (out / f"profile_{args.tag}.json").write_text(json.dumps(record, indent=2))
+    (out / f"profile_{args.tag}.txt").write_text(table)
+    print(json.dumps({k: v for k, v in record.items() if k != "top"}))
+    for t in record["top"][:25]:
+        print(f"{t['us_per_step']:9.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
+
+
+if __name__ == "__main__":
+    main()

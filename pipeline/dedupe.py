@@ -1,0 +1,44 @@
+"""De-duplication of a batch's node ids into fixed-size slots.
+
+``torch.unique`` returns as many ids as there are distinct ones, a size the host must
+read back before anything downstream can be allocated, which breaks CUDA-graph capture
+and costs a synchronisation per batch. Here the output has as many slots as the input:
+the distinct ids fill the first slots in ascending order (exactly ``torch.unique``'s
+output) and the remaining slots hold a padding id (the memory's scratch row), so every
+shape depends only on the batch capacity.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["dedupe_fixed"]
+
+
+def dedupe_fixed(ids: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct ids in fixed slots, and each input's slot.
+
+    Args:
+        ids: (S,) int64 node ids in [0, pad_id] (pad_id may itself occur, e.g. for
+            masked neighbour slots).
+        pad_id: The id that fills unused slots; larger than every real id, so that the
+            used slots stay sorted.
+
+    Returns:
+        nodes (S,): the sorted distinct ids, then ``pad_id`` in every unused slot;
+        inverse (S,): the slot of each input, ``nodes[inverse] == ids``. For the slots
+        in use both equal ``torch.unique(ids, return_inverse=True)``.
+
+    Example:
+        >>> dedupe_fixed(torch.tensor([5, 2, 5, 9]), 10)
+        (tensor([ 2,  5,  9, 10]), tensor([1, 0, 1, 2]))
+    """
+    sorted_ids, perm = torch.sort(ids)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    slot = torch.cumsum(first, 0) - 1
+    # perm is a permutation, so these scatters write each target once.
+    inverse = torch.empty_like(slot).scatter_(0, perm, slot)
+    # Duplicate ids write the same value into their slot: the result is order-free.
+    nodes = torch.full_like(ids, pad_id).scatter_(0, slot, sorted_ids)
+    return nodes, inverse

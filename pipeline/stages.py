@@ -1,0 +1,164 @@
+"""Batch selection on the device: the one place a batch's layout is built from the store.
+
+A batch is named by its global event range [start, stop) and a random stream (the
+epoch, or a fixed evaluation stream). With a capacity, the range is padded to that many
+events (``Batch.valid`` marks the real ones) and the node ids are de-duplicated into
+fixed slots, so the whole construction (negatives, neighbour sampling, de-duplication,
+feature gathers) runs on the device with no host synchronisation and with shapes that
+depend only on the capacity: a CUDA graph can capture it, with ``start``, ``stop`` and
+``stream`` as 0-d device tensors that are refilled before each replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sven.pipeline.batch import Batch, make_batch
+from sven.pipeline.negatives import sample_negatives
+from sven.pipeline.sampler import TemporalSampler
+
+__all__ = ["EventTables", "events_batch", "select_batch"]
+
+
+@dataclass
+class EventTables:
+    """The event store's columns where the step runs (GPU-resident when it fits).
+
+    Attributes:
+        src: (E,) int64 sources.
+        dst: (E,) int64 destinations.
+        t: (E,) event times (int64 or float64).
+        edge_feat: (E, d_e) or None.
+        node_feat: (N + 1, d_n) with a zero scratch row N, or None.
+        candidates: (C,) int64 nodes negatives are drawn from.
+        sampler: Temporal sampler on the same device, or None for models that sample
+            no neighbours.
+        num_nodes: N.
+    """
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    t: torch.Tensor
+    edge_feat: torch.Tensor | None
+    node_feat: torch.Tensor | None
+    candidates: torch.Tensor
+    sampler: TemporalSampler | None
+    num_nodes: int
+
+
+def select_batch(
+    tables: EventTables,
+    start: int | torch.Tensor,
+    stop: int | torch.Tensor,
+    stream: int | torch.Tensor,
+    *,
+    seed: int,
+    num_neg: int,
+    sample_roots: str,
+    read_neighbors: bool,
+    capacity: int | None = None,
+    mrr_stream: int | torch.Tensor | None = None,
+    mrr_negatives: int = 0,
+) -> Batch:
+    """The batch of events [start, stop) with its negatives, neighbours and node slots.
+
+    Args:
+        tables: Device-resident event columns.
+        start: First global event index (int, or a 0-d int64 device tensor).
+        stop: One past the last event.
+        stream: Random stream of the negatives and keys (the epoch, or an evaluation
+            stream id).
+        seed: Run seed.
+        num_neg: Negatives per event for the loss / the AP metrics.
+        sample_roots: The model's ``sample_roots``.
+        read_neighbors: The model's ``read_neighbors``.
+        capacity: None: exactly the events of the range, de-duplicated with
+            ``torch.unique`` (eager path). An int B: B event slots, the range padded by
+            repeating its last event (masked by ``Batch.valid``), fixed-slot
+            de-duplication; nothing synchronises with the host.
+        mrr_stream: Random stream of the extra MRR negatives, appended after the
+            ``num_neg`` columns, or None.
+        mrr_negatives: How many MRR negatives.
+
+    Returns:
+        The batch; with a capacity, ``batch.size == capacity``.
+    """
+    dev = tables.src.device
+    if capacity is None:
+        idx = torch.arange(int(start), int(stop), device=dev)
+        valid = None
+    else:
+        idx = torch.arange(capacity, device=dev) + start
+        valid = idx < stop
+        idx = torch.clamp(idx, max=stop - 1)
+    return events_batch(
+        tables,
+        idx,
+        stream,
+        start,
+        seed=seed,
+        num_neg=num_neg,
+        sample_roots=sample_roots,
+        read_neighbors=read_neighbors,
+        valid=valid,
+        fixed=capacity is not None,
+        mrr_stream=mrr_stream,
+        mrr_negatives=mrr_negatives,
+    )
+
+
+def events_batch(
+    tables: EventTables,
+    idx: torch.Tensor,
+    stream: int | torch.Tensor,
+    batch_start: int | torch.Tensor,
+    *,
+    seed: int,
+    num_neg: int,
+    sample_roots: str,
+    read_neighbors: bool,
+    valid: torch.Tensor | None = None,
+    fixed: bool = False,
+    mrr_stream: int | torch.Tensor | None = None,
+    mrr_negatives: int = 0,
+) -> Batch:
+    """The batch of the given events (any subset, e.g. one rank's share of a global batch).
+
+    Args:
+        tables: Event columns.
+        idx: (B,) int64 global event indices.
+        stream: Random stream (see :func:`select_batch`).
+        batch_start: First event of the global batch: keys the nodes' random draws.
+        seed, num_neg, sample_roots, read_neighbors, mrr_stream, mrr_negatives: See
+            :func:`select_batch`.
+        valid: (B,) real-event mask, or None.
+        fixed: De-duplicate into fixed slots (``pad_node`` = N) instead of
+            ``torch.unique``.
+
+    Returns:
+        The batch.
+    """
+    neg = sample_negatives(seed, stream, idx, tables.candidates, num_neg)
+    if mrr_stream is not None and mrr_negatives:
+        neg = torch.cat(
+            [neg, sample_negatives(seed, mrr_stream, idx, tables.candidates, mrr_negatives)], 1
+        )
+    return make_batch(
+        idx,
+        tables.src[idx],
+        tables.dst[idx],
+        tables.t[idx],
+        neg,
+        edge_feat_table=tables.edge_feat,
+        node_feat_table=tables.node_feat,
+        sampler=tables.sampler,
+        sample_roots=sample_roots,
+        read_neighbors=read_neighbors,
+        # Uniform draws and dropout keyed by event and global batch: the same on any
+        # number of ranks and after a resume.
+        rng=(seed, stream, batch_start),
+        valid=valid,
+        pad_node=tables.num_nodes if fixed else None,
+    )
