@@ -88,3 +88,48 @@ def rnn_cell(
         (U, Hd) the new hidden state.
     """
     return torch.tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh))
+
+
+def temporal_attention_fused(
+    q: torch.Tensor,
+    kv_node: torch.Tensor,
+    nbr_pos: torch.Tensor,
+    dt: torch.Tensor,
+    mask: torch.Tensor,
+    time_w: torch.Tensor,
+    time_b: torch.Tensor,
+    w_kv_time: torch.Tensor,
+    kv_edge: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Temporal attention whose keys and values are built from per-node projections.
+
+    The key/value row of neighbour slot (r, k) is
+    ``kv_node[nbr_pos[r, k]] + cos(dt[r, k] * time_w + time_b) @ w_kv_time.T
+    (+ kv_edge[r, k])``, keys in its first O columns and values in the last O; then
+    :func:`temporal_attention`. This is TGN's W [h; e; te] split by blocks, so that the
+    node block is projected once per unique node.
+
+    Args:
+        q: (R, H, D) queries.
+        kv_node: (U, 2 O) per-node key/value projections (O = H * D), keys first.
+        nbr_pos: (R, K) int row of each neighbour in ``kv_node`` (any valid row where
+            masked).
+        dt: (R, K) time since each neighbour event.
+        mask: (R, K) bool, True where the slot is valid.
+        time_w: (T,) time-encoding frequencies.
+        time_b: (T,) time-encoding phases.
+        w_kv_time: (2 O, T) projection of the time encoding (no bias).
+        kv_edge: (R, K, 2 O) edge contributions, or None.
+
+    Returns:
+        (R, O) attention output; zero rows where no slot is valid.
+    """
+    r, h, d = q.shape
+    k = nbr_pos.shape[1]
+    # The encoding in the frequencies' dtype, the projection in the model dtype.
+    te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b).to(kv_node.dtype)
+    kv = kv_node[nbr_pos] + F.linear(te, w_kv_time)
+    if kv_edge is not None:
+        kv = kv + kv_edge
+    key, val = kv.chunk(2, dim=2)
+    return temporal_attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)
