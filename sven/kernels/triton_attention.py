@@ -371,10 +371,10 @@ def _fused_param_grads(ctx, dkv, kv_node, nbr_pos, dt, tw, tb, w_kv_time):
     flat = dkv.view(-1, dkv.shape[-1])
     d_node = d_tw = d_tb = d_wt = d_edge = None
     if need[1]:
-        # index_put_ with accumulate: atomics (nondeterministic sum order) by default, a
-        # sorted segment sum when torch.use_deterministic_algorithms(True) is set.
+        # index_add_ on CUDA: atomics (nondeterministic sum order), or PyTorch's sorted
+        # accumulation under torch.use_deterministic_algorithms(True). No host sync.
         d_node = torch.zeros(kv_node.shape, device=dkv.device, dtype=torch.float32)
-        d_node.index_put_((nbr_pos.reshape(-1),), flat, accumulate=True)
+        d_node.index_add_(0, nbr_pos.reshape(-1), flat)
         d_node = d_node.to(kv_node.dtype)
     if need[5] or need[6] or need[7]:
         pre = dt.reshape(-1, 1).to(torch.float32) * tw.float() + tb.float()
@@ -414,8 +414,8 @@ def temporal_attention_fused(
 
     Determinism: the scatter-add into ``kv_node``'s gradient uses atomics on CUDA, so
     the summation order of a node's contributions (and the last bits of the result) can
-    change between runs; under ``torch.use_deterministic_algorithms(True)`` PyTorch's
-    sort-based accumulation is used instead and results are bitwise repeatable.
+    change between runs; under ``torch.use_deterministic_algorithms(True)`` the scatter
+    is PyTorch's deterministic ``index_add_`` (sort-based) and results are repeatable.
 
     Args:
         q: (R, H, D) queries.
