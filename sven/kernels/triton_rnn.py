@@ -5,6 +5,8 @@ kernels fuse is the elementwise tail, about ten kernels forward and more backwar
 eager PyTorch: one kernel turns the two GEMM outputs and h into h', one turns dh' into
 the gate gradients. The backward then gets every weight, bias and input gradient from
 those gate gradients with GEMMs and column sums. Math in fp32 whatever the input dtype.
+Under autocast the GEMMs autocast as ``F.linear`` would, and the backward's GEMMs run
+under the forward's autocast state.
 Same equations and weight layout as ``torch.nn.GRUCell`` / ``torch.nn.RNNCell``.
 """
 
@@ -142,12 +144,14 @@ def _linear_grads(ctx, d_gi, d_gh, dh_direct):
 
 class _GRUCell(torch.autograd.Function):
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, h, w_ih, w_hh, b_ih, b_hh):  # type: ignore[override]
         gi = F.linear(x, w_ih, b_ih)
         gh = F.linear(h, w_hh, b_hh)
         hs = _rows(h)
         u, hd = h.shape
-        out = torch.empty(u, hd, device=h.device, dtype=gi.dtype)
+        # The blend with h promotes as the reference's (an fp32 state under autocast).
+        out = torch.empty(u, hd, device=h.device, dtype=torch.promote_types(gi.dtype, h.dtype))
         if out.numel():
             _gru_fwd_kernel[_grid(out.numel())](
                 gi, gh, hs, out, out.numel(), hd, gi.stride(0), gh.stride(0), hs.stride(0),
@@ -158,6 +162,7 @@ class _GRUCell(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dout):  # type: ignore[override]
         gi, gh, hs = ctx.saved_tensors[4:]
         dout = _rows(dout)
@@ -175,6 +180,7 @@ class _GRUCell(torch.autograd.Function):
 
 class _RNNCell(torch.autograd.Function):
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, h, w_ih, w_hh, b_ih, b_hh):  # type: ignore[override]
         gi = F.linear(x, w_ih, b_ih)
         gh = F.linear(h, w_hh, b_hh)
@@ -188,6 +194,7 @@ class _RNNCell(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dout):  # type: ignore[override]
         out = ctx.saved_tensors[4]
         dout = _rows(dout)

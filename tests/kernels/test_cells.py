@@ -86,3 +86,23 @@ def test_saturated_gates_are_finite(device) -> None:
     assert torch.equal(out, torch.tensor([[0.0], [-1.0], [0.0]], device=device))
     out = triton_rnn.rnn_cell(x, h, one[:1], one[:1], None, None)
     assert torch.equal(out, torch.tensor([[1.0], [-1.0], [0.0]], device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", ["gru", "rnn"])
+def test_cell_under_autocast(cell, cuda) -> None:
+    """fp32 parameters under bf16 autocast: same result and grads as the reference."""
+    from sven.kernels import triton_rnn
+
+    module = (torch.nn.GRUCell if cell == "gru" else torch.nn.RNNCell)(30, 20).to(cuda)
+    x = torch.randn(17, 30, device=cuda)
+    h = torch.randn(17, 20, device=cuda)
+    params = [module.weight_ih, module.weight_hh, module.bias_ih, module.bias_hh]
+    results = []
+    for fn in (getattr(triton_rnn, f"{cell}_cell"), getattr(reference, f"{cell}_cell")):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(x, h, *params)
+        results.append([out, *torch.autograd.grad(out.float().sum(), params)])
+    for got, want in zip(*results):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)
