@@ -360,14 +360,15 @@ class _TemporalAttentionFused(torch.autograd.Function):
             _fused_bwd_kernel[(r, h)](
                 *tensors, dout, dq, dkv, *sizes, *strides, *dout.stride(), **meta
             )
-        return (dq, *_fused_param_grads(ctx, dkv, kv_node, nbr_pos, dt, tw, tb, w_kv_time))
+        grads = _fused_input_grads(
+            ctx.needs_input_grad, dkv, kv_node, nbr_pos, dt, tw, tb, w_kv_time, kv_edge
+        )
+        return dq, *grads
 
-    # kv_edge's gradient is dkv itself; see _fused_param_grads.
 
-
-def _fused_param_grads(ctx, dkv, kv_node, nbr_pos, dt, tw, tb, w_kv_time):
-    """Grads of kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, kv_edge from dkv."""
-    need = ctx.needs_input_grad
+def _fused_input_grads(need, dkv, kv_node, nbr_pos, dt, tw, tb, w_kv_time, kv_edge):
+    """Grads of kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, kv_edge from the
+    per-slot gradient dkv (R, K, 2 O) fp32; ``need`` is ctx.needs_input_grad."""
     flat = dkv.view(-1, dkv.shape[-1])
     d_node = d_tw = d_tb = d_wt = d_edge = None
     if need[1]:
@@ -387,7 +388,7 @@ def _fused_param_grads(ctx, dkv, kv_node, nbr_pos, dt, tw, tb, w_kv_time):
             if need[6]:
                 d_tb = d_pre.sum(0).to(tb.dtype)
     if need[8]:
-        d_edge = dkv.to(ctx.saved_tensors[8].dtype)
+        d_edge = dkv.to(kv_edge.dtype)
     return d_node, None, None, None, d_tw, d_tb, d_wt, d_edge
 
 

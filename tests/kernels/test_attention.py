@@ -141,3 +141,26 @@ def test_fused_no_edge_trainable_time(device) -> None:
 @pytest.mark.parametrize("r,h,d,k,dtype", FULL)
 def test_fused_grid(r, h, d, k, dtype, cuda) -> None:
     check_fused(r, h, d, k, dtype, cuda, edge=(r + k) % 2 == 0, train_time=r == 7)
+
+
+def test_no_roots(device) -> None:
+    """R = 0 (an empty padded block): empty outputs and gradients, no launch."""
+    from sven.kernels import triton_attention
+
+    q = torch.zeros(0, 2, 8, device=device, requires_grad=True)
+    kv = torch.zeros(0, 3, 2, 8, device=device, requires_grad=True)
+    mask = torch.zeros(0, 3, dtype=torch.bool, device=device)
+    out = triton_attention.temporal_attention(q, kv, kv, mask)
+    out.sum().backward()
+    assert out.shape == (0, 16) and q.grad.shape == q.shape
+    kv_node = torch.randn(4, 32, device=device, requires_grad=True)
+    w = torch.randn(32, 5, device=device, requires_grad=True)
+    out = triton_attention.temporal_attention_fused(
+        q, kv_node, torch.zeros(0, 3, dtype=torch.long, device=device),
+        torch.zeros(0, 3, device=device), mask, torch.ones(5, device=device),
+        torch.zeros(5, device=device), w,
+    )  # fmt: skip
+    out.sum().backward()
+    assert out.shape == (0, 16)
+    assert torch.equal(kv_node.grad, torch.zeros_like(kv_node))
+    assert torch.equal(w.grad, torch.zeros_like(w))
