@@ -26,11 +26,13 @@ POINTEE = {"m_ptr": "*u8", "pos_ptr": "*i64", "dt_ptr": "*fp32", "tw_ptr": "*fp3
 cases = []
 for dt in ("fp32", "bf16"):
     for fn in (ta._attn_fwd_kernel, ta._attn_bwd_kernel):
-        cases.append((fn, dt, {"BLOCK_K": 16, "BLOCK_D": 64}))
+        # The smallest tiles too: K = 1 and D = 8 give a 1 x 8 tile.
+        for bk, bd in ((16, 64), (1, 8)):
+            cases.append((fn, dt, {"BLOCK_K": bk, "BLOCK_D": bd}))
     for fn in (ta._fused_fwd_kernel, ta._fused_bwd_kernel):
-        for edge in (True, False):
+        for edge, bd, bt in ((True, 64, 32), (False, 16, 16)):
             cases.append((fn, dt, {"HAS_EDGE": edge, "BF16_DOT": dt == "bf16",
-                                   "BLOCK_K": 16, "BLOCK_D": 64, "BLOCK_T": 32}))
+                                   "BLOCK_K": 16, "BLOCK_D": bd, "BLOCK_T": bt}))
     for fn in (tr._gru_fwd_kernel, tr._gru_bwd_kernel, tr._rnn_fwd_kernel, tr._rnn_bwd_kernel):
         cases.append((fn, dt, {"BLOCK": 1024}))
 failures = []
@@ -65,5 +67,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 20
+    assert report["cases"] == 24
     assert report["failures"] == []
