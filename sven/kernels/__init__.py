@@ -1,13 +1,23 @@
 """Hot-path kernels with one dispatch point.
 
-``temporal_attention``, ``gru_cell`` and ``rnn_cell`` run the PyTorch reference in
-:mod:`sven.kernels.reference` (the CPU path and the test oracle). Triton kernels, when
-present in ``sven.kernels.triton_ops``, are picked on CUDA tensors; the environment
-variable ``SVEN_KERNELS=reference`` forces the reference everywhere.
+Each public function runs either its PyTorch reference in :mod:`sven.kernels.reference`
+(the CPU path and the test oracle) or its Triton kernel (:mod:`.triton_attention`,
+:mod:`.triton_rnn`). The choice, per call, from the first tensor argument:
+
+- ``SVEN_KERNELS`` unset or ``auto``: Triton on CUDA tensors when triton imports, the
+  reference otherwise;
+- ``SVEN_KERNELS=reference``: the reference everywhere;
+- ``SVEN_KERNELS=triton``: Triton everywhere; on CPU tensors that is Triton's
+  interpreter, so it needs ``TRITON_INTERPRET=1`` (set before the first call), and an
+  error otherwise.
+
+The environment is read once per process, at the first call; :func:`reset_backend`
+makes the next call read it again (for tests).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -16,39 +26,91 @@ import torch
 
 from sven.kernels import reference
 
-__all__ = ["backend_for", "gru_cell", "rnn_cell", "temporal_attention"]
+__all__ = [
+    "backend_for",
+    "gru_cell",
+    "reset_backend",
+    "rnn_cell",
+    "temporal_attention",
+    "temporal_attention_fused",
+]
+
+_MODES = ("auto", "reference", "triton")
+# Which Triton module implements each public name.
+_TRITON_MODULE = {
+    "temporal_attention": "sven.kernels.triton_attention",
+    "temporal_attention_fused": "sven.kernels.triton_attention",
+    "gru_cell": "sven.kernels.triton_rnn",
+    "rnn_cell": "sven.kernels.triton_rnn",
+}
+# The cached choice: (mode, interpreter on, triton importable); None until first read.
+_state: tuple[str, bool, bool] | None = None
 
 
-def _triton_ops() -> Any | None:
-    if os.environ.get("SVEN_KERNELS", "auto") == "reference":
-        return None
-    try:
-        from sven.kernels import triton_ops  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return triton_ops
+def reset_backend() -> None:
+    """Forgets the cached choice, so the next call re-reads ``SVEN_KERNELS``."""
+    global _state
+    _state = None
+
+
+def _read_state() -> tuple[str, bool, bool]:
+    global _state
+    if _state is None:
+        mode = os.environ.get("SVEN_KERNELS", "auto").strip().lower() or "auto"
+        if mode not in _MODES:
+            raise ValueError(f"SVEN_KERNELS={mode!r}: expected one of {', '.join(_MODES)}")
+        interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        try:
+            importlib.import_module("triton")
+            has_triton = True
+        except ImportError:
+            has_triton = False
+        _state = (mode, interpret, has_triton)
+    return _state
 
 
 def backend_for(t: torch.Tensor) -> str:
-    """Names the backend a call on tensor ``t`` dispatches to ("triton" or "reference")."""
-    ops = _triton_ops()
-    return "triton" if (ops is not None and t.is_cuda) else "reference"
+    """Names the backend a call on tensor ``t`` dispatches to ("triton" or "reference").
+
+    Raises:
+        RuntimeError: ``SVEN_KERNELS=triton`` where Triton cannot run ``t`` (triton not
+            installed, or a CPU tensor without ``TRITON_INTERPRET=1``).
+    """
+    mode, interpret, has_triton = _read_state()
+    if mode == "reference":
+        return "reference"
+    if mode == "auto":
+        return "triton" if (has_triton and t.is_cuda) else "reference"
+    if not has_triton:
+        raise RuntimeError("SVEN_KERNELS=triton but the triton package is not installed")
+    if not t.is_cuda and not interpret:
+        raise RuntimeError(
+            f"SVEN_KERNELS=triton on a {t.device.type} tensor: Triton runs CPU tensors only "
+            "under its interpreter; set TRITON_INTERPRET=1 before the first kernel call, "
+            "or use SVEN_KERNELS=auto"
+        )
+    return "triton"
 
 
 def _dispatch(name: str) -> Callable[..., torch.Tensor]:
     ref = getattr(reference, name)
+    impl: dict[str, Any] = {}
 
-    def call(*args: torch.Tensor) -> torch.Tensor:
-        ops = _triton_ops()
-        if ops is not None and args[0].is_cuda and hasattr(ops, name):
-            return getattr(ops, name)(*args)
-        return ref(*args)
+    def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if backend_for(args[0]) == "reference":
+            return ref(*args, **kwargs)
+        if not impl:
+            # Imported at first use: triton.jit reads TRITON_INTERPRET when the kernels
+            # are defined, and CPU-only runs never pay for importing triton.
+            impl["fn"] = getattr(importlib.import_module(_TRITON_MODULE[name]), name)
+        return impl["fn"](*args, **kwargs)
 
-    call.__name__ = name
+    call.__name__ = call.__qualname__ = name
     call.__doc__ = ref.__doc__
     return call
 
 
 temporal_attention = _dispatch("temporal_attention")
+temporal_attention_fused = _dispatch("temporal_attention_fused")
 gru_cell = _dispatch("gru_cell")
 rnn_cell = _dispatch("rnn_cell")

@@ -10,6 +10,28 @@ import torch
 import torch.nn.functional as F
 
 
+def take_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``table[idx]`` along the first dimension, for an index of any shape.
+
+    On CUDA the gather runs as an embedding lookup: its backward sums the gradients of
+    repeated rows by sorting them into segments, in parallel and deterministically,
+    while advanced indexing's backward (``index_put_`` with accumulation) walks the
+    repeats of one row serially. Fixed-size batches repeat rows a lot (every masked
+    neighbour slot points at the one scratch slot), which made that backward the
+    largest kernel of a TGN step (0.9 ms of 2.3 ms on an H200).
+
+    Args:
+        table: (U, D) rows.
+        idx: (...) int64 positions in [0, U).
+
+    Returns:
+        (..., D).
+    """
+    if table.is_cuda and table.dim() == 2 and table.requires_grad:
+        return F.embedding(idx, table)
+    return table[idx]
+
+
 def temporal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
@@ -88,3 +110,48 @@ def rnn_cell(
         (U, Hd) the new hidden state.
     """
     return torch.tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh))
+
+
+def temporal_attention_fused(
+    q: torch.Tensor,
+    kv_node: torch.Tensor,
+    nbr_pos: torch.Tensor,
+    dt: torch.Tensor,
+    mask: torch.Tensor,
+    time_w: torch.Tensor,
+    time_b: torch.Tensor,
+    w_kv_time: torch.Tensor,
+    kv_edge: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Temporal attention whose keys and values are built from per-node projections.
+
+    The key/value row of neighbour slot (r, k) is
+    ``kv_node[nbr_pos[r, k]] + cos(dt[r, k] * time_w + time_b) @ w_kv_time.T
+    (+ kv_edge[r, k])``, keys in its first O columns and values in the last O; then
+    :func:`temporal_attention`. This is TGN's W [h; e; te] split by blocks, so that the
+    node block is projected once per unique node.
+
+    Args:
+        q: (R, H, D) queries.
+        kv_node: (U, 2 O) per-node key/value projections (O = H * D), keys first.
+        nbr_pos: (R, K) int row of each neighbour in ``kv_node`` (any valid row where
+            masked).
+        dt: (R, K) time since each neighbour event.
+        mask: (R, K) bool, True where the slot is valid.
+        time_w: (T,) time-encoding frequencies.
+        time_b: (T,) time-encoding phases.
+        w_kv_time: (2 O, T) projection of the time encoding (no bias).
+        kv_edge: (R, K, 2 O) edge contributions, or None.
+
+    Returns:
+        (R, O) attention output; zero rows where no slot is valid.
+    """
+    r, h, d = q.shape
+    k = nbr_pos.shape[1]
+    # The encoding in the frequencies' dtype, the projection in the model dtype.
+    te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b).to(kv_node.dtype)
+    kv = take_rows(kv_node, nbr_pos) + F.linear(te, w_kv_time)
+    if kv_edge is not None:
+        kv = kv + kv_edge
+    key, val = kv.chunk(2, dim=2)
+    return temporal_attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)

@@ -1,0 +1,36 @@
+"""Kernel tests: Triton against the reference, on CUDA or under the Triton interpreter.
+
+Without a GPU the Triton kernels run on CPU tensors under ``TRITON_INTERPRET=1``, which
+must be set before the kernels are defined (``triton.jit`` reads it then); this file is
+loaded before the test modules import them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def device() -> str:
+    """CUDA where present, else CPU under the interpreter (skips without triton)."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not 1")
+    return "cpu"
+
+
+@pytest.fixture
+def cuda() -> str:
+    """The CUDA device; skips without one."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return "cuda"

@@ -1,0 +1,108 @@
+"""Triton GRU and RNN cells against the reference, forward and backward."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from sven.kernels import reference
+from tests.kernels.grid import tolerances
+
+U_GRID = (1, 7, 33, 600)
+IN_GRID = (5, 200, 300)
+HID_GRID = (8, 50, 100)
+DTYPES = (torch.float32, torch.bfloat16)
+FULL = [
+    (*shape, cell, dtype, bias)
+    for shape in itertools.product(U_GRID, IN_GRID, HID_GRID)
+    for cell, dtype, bias in itertools.product(("gru", "rnn"), DTYPES, (True, False))
+]
+SMALL = [
+    (7, 5, 50, "gru", torch.float32, True),
+    (33, 13, 8, "gru", torch.bfloat16, False),
+    (7, 5, 50, "rnn", torch.float32, True),
+    (1, 3, 8, "rnn", torch.bfloat16, True),
+]
+
+
+def check_cell(u, i, hd, cell, dtype, bias, device):
+    from sven.kernels import triton_rnn
+
+    gen = torch.Generator().manual_seed(2)
+    g = 3 if cell == "gru" else 1
+    # Pre-activations spread over the gates' saturated and linear ranges.
+    x = torch.randn(u, i, generator=gen)
+    h = torch.randn(u, hd, generator=gen)
+    w_ih = torch.randn(g * hd, i, generator=gen) * 2 / i**0.5
+    w_hh = torch.randn(g * hd, hd, generator=gen) * 2 / hd**0.5
+    b_ih = torch.randn(g * hd, generator=gen) if bias else None
+    b_hh = torch.randn(g * hd, generator=gen) if bias else None
+    dout = torch.randn(u, hd, generator=gen)
+    results = []
+    for fn, cast in [
+        (getattr(triton_rnn, f"{cell}_cell"), dtype),
+        (getattr(reference, f"{cell}_cell"), torch.float64),
+    ]:
+        leaves = [
+            t.to(device, cast).clone().requires_grad_() if t is not None else None
+            for t in (x, h, w_ih, w_hh, b_ih, b_hh)
+        ]
+        out = fn(*leaves)
+        out.backward(dout.to(device, cast))
+        results.append([out] + [t.grad for t in leaves if t is not None])
+    tol = tolerances(dtype)
+    if dtype == torch.bfloat16:
+        # bf16 GEMMs over I or Hd terms: weight gradients sum U products of rounded values.
+        tol = {"rtol": 2e-2, "atol": 2e-2 * max(1.0, u**0.5 / 4)}
+    for got, want in zip(results[0], results[1]):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), want, **tol)
+
+
+@pytest.mark.parametrize("u,i,hd,cell,dtype,bias", SMALL)
+def test_cell_small(u, i, hd, cell, dtype, bias, device) -> None:
+    check_cell(u, i, hd, cell, dtype, bias, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("u,i,hd,cell,dtype,bias", FULL)
+def test_cell_grid(u, i, hd, cell, dtype, bias, cuda) -> None:
+    check_cell(u, i, hd, cell, dtype, bias, cuda)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_saturated_gates_are_finite(device) -> None:
+    """Huge pre-activations saturate the gates instead of overflowing to NaN."""
+    from sven.kernels import triton_rnn
+
+    x = torch.tensor([[1e4], [-1e4], [0.0]], device=device)
+    h = torch.zeros(3, 1, device=device)
+    one = torch.ones(3, 1, device=device)
+    out = triton_rnn.gru_cell(x, h, one.expand(3, 1).contiguous(), one, None, None)
+    # r = z = sigmoid(x) and n = tanh(x + r * 0): z = 1 keeps h = 0 for x = 1e4; z = 0,
+    # n = -1 for x = -1e4; x = 0 gives (1 - 1/2) * 0 + 1/2 * 0 = 0.
+    assert torch.equal(out, torch.tensor([[0.0], [-1.0], [0.0]], device=device))
+    out = triton_rnn.rnn_cell(x, h, one[:1], one[:1], None, None)
+    assert torch.equal(out, torch.tensor([[1.0], [-1.0], [0.0]], device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", ["gru", "rnn"])
+def test_cell_under_autocast(cell, cuda) -> None:
+    """fp32 parameters under bf16 autocast: same result and grads as the reference."""
+    from sven.kernels import triton_rnn
+
+    module = (torch.nn.GRUCell if cell == "gru" else torch.nn.RNNCell)(30, 20).to(cuda)
+    x = torch.randn(17, 30, device=cuda)
+    h = torch.randn(17, 20, device=cuda)
+    params = [module.weight_ih, module.weight_hh, module.bias_ih, module.bias_hh]
+    results = []
+    for fn in (getattr(triton_rnn, f"{cell}_cell"), getattr(reference, f"{cell}_cell")):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(x, h, *params)
+        results.append([out, *torch.autograd.grad(out.float().sum(), params)])
+    for got, want in zip(*results):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)

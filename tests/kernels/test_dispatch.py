@@ -1,0 +1,69 @@
+"""The kernel dispatch: which backend a call takes, read once from the environment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sven import kernels
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choice(monkeypatch):
+    monkeypatch.delenv("SVEN_KERNELS", raising=False)
+    kernels.reset_backend()
+    yield
+    kernels.reset_backend()
+
+
+def _attention_args(device="cpu"):
+    q = torch.randn(3, 2, 4, device=device, requires_grad=True)
+    k = torch.randn(3, 5, 2, 4, device=device)
+    mask = torch.ones(3, 5, dtype=torch.bool, device=device)
+    return q, k, k, mask
+
+
+def test_auto_runs_the_reference_on_cpu() -> None:
+    assert kernels.backend_for(torch.zeros(1)) == "reference"
+    out = kernels.temporal_attention(*_attention_args())
+    assert "_TemporalAttention" not in type(out.grad_fn).__name__
+
+
+def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch) -> None:
+    pytest.importorskip("triton")
+    monkeypatch.setenv("SVEN_KERNELS", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kernels.temporal_attention(*_attention_args())
+
+
+def test_forced_triton_under_the_interpreter(monkeypatch, device) -> None:
+    monkeypatch.setenv("SVEN_KERNELS", "triton")
+    args = _attention_args(device)
+    assert kernels.backend_for(args[0]) == "triton"
+    out = kernels.temporal_attention(*args)
+    assert type(out.grad_fn).__name__ == "_TemporalAttentionBackward"
+    torch.testing.assert_close(out, kernels.reference.temporal_attention(*args))
+
+
+def test_choice_is_cached_until_reset(monkeypatch) -> None:
+    t = torch.zeros(1)
+    monkeypatch.setenv("SVEN_KERNELS", "reference")
+    assert kernels.backend_for(t) == "reference"
+    monkeypatch.setenv("SVEN_KERNELS", "bogus")
+    assert kernels.backend_for(t) == "reference"  # not re-read
+    kernels.reset_backend()
+    with pytest.raises(ValueError, match="bogus"):
+        kernels.backend_for(t)
+
+
+@pytest.mark.gpu
+def test_auto_picks_triton_on_cuda_and_reference_can_be_forced(monkeypatch, cuda) -> None:
+    args = _attention_args(cuda)
+    assert kernels.backend_for(args[0]) == "triton"
+    assert type(kernels.temporal_attention(*args).grad_fn).__name__ == (
+        "_TemporalAttentionBackward"
+    )
+    monkeypatch.setenv("SVEN_KERNELS", "reference")
+    kernels.reset_backend()
+    assert kernels.backend_for(args[0]) == "reference"
