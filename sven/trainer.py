@@ -42,6 +42,7 @@ from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
 from sven.pipeline.batch import Batch, make_batch
 from sven.pipeline.negatives import sample_negatives
+from sven.tblog import EpochLog
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
 # run and every epoch evaluates against the same negatives.
@@ -149,6 +150,7 @@ class Trainer:
             raise ConfigError("train.device is cuda but no CUDA device is available")
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
+        self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
         self._load_data()
         self._partition()
         torch.manual_seed(tc.seed)
@@ -863,6 +865,7 @@ class Trainer:
             if main:
                 with open(self.out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(line) + "\n")
+                self.epoch_log.write(line)
             self._log(
                 f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {_fmt(line['val_ap'])} "
                 f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} events/s)"
