@@ -146,7 +146,11 @@ def _plot_training(
     ap_ax.legend(loc="best", fontsize="small")
     for ax in (loss_ax, ap_ax):
         ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if len(epochs) <= 12:
+            ax.set_xticks(epochs)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
         ax.grid(alpha=0.3)
     title = who
     if summary.get("test_ap") is not None:
@@ -171,8 +175,8 @@ def _plot_comm(line: dict[str, Any], who: str, path: Path) -> Path:
     ax.set_ylabel(f"memory exchange sent ({unit})")
     saving = 1.0 - free.sum() / naive.sum() if naive.sum() else 0.0
     ax.set_title(
-        f"Bytes per rank, epoch {line['epoch']}: {saving:.0%} saved; "
-        f"max/mean {free.max() / max(free.mean(), 1.0):.2f}",
+        f"Memory-exchange bytes per rank, epoch {line['epoch']}\n"
+        f"de-duplication saves {saving:.0%}; max/mean {free.max() / max(free.mean(), 1.0):.2f}",
         fontsize="medium",
     )
     fig.suptitle(f"{who} (gradient all-reduce not included)", fontsize="medium")
