@@ -4,7 +4,7 @@ One epoch walks the training events in time order in global batches of B; each b
 draws deterministic negatives, samples temporal neighbours, reads the memory of its
 unique nodes, runs the model, steps the optimizer and commits the model's memory update.
 Validation continues the memory from the end of training and test from the end of
-validation ("Training semantics" in DESIGN.md).
+validation ("Training semantics" in docs/design.md).
 
 With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.dist`), rank r
 processes the events of each global batch that the partition assigns to it, reads and
