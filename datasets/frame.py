@@ -48,7 +48,8 @@ def from_dataframe(
         dst: Destination id column (default: ``dst``, ``destination``, ``i``,
             ``item_id``...).
         time: Timestamp column (default: ``t``, ``ts``, ``time``, ``timestamp``...);
-            numbers, or datetimes (as nanoseconds since the epoch).
+            numbers, or datetimes (stored as seconds since the epoch: int64 when
+            every time is a whole second, else float64).
         feat: Edge feature columns, in order: (E, len(feat)) float32.
         label: Per-event label column.
         name: Dataset name (default: the directory name).
@@ -68,9 +69,8 @@ def from_dataframe(
             raise DataError(f"no column {given!r} (columns: {', '.join(names)})", _WHAT)
     cols = _resolve(names, ColumnMap(src, dst, time, tuple(feat), label), _WHAT)
     frame = df.set_axis(range(len(names)), axis=1)
-    for key in ("src", "dst", "time"):
-        if pd.api.types.is_datetime64_any_dtype(frame[cols[key]]):
-            frame[cols[key]] = frame[cols[key]].astype("int64")
+    if pd.api.types.is_datetime64_any_dtype(frame[cols["time"]]):
+        frame[cols["time"]] = _seconds(frame[cols["time"]])
     strings = {k: not pd.api.types.is_numeric_dtype(frame[cols[k]]) for k in ("src", "dst")}
     if strings["src"] != strings["dst"]:
         side = "source" if strings["src"] else "destination"
@@ -89,3 +89,11 @@ def from_dataframe(
                 label=None if label is None else _labels(part[cols["label"]], where),
             )
         return writer.close()
+
+
+def _seconds(col: pd.Series) -> pd.Series:
+    """Datetimes (naive, or aware and then taken in UTC) as seconds since the epoch."""
+    ns = col.dt.as_unit("ns").astype("int64")
+    if (ns % 10**9 == 0).all():
+        return ns // 10**9
+    return ns / 1e9
