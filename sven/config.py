@@ -361,11 +361,19 @@ def suggest_key(key: str) -> str | None:
         else the closest dotted key by :func:`difflib.get_close_matches`.
     """
     keys = [f.key for f in config_fields()]
-    sections = sorted({k.rsplit(".", 1)[0] for k in keys if "." in k})
     leaf = key.rsplit(".", 1)[-1]
     same = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
     if len(same) == 1:
         return same[0]
+    section, _, name = key.rpartition(".")
+    inside = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
+    if section and inside:
+        # A known section: compare the field names alone, so that the shared prefix
+        # does not make any key of the section look close.
+        close = difflib.get_close_matches(name, inside, n=1, cutoff=0.6)
+        return f"{section}.{close[0]}" if close else None
+    # Sections are suggested only for a top-level name ("trian" -> "train").
+    sections = sorted({k.rsplit(".", 1)[0] for k in keys if "." in k}) if not section else []
     close = difflib.get_close_matches(key, keys + sections, n=1, cutoff=0.6)
     return close[0] if close else None
 
