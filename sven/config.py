@@ -301,7 +301,10 @@ def _docstrings() -> dict[str, dict[str, str]]:
     Field docstrings are the string literals right below each annotated field; Python
     keeps none of them at run time, so they are read from the source once.
     """
-    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    except OSError:  # installed without sources: help texts lose their docstrings only
+        return {}
     out: dict[str, dict[str, str]] = {}
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):

@@ -302,7 +302,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"{INSTALL_HINT}.",
     )
     p.add_argument("path", metavar="RUN_OR_PART", help="a run folder or a partition folder")
-    p.add_argument("--out", help="folder for the PNGs (default: RUN_OR_PART/plots)")
+    p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: RUN_OR_PART/plots)")
     p.set_defaults(func=_plot)
 
 
