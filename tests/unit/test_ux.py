@@ -262,3 +262,23 @@ def test_from_dataframe_default_names_and_bad_rows(tmp_path) -> None:
     with pytest.raises(DataError, match="no column 'user'"):
         from_dataframe(df, tmp_path / "bad", src="user")
     assert not (tmp_path / "bad").exists()
+
+
+def test_trainer_logs_each_epoch_to_tensorboard(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import sven
+    from sven.datasets.store import write_events
+
+    rng = np.random.default_rng(0)
+    e = 1200
+    write_events(tmp_path / "s", rng.integers(0, 30, e), rng.integers(0, 30, e), np.arange(e))
+    over = [f"data.path={tmp_path / 's'}", f"out={tmp_path / 'run'}", "train.epochs=2"]
+    over += ["model.memory_dim=8", "model.time_dim=8", "model.embed_dim=8", "quiet=true"]
+    sven.Trainer(None, [*over, "log.tensorboard=true"]).fit()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    acc = EventAccumulator(str(tmp_path / "run" / "tb"))
+    acc.Reload()
+    got = [(s.step, s.value) for s in acc.Scalars("train_loss")]
+    assert got == [(x["epoch"], pytest.approx(x["train_loss"], rel=1e-6)) for x in lines]
