@@ -183,6 +183,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
         "store": {"path": str(events.path), **store_info(events)},
         "timings": {name: round(v, 3) for name, v in timings.items()},
         "report": report.summary(),
+        "per_rank": report.to_dict()["per_rank"],
     }
     from sven import __version__
 

@@ -17,8 +17,9 @@ source or of its destination; the cost report covers the training epoch.
 settings the cost model used), ``balance``, ``seed``, ``store`` (the event store's
 ``path``, ``name`` and its ``checksums`` of ``src``/``dst``/``t``, so that a partition
 is never used with other data), ``checksums`` (``{file name: sha256}`` of every
-``.npy`` above), ``timings`` (seconds per phase), ``sven_version`` and ``report`` (the
-cost report's summary, see ``CostReport.summary``).
+``.npy`` above), ``timings`` (seconds per phase), ``sven_version``, ``report`` (the
+cost report's summary, see ``CostReport.summary``) and ``per_rank`` (its per-rank
+arrays, ``CostReport.to_dict()["per_rank"]``, which ``sven plot PART`` draws).
 
 The directory is written next to its final place under a temporary name and renamed
 into place, so a reader sees either nothing or a complete partition.

@@ -7,7 +7,7 @@ candidates are the events in v's list with time strictly before t, so that an ev
 never sees itself or anything simultaneous with it.
 
 Sampling is fully vectorized and host-sync free, so the same code runs on CPU and
-CUDA and can be captured in a CUDA graph (see DESIGN.md, "Performance facts"): the
+CUDA and can be captured in a CUDA graph (see docs/design.md, "Performance rules"): the
 number of candidates of every root is found with two ``torch.searchsorted`` calls
 over a global key (node, rank of time) that is sorted because every node's segment is
 sorted by time, and the K sampled positions are gathered with fixed-shape index

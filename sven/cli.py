@@ -21,6 +21,9 @@ _STAGES = (
     ("partition", "sven.partition.cli"),
     ("train", "sven.train_cli"),
     ("eval", "sven.train_cli"),
+    ("config", "sven.config_cli"),
+    ("plot", "sven.plot"),
+    ("env", "sven.env"),
 )
 
 

@@ -7,8 +7,13 @@ by dotted path (``train.batch_size=600``) and are parsed with YAML scalar rules.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
+import functools
+import inspect
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -164,6 +169,15 @@ class DistConfig:
 
 
 @dataclass(kw_only=True)
+class LogConfig:
+    """What a run writes besides ``metrics.jsonl`` and ``summary.json``."""
+
+    tensorboard: bool = False
+    """Also write each epoch's metrics as TensorBoard events under ``<out>/tb`` (rank 0;
+    needs ``pip install 'sven[tensorboard]'``)."""
+
+
+@dataclass(kw_only=True)
 class Config:
     """A whole run."""
 
@@ -171,6 +185,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     out: str = "runs/default"
     """Output directory (metrics, summary, checkpoints)."""
     quiet: bool = False
@@ -194,7 +209,7 @@ def _build(cls: type, d: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in d.items():
         if key not in names:
-            raise ConfigError(f"unknown config key {prefix + key!r}; known: {sorted(names)}")
+            raise ConfigError(_unknown_key(prefix + key, value, sorted(names)))
         typ = hints[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, f"{prefix}{key}.")
@@ -273,3 +288,117 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def dump_config(cfg: Config, path: str | Path) -> None:
     """Writes the resolved config as JSON (exactly what the run used)."""
     Path(path).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One leaf of the config, for help texts and the reference.
+
+    Attributes:
+        key: Dotted key, e.g. ``"train.epochs"``.
+        type: Type name (``"int"``, ``"float"``, ``"str"``, ``"bool"``).
+        default: The default value.
+        doc: The docstring below the field in this module (empty if it has none).
+    """
+
+    key: str
+    type: str
+    default: Any
+    doc: str
+
+
+@functools.cache
+def _docstrings() -> dict[str, dict[str, str]]:
+    """``{class name: {"": class docstring, field: field docstring}}`` of this module.
+
+    Field docstrings are the string literals right below each annotated field; Python
+    keeps none of them at run time, so they are read from the source once.
+    """
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    except OSError:  # installed without sources: help texts lose their docstrings only
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs = {"": inspect.cleandoc(ast.get_docstring(node) or "")}
+        for stmt, after in zip(node.body, node.body[1:]):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+        out[node.name] = docs
+    return out
+
+
+def section_doc(name: str) -> str:
+    """The docstring of a config section (``"train"``), or of :class:`Config` for ``""``."""
+    cls = get_type_hints(Config)[name] if name else Config
+    return _docstrings().get(cls.__name__, {}).get("", "")
+
+
+def config_fields(cls: type = Config, prefix: str = "") -> list[ConfigField]:
+    """Every leaf of the config in declaration order, with its default and docstring.
+
+    Args:
+        cls: The dataclass to walk (the whole :class:`Config` by default).
+        prefix: Dotted prefix of ``cls``'s fields.
+
+    Returns:
+        One :class:`ConfigField` per leaf, sections expanded in place.
+    """
+    hints = get_type_hints(cls)
+    docs = _docstrings().get(cls.__name__, {})
+    out: list[ConfigField] = []
+    for f in dataclasses.fields(cls):
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            out.extend(config_fields(typ, f"{prefix}{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        name = getattr(typ, "__name__", str(typ))
+        out.append(ConfigField(prefix + f.name, name, default, docs.get(f.name, "")))
+    return out
+
+
+def suggest_key(key: str) -> str | None:
+    """The valid config key nearest to a misspelt one, or None if none is close.
+
+    Args:
+        key: A dotted key that is not in the config, e.g. ``"train.epoch"``.
+
+    Returns:
+        The same field name in another section (``"epochs"`` -> ``"train.epochs"``),
+        else the closest dotted key by :func:`difflib.get_close_matches`.
+    """
+    keys = [f.key for f in config_fields()]
+    leaf = key.rsplit(".", 1)[-1]
+    same = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    if len(same) == 1:
+        return same[0]
+    section, _, name = key.rpartition(".")
+    inside = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
+    if section and inside:
+        # A known section: compare the field names alone, so that the shared prefix
+        # does not make any key of the section look close.
+        close = difflib.get_close_matches(name, inside, n=1, cutoff=0.6)
+        return f"{section}.{close[0]}" if close else None
+    # Sections are suggested only for a top-level name ("trian" -> "train").
+    sections = sorted({k.rsplit(".", 1)[0] for k in keys if "." in k}) if not section else []
+    close = difflib.get_close_matches(key, keys + sections, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _unknown_key(key: str, value: Any, known: list[str]) -> str:
+    # A misspelt section ("trian: {epochs: 3}") is best named by its first full key.
+    tried = [f"{key}.{k}" for k in value] if isinstance(value, dict) else []
+    for cand in [*tried, key]:
+        hint = suggest_key(cand)
+        if hint is not None:
+            return f"unknown config key {cand!r}; did you mean {hint!r}?"
+    return f"unknown config key {key!r}; known here: {known} (all keys: sven config --reference)"

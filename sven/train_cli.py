@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from sven.config_cli import KeysHelpFormatter, config_help
 from sven.errors import ConfigError, Stopped
 
 
@@ -19,6 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train a model (defaults: TGN on the built-in synthetic dataset)",
         description="Train a memory-based TGNN. Overrides are dotted key=value pairs, e.g. "
         "data.path=stores/uci model.name=jodie train.epochs=10 out=runs/uci-jodie.",
+        epilog=config_help(),
+        formatter_class=KeysHelpFormatter,
     )
     p.add_argument("--config", help="YAML preset (e.g. configs/tgn.yaml)")
     p.add_argument("--quiet", action="store_true", help="no progress output")

@@ -4,7 +4,7 @@ One epoch walks the training events in time order in global batches of B; each b
 draws deterministic negatives, samples temporal neighbours, reads the memory of its
 unique nodes, runs the model, steps the optimizer and commits the model's memory update.
 Validation continues the memory from the end of training and test from the end of
-validation ("Training semantics" in DESIGN.md).
+validation ("Training semantics" in docs/design.md).
 
 With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.dist`), rank r
 processes the events of each global batch that the partition assigns to it, reads and
@@ -41,6 +41,7 @@ from sven.errors import ConfigError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
 from sven.pipeline.batch import Batch
+from sven.tblog import EpochLog
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
 # run and every epoch evaluates against the same negatives.
@@ -148,6 +149,7 @@ class Trainer:
             raise ConfigError("train.device is cuda but no CUDA device is available")
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
+        self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
         self._load_data()
         self._partition()
         torch.manual_seed(tc.seed)
@@ -928,6 +930,7 @@ class Trainer:
             if main:
                 with open(self.out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(line) + "\n")
+                self.epoch_log.write(line)
             self._log(
                 f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {_fmt(line['val_ap'])} "
                 f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} events/s)"
