@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,12 @@ from sven.errors import ConfigError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
 from sven.pipeline.batch import Batch, make_batch
+from sven.pipeline.eval_negatives import (
+    EvalNegatives,
+    eval_negative_columns,
+    filtered_mrr_negatives,
+    protocol_order,
+)
 from sven.pipeline.negatives import sample_negatives
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
@@ -59,13 +65,17 @@ class EvalResult:
 
     Attributes:
         pos: (n,) positive logits.
-        neg: (n,) logits of the one evaluation negative of each event.
+        neg: (n,) logits of the one evaluation negative of each event (``eval.negatives``).
         mrr_neg: (n, q) logits of the MRR negatives, or None.
+        mrr_valid: (n, q) bool, False for MRR negatives filtered out as true edges.
+        protocol_neg: Logits (n,) of the negatives of the other protocols, by name.
     """
 
     pos: torch.Tensor
     neg: torch.Tensor
     mrr_neg: torch.Tensor | None = None
+    mrr_valid: torch.Tensor | None = None
+    protocol_neg: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _atomic_write_text(text: str, path: Path) -> None:
@@ -166,7 +176,7 @@ class Trainer:
             kwargs.update(num_heads=mc.num_heads, dropout=mc.dropout)
         if mc.name == "apan":
             kwargs["mailbox_size"] = mc.mailbox_size
-        if mc.name == "jodie":
+        if mc.name in ("jodie", "apan"):
             lo, hi = self.ranges["train"]
             ev = self.events
             kwargs["time_scale"] = time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
@@ -356,11 +366,16 @@ class Trainer:
         stream: int,
         num_neg: int,
         mrr_stream: int | None = None,
+        neg: torch.Tensor | None = None,
     ) -> Batch:
-        """This rank's part of the global batch that starts at event ``start``."""
-        neg = sample_negatives(self.cfg.train.seed, stream, idx, self.candidates, num_neg)
+        """This rank's part of the global batch that starts at event ``start``.
+
+        ``neg`` (B, n) replaces the uniform negatives (evaluation protocols).
+        """
+        if neg is None:
+            neg = sample_negatives(self.cfg.train.seed, stream, idx, self.candidates, num_neg)
         if mrr_stream is not None:
-            q = self.cfg.train.mrr_negatives
+            q = self.mrr_negatives
             neg = torch.cat(
                 [neg, sample_negatives(self.cfg.train.seed, mrr_stream, idx, self.candidates, q)], 1
             )
@@ -485,12 +500,26 @@ class Trainer:
         self.model.eval()
         lo, hi = self.ranges[split]
         b = self.cfg.train.batch_size
-        q = self.cfg.train.mrr_negatives
+        q = self.mrr_negatives
+        protocols = protocol_order(
+            self.cfg.eval.negatives, self.cfg.eval.all_protocols and split == "test"
+        )
+        n_neg = len(protocols)
         idx_all, pos, neg = [], [], []
         for start in range(lo, hi, b):
             idx = self._event_index(start, min(start + b, hi))
+            negs = eval_negative_columns(
+                protocols,
+                self.candidates,
+                self._eval_negatives() if protocols != ["random"] else None,
+                self.cfg.train.seed,
+                _EVAL_STREAM[split],
+                idx,
+                start,
+                min(start + b, hi),
+            )
             batch = self._batch(
-                idx, start, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None
+                idx, start, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None, neg=negs
             )
             rows = self._read(batch)
             update = self._empty_update()
@@ -507,10 +536,36 @@ class Trainer:
         if pos:
             scores = torch.cat([torch.cat(pos)[:, None], torch.cat(neg)], 1)
         else:
-            scores = torch.zeros(0, 2 + q, dtype=self.dtype, device=self.device)
+            scores = torch.zeros(0, 1 + n_neg + q, dtype=self.dtype, device=self.device)
         idx_t, scores = self._gather_rows(idx_t, scores)
-        scores = scores[torch.argsort(idx_t)].cpu()
-        return EvalResult(scores[:, 0], scores[:, 1], scores[:, 2:] if q else None)
+        order = torch.argsort(idx_t)
+        scores = scores[order].cpu()
+        valid = None
+        if q:
+            # The MRR negatives are a function of (seed, stream, event): redrawn here for
+            # TGB's filter rather than carried through the gather.
+            idx_s = idx_t[order]
+            mrr_neg = sample_negatives(
+                self.cfg.train.seed, _MRR_STREAM[split], idx_s, self.candidates, q
+            )
+            valid = filtered_mrr_negatives(
+                self.src, self.dst, self.t, idx_s, mrr_neg, self.num_nodes
+            ).cpu()
+        return EvalResult(
+            scores[:, 0],
+            scores[:, 1],
+            scores[:, 1 + n_neg :] if q else None,
+            valid,
+            {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
+        )
+
+    def _eval_negatives(self) -> EvalNegatives:
+        """The evaluation negative sampler (historical/inductive pair table), built once."""
+        if getattr(self, "_eval_neg", None) is None:
+            self._eval_neg = EvalNegatives(
+                self.src, self.dst, self.num_nodes, self.ranges["train"][1], self.candidates
+            )
+        return self._eval_neg
 
     def _gather_rows(
         self, idx: torch.Tensor, rows: torch.Tensor
@@ -542,7 +597,11 @@ class Trainer:
         # in the last bits (reduction order), which would otherwise break exact ties (e.g.
         # two nodes with the same memory) in a different direction and move AP.
         res = EvalResult(
-            res.pos.float(), res.neg.float(), None if res.mrr_neg is None else res.mrr_neg.float()
+            res.pos.float(),
+            res.neg.float(),
+            None if res.mrr_neg is None else res.mrr_neg.float(),
+            res.mrr_valid,
+            {k: v.float() for k, v in res.protocol_neg.items()},
         )
 
         def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
@@ -562,9 +621,21 @@ class Trainer:
                 res.pos[m], res.neg[m]
             )
             out[f"{split}_inductive_events"] = int(m.sum())
+        for name, neg in res.protocol_neg.items():
+            # The other evaluation protocols: test_<protocol>neg_ap[_inductive] etc.
+            p = f"{split}_{name}neg"
+            out[f"{p}_ap"], out[f"{p}_auc"] = per_batch(res.pos, neg)
+            if split in self.inductive:
+                m = self.inductive[split]
+                out[f"{p}_ap_inductive"], out[f"{p}_auc_inductive"] = per_batch(res.pos[m], neg[m])
         if res.mrr_neg is not None:
-            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg)
+            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg, res.mrr_valid)
         return out
+
+    @property
+    def mrr_negatives(self) -> int:
+        """``eval.mrr_negatives``, or its older spelling ``train.mrr_negatives``."""
+        return self.cfg.eval.mrr_negatives or self.cfg.train.mrr_negatives
 
     # ----------------------------------------------------------- checkpoints
     def _barrier(self, what: str) -> None:
@@ -901,6 +972,8 @@ class Trainer:
             "best_epoch": best["epoch"],
             "val_ap": best_line.get("val_ap"),
             "val_auc": best_line.get("val_auc"),
+            "eval_negatives": cfg.eval.negatives,
+            "eval_mrr_negatives": self.mrr_negatives,
             **test,
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
