@@ -18,11 +18,13 @@ are mostly long-silent nodes, that made test AP (0.54-0.57) fall far under val A
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.base import MemoryModel, keyed_dropout
+from sven.models.base import MemoryModel, ModelOutput, keyed_dropout
 from sven.models.memory import MemoryRows, TimeEncoding
 from sven.pipeline.batch import Batch
 
@@ -75,18 +77,44 @@ class APAN(MemoryModel):
         nn.init.zeros_(self.time_proj.bias)
         self.out = nn.Identity() if self.embed_dim == d else nn.Linear(d, self.embed_dim)
 
-    def current_memory(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mailbox attention at the time of the read; returns memory (U, d), last_update (U,).
+    def forward(self, batch: Batch, rows: MemoryRows) -> ModelOutput:
+        """One step, with the memory computed once per root rather than per unique node.
 
-        A node's read time is the latest time at which the batch reads it; each mail's
-        key carries its age then (TGL: root time minus mail time), not its age relative
-        to the node's newest mail, which says nothing of how long the node has been
-        silent. last_update is the time of the newest mail.
+        The mailbox is read at each root's own time (as TGL, whose memory rows are the
+        roots). A per-node read time would be a reduction over the node's roots, which
+        on several ranks sees only this rank's roots; per root, every rank computes
+        what one process computes, and the written memory of a node is the row of its
+        last event in the batch, read at that event's time.
+        """
+        rp = batch.root_pos
+        per_root = dataclasses.replace(
+            batch,
+            nodes=batch.nodes[rp],
+            root_pos=torch.arange(rp.numel(), device=rp.device),
+            node_feat=None if batch.node_feat is None else batch.node_feat[rp],
+            node_key=None if batch.node_key is None else batch.node_key[rp],
+        )
+        root_rows = MemoryRows(
+            rows.memory[rp],
+            rows.last_update[rp],
+            rows.mail[rp],
+            rows.mail_ts[rp],
+            rows.mail_valid[rp],
+            None if rows.node_feat is None else rows.node_feat[rp],
+        )
+        return super().forward(per_root, root_rows)
+
+    def current_memory(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mailbox attention at the read time; returns memory (R, d), last_update (R,).
+
+        Rows are the roots (see :meth:`forward`). Each mail's key carries its age at the
+        root's time (TGL: root time minus mail time), not its age relative to the
+        node's newest mail, which says nothing of how long the node has been silent.
+        last_update is the time of the newest mail.
         """
         u, m, _ = rows.mail.shape
-        t_read = torch.full((u,), float("-inf"), dtype=torch.float64, device=rows.mail_ts.device)
-        t_read = t_read.scatter_reduce(0, batch.root_pos, batch.root_t, reduce="amax")
-        age = (t_read[:, None] - rows.mail_ts).clamp_min(0.0).masked_fill(~rows.mail_valid, 0.0)
+        age = (batch.root_t[:, None] - rows.mail_ts).clamp_min(0.0)
+        age = age.masked_fill(~rows.mail_valid, 0.0)
         dtype = rows.memory.dtype
         kv = self.w_kv(
             torch.cat([rows.mail.to(dtype), self.mail_time(age.to(dtype)).to(dtype)], dim=2)
