@@ -138,6 +138,7 @@ def filtered_mrr_negatives(
     index: torch.Tensor,
     negatives: torch.Tensor,
     num_nodes: int,
+    chunk: int = 4096,
 ) -> torch.Tensor:
     """TGB's filter: which one-vs-many negatives are not true edges at the query's time.
 
@@ -147,21 +148,39 @@ def filtered_mrr_negatives(
 
     Args:
         src: (E,) int64 sources of the stream. dst: (E,) destinations. t: (E,) times.
-        index: (B,) int64 events of the queries.
+        index: (B,) int64 events of the queries, ascending.
         negatives: (B, q) int64 negative destinations.
         num_nodes: N.
+        chunk: Queries handled at once.
 
     Returns:
         (B, q) bool, True where the negative counts.
     """
+    out = torch.ones_like(negatives, dtype=torch.bool)
+    # Chunks of queries keep the (time, source, destination) keys of a window small.
+    for lo in range(0, index.numel(), chunk):
+        sl = slice(lo, lo + chunk)
+        out[sl] = _not_true_edges(src, dst, t, index[sl], negatives[sl], num_nodes)
+    return out
+
+
+def _not_true_edges(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    t: torch.Tensor,
+    index: torch.Tensor,
+    negatives: torch.Tensor,
+    n: int,
+) -> torch.Tensor:
+    """:func:`filtered_mrr_negatives` on one chunk of queries (a time-sorted stream)."""
     s, tq = src[index], t[index]
-    # Events at the queries' times: a contiguous slice per time in a time-sorted stream.
-    lo = torch.searchsorted(t, tq.min(), right=False) if index.numel() else 0
-    hi = torch.searchsorted(t, tq.max(), right=True) if index.numel() else 0
+    # Events at the queries' times lie in one contiguous slice of the stream.
+    lo = int(torch.searchsorted(t, tq.min().reshape(1))[0])
+    hi = int(torch.searchsorted(t, tq.max().reshape(1), right=True)[0])
     ws, wd, wt = src[lo:hi], dst[lo:hi], t[lo:hi]
-    # Key of (time rank, source, destination) within the window.
     times, t_rank = torch.unique(wt, return_inverse=True)
-    n = num_nodes
+    if times.numel() * n * n >= 1 << 62:
+        raise ValueError(f"{n} nodes: (time, source, destination) keys would overflow int64")
     true_keys = torch.unique((t_rank * n + ws) * n + wd)
     q_rank = torch.searchsorted(times, tq)
     keys = (q_rank[:, None] * n + s[:, None]) * n + negatives

@@ -69,6 +69,9 @@ def test_filtered_mrr_drops_true_edges_of_the_same_instant() -> None:
     valid = filtered_mrr_negatives(src, dst, t, torch.tensor([0, 2]), neg, 4)
     # (0,2,t=1) is an event, and 1 is the query's own destination; (1,2,t=2) likewise.
     assert valid.tolist() == [[False, True, False], [False, True, True]]
+    # Chunks of one query give the same answer.
+    one = filtered_mrr_negatives(src, dst, t, torch.tensor([0, 2]), neg, 4, chunk=1)
+    assert torch.equal(one, valid)
     pos = torch.tensor([0.5, 0.1])
     scores = torch.tensor([[0.9, 0.7, 0.5], [0.2, 0.0, 0.0]])
     # Filtered: ranks 2 and 1. Unfiltered: 1 + 2 + 0.5 = 3.5 and 2.
