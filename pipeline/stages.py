@@ -61,6 +61,8 @@ def select_batch(
     capacity: int | None = None,
     mrr_stream: int | torch.Tensor | None = None,
     mrr_negatives: int = 0,
+    neg_table: torch.Tensor | None = None,
+    table_lo: int | torch.Tensor = 0,
 ) -> Batch:
     """The batch of events [start, stop) with its negatives, neighbours and node slots.
 
@@ -81,6 +83,9 @@ def select_batch(
         mrr_stream: Random stream of the extra MRR negatives, appended after the
             ``num_neg`` columns, or None.
         mrr_negatives: How many MRR negatives.
+        neg_table: (n, m) negatives of events table_lo.. (evaluation protocols drawn
+            ahead), used instead of uniform draws; row ``idx - table_lo`` of each event.
+        table_lo: The global index of the table's first row.
 
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
@@ -93,11 +98,13 @@ def select_batch(
         idx = torch.arange(capacity, device=dev) + start
         valid = idx < stop
         idx = torch.clamp(idx, max=stop - 1)
+    neg = None if neg_table is None else neg_table.index_select(0, idx - table_lo)
     return events_batch(
         tables,
         idx,
         stream,
         start,
+        neg=neg,
         seed=seed,
         num_neg=num_neg,
         sample_roots=sample_roots,
@@ -123,6 +130,7 @@ def events_batch(
     fixed: bool = False,
     mrr_stream: int | torch.Tensor | None = None,
     mrr_negatives: int = 0,
+    neg: torch.Tensor | None = None,
 ) -> Batch:
     """The batch of the given events (any subset, e.g. one rank's share of a global batch).
 
@@ -136,11 +144,14 @@ def events_batch(
         valid: (B,) real-event mask, or None.
         fixed: De-duplicate into fixed slots (``pad_node`` = N) instead of
             ``torch.unique``.
+        neg: (B, n) negatives to use instead of uniform draws (evaluation protocols);
+            the MRR negatives are still appended.
 
     Returns:
         The batch.
     """
-    neg = sample_negatives(seed, stream, idx, tables.candidates, num_neg)
+    if neg is None:
+        neg = sample_negatives(seed, stream, idx, tables.candidates, num_neg)
     if mrr_stream is not None and mrr_negatives:
         neg = torch.cat(
             [neg, sample_negatives(seed, mrr_stream, idx, tables.candidates, mrr_negatives)], 1

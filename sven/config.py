@@ -96,7 +96,7 @@ class TrainConfig:
     num_neg: int = 1
     """Negatives per positive in training."""
     mrr_negatives: int = 0
-    """If > 0, also report MRR against this many fixed negatives per evaluation event."""
+    """Deprecated alias of ``eval.mrr_negatives`` (used when that is 0)."""
     max_batches: int = 0
     """If > 0, stop each training epoch after this many batches (smoke tests)."""
     checkpoint_every: int = 0
@@ -143,6 +143,33 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
+class EvalConfig:
+    """Evaluation protocols (see docs/accuracy.md)."""
+
+    negatives: str = "random"
+    """Negative of each evaluation event for val AP (early stopping) and the headline
+    test metrics: random (a uniform destination), historical (a past partner of the
+    source not in the batch) or inductive (a partner first met after training); the
+    test split is also scored under all three, as ``test_<protocol>neg_*``."""
+    mrr_negatives: int = 0
+    """If > 0, also report MRR of the true destination against this many sampled
+    negatives per evaluation event (TGB's one-vs-many), with TGB's filtering of true
+    edges of the same instant."""
+    all_protocols: bool = True
+    """Score the test split under all three negative protocols (one pass, three
+    negative columns); false: only ``eval.negatives``."""
+
+    def __post_init__(self) -> None:
+        self.negatives = self.negatives.lower()
+        if self.negatives not in ("random", "historical", "inductive"):
+            raise ConfigError(
+                f"eval.negatives must be random, historical or inductive, got {self.negatives!r}"
+            )
+        if self.mrr_negatives < 0:
+            raise ConfigError(f"eval.mrr_negatives must be >= 0, got {self.mrr_negatives}")
+
+
+@dataclass(kw_only=True)
 class DistConfig:
     """Distributed execution (used when launched with more than one rank)."""
 
@@ -184,6 +211,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     log: LogConfig = field(default_factory=LogConfig)
     out: str = "runs/default"

@@ -58,19 +58,28 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float(u / (n_pos * n_neg))
 
 
-def mrr(pos_scores: torch.Tensor, neg_scores: torch.Tensor) -> float:
+def mrr(
+    pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid: torch.Tensor | None = None
+) -> float:
     """Mean reciprocal rank of each positive among its negatives (TGB convention).
+
+    The rank is 1 + #negatives strictly above + half the ties (TGB's mean of the
+    optimistic and pessimistic ranks).
 
     Args:
         pos_scores: (B,) score of each positive.
         neg_scores: (B, q) scores of its q negatives.
+        valid: (B, q) bool, False for negatives that do not count (TGB's filtering of
+            true edges, see ``sven.pipeline.eval_negatives.filtered_mrr_negatives``);
+            None: all count.
 
     Returns:
-        Mean over B of 1 / (1 + #negatives scoring >= ... strictly above, ties counted half).
+        Mean over B of 1 / rank.
     """
     pos = pos_scores.detach().to(torch.float64)[:, None]
     neg = neg_scores.detach().to(torch.float64)
-    rank = 1 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1)
+    keep = torch.ones_like(neg, dtype=torch.bool) if valid is None else valid.to(torch.bool)
+    rank = 1 + ((neg > pos) & keep).sum(1) + 0.5 * ((neg == pos) & keep).sum(1)
     return float((1.0 / rank).mean())
 
 

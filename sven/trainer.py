@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,13 @@ from sven.errors import ConfigError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
 from sven.pipeline.batch import Batch
+from sven.pipeline.eval_negatives import (
+    EvalNegatives,
+    eval_negative_columns,
+    filtered_mrr_negatives,
+    protocol_order,
+)
+from sven.pipeline.negatives import sample_negatives
 from sven.tblog import EpochLog
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
@@ -59,13 +66,17 @@ class EvalResult:
 
     Attributes:
         pos: (n,) positive logits.
-        neg: (n,) logits of the one evaluation negative of each event.
+        neg: (n,) logits of the one evaluation negative of each event (``eval.negatives``).
         mrr_neg: (n, q) logits of the MRR negatives, or None.
+        mrr_valid: (n, q) bool, False for MRR negatives filtered out as true edges.
+        protocol_neg: Logits (n,) of the negatives of the other protocols, by name.
     """
 
     pos: torch.Tensor
     neg: torch.Tensor
     mrr_neg: torch.Tensor | None = None
+    mrr_valid: torch.Tensor | None = None
+    protocol_neg: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _atomic_write_text(text: str, path: Path) -> None:
@@ -167,7 +178,7 @@ class Trainer:
             kwargs.update(num_heads=mc.num_heads, dropout=mc.dropout)
         if mc.name == "apan":
             kwargs["mailbox_size"] = mc.mailbox_size
-        if mc.name == "jodie":
+        if mc.name in ("jodie", "apan"):
             lo, hi = self.ranges["train"]
             ev = self.events
             kwargs["time_scale"] = time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
@@ -410,8 +421,12 @@ class Trainer:
         stream: int,
         num_neg: int,
         mrr_stream: int | None = None,
+        neg: torch.Tensor | None = None,
     ) -> Batch:
-        """This rank's part of the global batch that starts at event ``start``."""
+        """This rank's part of the global batch that starts at event ``start``.
+
+        ``neg`` (B, n) replaces the uniform negatives (evaluation protocols).
+        """
         from sven.pipeline.stages import events_batch
 
         return events_batch(
@@ -424,7 +439,8 @@ class Trainer:
             sample_roots=self.model.sample_roots,
             read_neighbors=self.model.read_neighbors,
             mrr_stream=mrr_stream,
-            mrr_negatives=self.cfg.train.mrr_negatives if mrr_stream is not None else 0,
+            mrr_negatives=self.mrr_negatives if mrr_stream is not None else 0,
+            neg=neg,
         )
 
     def _empty_update(self) -> MemoryUpdate:
@@ -534,12 +550,26 @@ class Trainer:
         self.model.eval()
         lo, hi = self.ranges[split]
         b = self.cfg.train.batch_size
-        q = self.cfg.train.mrr_negatives
+        q = self.mrr_negatives
+        protocols = protocol_order(
+            self.cfg.eval.negatives, self.cfg.eval.all_protocols and split == "test"
+        )
+        n_neg = len(protocols)
         idx_all, pos, neg = [], [], []
         for start in range(lo, hi, b):
             idx = self._event_index(start, min(start + b, hi))
+            negs = eval_negative_columns(
+                protocols,
+                self.candidates,
+                self._eval_negatives() if protocols != ["random"] else None,
+                self.cfg.train.seed,
+                _EVAL_STREAM[split],
+                idx,
+                start,
+                min(start + b, hi),
+            )
             batch = self._batch(
-                idx, start, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None
+                idx, start, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None, neg=negs
             )
             rows = self._read(batch)
             update = self._empty_update()
@@ -556,10 +586,36 @@ class Trainer:
         if pos:
             scores = torch.cat([torch.cat(pos)[:, None], torch.cat(neg)], 1)
         else:
-            scores = torch.zeros(0, 2 + q, dtype=self.dtype, device=self.device)
+            scores = torch.zeros(0, 1 + n_neg + q, dtype=self.dtype, device=self.device)
         idx_t, scores = self._gather_rows(idx_t, scores)
-        scores = scores[torch.argsort(idx_t)].cpu()
-        return EvalResult(scores[:, 0], scores[:, 1], scores[:, 2:] if q else None)
+        order = torch.argsort(idx_t)
+        scores = scores[order].cpu()
+        valid = None
+        if q:
+            # The MRR negatives are a function of (seed, stream, event): redrawn here for
+            # TGB's filter rather than carried through the gather.
+            idx_s = idx_t[order]
+            mrr_neg = sample_negatives(
+                self.cfg.train.seed, _MRR_STREAM[split], idx_s, self.candidates, q
+            )
+            valid = filtered_mrr_negatives(
+                self.src, self.dst, self.t, idx_s, mrr_neg, self.num_nodes
+            ).cpu()
+        return EvalResult(
+            scores[:, 0],
+            scores[:, 1],
+            scores[:, 1 + n_neg :] if q else None,
+            valid,
+            {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
+        )
+
+    def _eval_negatives(self) -> EvalNegatives:
+        """The evaluation negative sampler (historical/inductive pair table), built once."""
+        if getattr(self, "_eval_neg", None) is None:
+            self._eval_neg = EvalNegatives(
+                self.src, self.dst, self.num_nodes, self.ranges["train"][1], self.candidates
+            )
+        return self._eval_neg
 
     def _gather_rows(
         self, idx: torch.Tensor, rows: torch.Tensor
@@ -591,7 +647,11 @@ class Trainer:
         # in the last bits (reduction order), which would otherwise break exact ties (e.g.
         # two nodes with the same memory) in a different direction and move AP.
         res = EvalResult(
-            res.pos.float(), res.neg.float(), None if res.mrr_neg is None else res.mrr_neg.float()
+            res.pos.float(),
+            res.neg.float(),
+            None if res.mrr_neg is None else res.mrr_neg.float(),
+            res.mrr_valid,
+            {k: v.float() for k, v in res.protocol_neg.items()},
         )
 
         def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
@@ -611,9 +671,21 @@ class Trainer:
                 res.pos[m], res.neg[m]
             )
             out[f"{split}_inductive_events"] = int(m.sum())
+        for name, neg in res.protocol_neg.items():
+            # The other evaluation protocols: test_<protocol>neg_ap[_inductive] etc.
+            p = f"{split}_{name}neg"
+            out[f"{p}_ap"], out[f"{p}_auc"] = per_batch(res.pos, neg)
+            if split in self.inductive:
+                m = self.inductive[split]
+                out[f"{p}_ap_inductive"], out[f"{p}_auc_inductive"] = per_batch(res.pos[m], neg[m])
         if res.mrr_neg is not None:
-            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg)
+            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg, res.mrr_valid)
         return out
+
+    @property
+    def mrr_negatives(self) -> int:
+        """``eval.mrr_negatives``, or its older spelling ``train.mrr_negatives``."""
+        return self.cfg.eval.mrr_negatives or self.cfg.train.mrr_negatives
 
     # ----------------------------------------------------------- checkpoints
     def _barrier(self, what: str) -> None:
@@ -969,6 +1041,8 @@ class Trainer:
             "best_epoch": best["epoch"],
             "val_ap": best_line.get("val_ap"),
             "val_auc": best_line.get("val_auc"),
+            "eval_negatives": cfg.eval.negatives,
+            "eval_mrr_negatives": self.mrr_negatives,
             **test,
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
@@ -1258,7 +1332,15 @@ class _SingleProcessStep:
             self.inp = {**dict.fromkeys(names, 0), "npred": 1.0}
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         rows = max(hi - lo for lo, hi in tr.ranges.values()) + 1  # + a scratch row
-        self.scores = torch.zeros(rows, 2 + tc.mrr_negatives, dtype=tr.dtype, device=dev)
+        # Evaluation negatives: one column per protocol (test scores them all), then the
+        # MRR negatives; drawn before each pass into a table the captured step reads, so
+        # that every split uses one graph of one width.
+        ec = tr.cfg.eval
+        self.protocols = protocol_order(ec.negatives, ec.all_protocols)
+        self.width = len(self.protocols) + tr.mrr_negatives
+        self.neg_table = torch.zeros(rows, self.width, dtype=torch.int64, device=dev)
+        self._neg_cache: dict[str, torch.Tensor] = {}
+        self.scores = torch.zeros(rows, 1 + self.width, dtype=tr.dtype, device=dev)
 
         def memory_state() -> list[torch.Tensor]:
             return list(tr.memory.full.values())
@@ -1289,7 +1371,7 @@ class _SingleProcessStep:
             else:
                 self.inp[k] = v
 
-    def _batch(self, num_neg: int, mrr: int) -> Batch:
+    def _batch(self, num_neg: int, neg_table: torch.Tensor | None = None) -> Batch:
         tr, inp = self.tr, self.inp
         return self.select(
             self.tables,
@@ -1301,8 +1383,8 @@ class _SingleProcessStep:
             sample_roots=tr.model.sample_roots,
             read_neighbors=tr.model.read_neighbors,
             capacity=self.capacity,
-            mrr_stream=inp["mrr_stream"] if mrr else None,
-            mrr_negatives=mrr,
+            neg_table=neg_table,
+            table_lo=inp["split_lo"],
         )
 
     def _train(self) -> None:
@@ -1310,7 +1392,7 @@ class _SingleProcessStep:
 
         tr = self.tr
         with torch_determinism_off(self.fixed):
-            batch = self._batch(tr.cfg.train.num_neg, 0)
+            batch = self._batch(tr.cfg.train.num_neg)
             loss = train_step(self.model, tr.optimizer, tr.memory, batch, self.inp["npred"])
             self.loss_sum += loss
 
@@ -1319,7 +1401,7 @@ class _SingleProcessStep:
 
         tr = self.tr
         with torch_determinism_off(self.fixed):
-            batch = self._batch(1, tr.cfg.train.mrr_negatives)
+            batch = self._batch(self.width, self.neg_table)
             out = eval_step(self.model, tr.memory, batch)
             scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
             rows = batch.index - self.inp["split_lo"]
@@ -1340,14 +1422,66 @@ class _SingleProcessStep:
         self.loss_sum.zero_()
         return value
 
+    def _negatives(self, split: str) -> torch.Tensor:
+        """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
+        by the seed): the protocol columns, then the MRR negatives."""
+        if split in self._neg_cache:
+            return self._neg_cache[split]
+        tr = self.tr
+        lo, hi = tr.ranges[split]
+        b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
+        protocols = self.protocols if split == "test" else self.protocols[:1]
+        sampler = tr._eval_negatives() if protocols != ["random"] else None
+        cols = []
+        # Historical and inductive draws depend on the global batch; random ones only
+        # on the event, so one call covers the split.
+        step = b if sampler is not None else max(hi - lo, 1)
+        for start in range(lo, hi, step):
+            idx = torch.arange(start, min(start + step, hi), device=tr.device)
+            c = eval_negative_columns(
+                protocols,
+                tr.candidates,
+                sampler,
+                seed,
+                _EVAL_STREAM[split],
+                idx,
+                start,
+                min(start + step, hi),
+            )
+            # Columns of protocols this split does not score repeat the first one.
+            c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
+            if q:
+                mrr_neg = sample_negatives(seed, _MRR_STREAM[split], idx, tr.candidates, q)
+                c = torch.cat([c, mrr_neg], 1)
+            cols.append(c)
+        table = torch.cat(cols) if cols else self.neg_table[:0]
+        self._neg_cache[split] = table
+        return table
+
     def evaluate(self, split: str) -> EvalResult:
         """Walks a split through the evaluation step; returns all scores."""
         tr = self.tr
         lo, hi = tr.ranges[split]
-        b, q = tr.cfg.train.batch_size, tr.cfg.train.mrr_negatives
-        self._set(split_lo=lo, stream=_EVAL_STREAM[split], mrr_stream=_MRR_STREAM[split])
+        b, q = tr.cfg.train.batch_size, tr.mrr_negatives
+        negs = self._negatives(split)
+        self.neg_table[: hi - lo].copy_(negs)
+        self._set(split_lo=lo, stream=_EVAL_STREAM[split])
         for start in range(lo, hi, b):
             self._set(start=start, stop=min(start + b, hi))
             self.eval_graph()
         scores = self.scores[: hi - lo].cpu()
-        return EvalResult(scores[:, 0], scores[:, 1], scores[:, 2:] if q else None)
+        n_p = len(self.protocols)
+        valid = None
+        if q:
+            idx = torch.arange(lo, hi, device=tr.device)
+            mrr_neg = negs[:, n_p:]
+            valid = filtered_mrr_negatives(tr.src, tr.dst, tr.t, idx, mrr_neg, tr.num_nodes)
+            valid = valid.cpu()
+        protocols = self.protocols if split == "test" else self.protocols[:1]
+        return EvalResult(
+            scores[:, 0],
+            scores[:, 1],
+            scores[:, 1 + n_p :] if q else None,
+            valid,
+            {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
+        )

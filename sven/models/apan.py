@@ -1,30 +1,45 @@
 """APAN: Wang et al., "APAN: Asynchronous Propagation Attention Network for Real-time
 Temporal Graph Embedding", SIGMOD 2021.
 
-A mailbox of the M latest mails per node; the memory update attends over the mailbox
-(query: the memory) and feeds the result to a GRU; the embedding is the memory. Each
-event's mail is delivered to both endpoints and to their sampled neighbours.
+A mailbox of the M latest mails per node. When a node is read, its memory attends over
+the mailbox (query: the memory; keys and values: each mail with the encoding of its age
+at the time of the read), and the memory becomes ReLU(W LayerNorm(attention + memory)),
+as in TGL's APAN. Each event's mail is delivered to both endpoints and to their sampled
+neighbours.
+
+The embedding is the memory projected by the time since the node's newest mail,
+h = m * (1 + w dt) (JODIE's projection; TGL's ``time_transform: JODIE``). Without it the
+embedding is frozen between a node's updates, so a node silent for two months scores
+like one active an hour ago. On CollegeMsg, where the test period's random negatives
+are mostly long-silent nodes, that made test AP (0.54-0.57) fall far under val AP
+(0.76-0.78) and decay with time; with the projection test AP is at or above val AP
+(docs/accuracy.md has the ablations).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.base import MemoryModel, endpoint_keys, keyed_dropout, take_rows
-from sven.models.memory import MemoryRows, RecurrentUpdater, TimeEncoding
+from sven.models.base import MemoryModel, ModelOutput, endpoint_keys, keyed_dropout
+from sven.models.memory import MemoryRows, TimeEncoding
 from sven.pipeline.batch import Batch
 
 
 class APAN(MemoryModel):
-    """APAN with mailbox attention and neighbour mail delivery.
+    """APAN with mailbox attention, neighbour mail delivery and time-projected embeddings.
 
     Args:
         mailbox_size: M, mails kept per node.
         num_heads: Heads of the mailbox attention.
-        dropout: Dropout on the aggregated message.
-        **kwargs: See :class:`~sven.models.base.MemoryModel`.
+        dropout: Dropout on the updated memory.
+        time_scale: Divides the time since the newest mail before the projection (the
+            trainer passes the training data's time-gap std, as for JODIE).
+        **kwargs: See :class:`~sven.models.base.MemoryModel` (``cell`` and ``message``
+            are not used: the mailbox attention is APAN's updater).
     """
 
     sample_roots = "positive"
@@ -32,26 +47,74 @@ class APAN(MemoryModel):
     deliver_to_neighbors = True
 
     def __init__(
-        self, *, mailbox_size: int = 10, num_heads: int = 2, dropout: float = 0.1, **kwargs
+        self,
+        *,
+        mailbox_size: int = 10,
+        num_heads: int = 2,
+        dropout: float = 0.1,
+        time_scale: float = 1.0,
+        **kwargs,
     ) -> None:
-        kwargs.setdefault("cell", "gru")
         super().__init__(**kwargs)
         d = self.memory_dim
         if d % num_heads:
             raise ValueError(f"memory dim {d} not divisible by {num_heads} heads")
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
         self.mailbox_size = mailbox_size
         self.num_heads = num_heads
+        # The mailbox attention replaces the recurrent cell of the base class.
+        self.updater = None
         self.mail_time = TimeEncoding(self.time_dim)
         self.w_q = nn.Linear(d, d)
         self.w_kv = nn.Linear(self.mail_dim + self.time_dim, 2 * d)
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Linear(d, d)
         self.dropout = nn.Dropout(dropout)
-        self.updater = RecurrentUpdater(self.updater.cell_type, d, self.time_dim, d)
+        self.time_scale = float(time_scale)
+        self.time_proj = nn.Linear(1, d)
+        nn.init.normal_(self.time_proj.weight, 0.0, 1.0 / d**0.5)
+        nn.init.zeros_(self.time_proj.bias)
         self.out = nn.Identity() if self.embed_dim == d else nn.Linear(d, self.embed_dim)
 
+    def forward(self, batch: Batch, rows: MemoryRows) -> ModelOutput:
+        """One step, with the memory computed once per root rather than per unique node.
+
+        The mailbox is read at each root's own time (as TGL, whose memory rows are the
+        roots). A per-node read time would be a reduction over the node's roots, which
+        on several ranks sees only this rank's roots; per root, every rank computes
+        what one process computes, and the written memory of a node is the row of its
+        last event in the batch, read at that event's time.
+        """
+        rp = batch.root_pos
+        per_root = dataclasses.replace(
+            batch,
+            nodes=batch.nodes[rp],
+            root_pos=torch.arange(rp.numel(), device=rp.device),
+            node_feat=None if batch.node_feat is None else batch.node_feat[rp],
+            node_key=None if batch.node_key is None else batch.node_key[rp],
+        )
+        root_rows = MemoryRows(
+            rows.memory[rp],
+            rows.last_update[rp],
+            rows.mail[rp],
+            rows.mail_ts[rp],
+            rows.mail_valid[rp],
+            None if rows.node_feat is None else rows.node_feat[rp],
+        )
+        return super().forward(per_root, root_rows)
+
     def current_memory(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mailbox attention, then the GRU; returns memory (U, d) and last_update (U,)."""
+        """Mailbox attention at the read time; returns memory (R, d), last_update (R,).
+
+        Rows are the roots (see :meth:`forward`). Each mail's key carries its age at the
+        root's time (TGL: root time minus mail time), not its age relative to the
+        node's newest mail, which says nothing of how long the node has been silent.
+        last_update is the time of the newest mail.
+        """
         u, m, _ = rows.mail.shape
-        age = (rows.mail_ts[:, :1] - rows.mail_ts).masked_fill(~rows.mail_valid, 0.0)
+        age = (batch.root_t[:, None] - rows.mail_ts).clamp_min(0.0)
+        age = age.masked_fill(~rows.mail_valid, 0.0)
         dtype = rows.memory.dtype
         kv = self.w_kv(
             torch.cat([rows.mail.to(dtype), self.mail_time(age.to(dtype)).to(dtype)], dim=2)
@@ -62,13 +125,19 @@ class APAN(MemoryModel):
         msg = kernels.temporal_attention(
             q, key.reshape(u, m, h, -1), val.reshape(u, m, h, -1), rows.mail_valid
         )
+        new = self.mlp(self.norm(msg + rows.memory))
         # One row per node of the batch: keyed by (global batch, node).
-        msg = keyed_dropout(msg, self.dropout.p, batch.node_key, self.training)
-        return self.updater(rows, msg)
+        new = torch.relu(keyed_dropout(new, self.dropout.p, batch.node_key, self.training))
+        has_mail = rows.mail_valid[:, 0]
+        memory = torch.where(has_mail[:, None], new, rows.memory)
+        last_update = torch.where(has_mail, rows.mail_ts[:, 0], rows.last_update)
+        return memory, last_update
 
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
-        """The (projected) memory of every root; (R, embed_dim)."""
-        return self.out(take_rows(self.node_state(batch, memory), batch.root_pos))
+        """Memory projected by the time since the newest mail, h = m (1 + w dt); (R, embed_dim)."""
+        z = self.out(self.node_state(batch, memory)[batch.root_pos])
+        dt = (batch.root_t - last_update[batch.root_pos]) / self.time_scale
+        return z * (1 + self.time_proj(dt.to(z.dtype)[:, None]))
 
     def mail_receivers(
         self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor

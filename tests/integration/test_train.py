@@ -230,3 +230,26 @@ def test_fixed_step_on_cuda_is_bitwise_reproducible(store: str, tmp_path, model:
     for k in m0:
         assert torch.equal(m0[k], m1[k]), k
     assert s0["test_ap"] == s1["test_ap"] and s0["val_ap"] == s1["val_ap"]
+
+
+def test_evaluation_protocols_share_one_trained_model(store: str, tmp_path) -> None:
+    # One epoch: the trained model cannot depend on the validation protocol, so the
+    # historical run's random-negative figures must equal the random run's headline.
+    one = ("model.name=jodie", "train.epochs=1")
+    rand = sven.Trainer(None, _overrides(store, tmp_path / "r", *one)).fit()
+    hist = sven.Trainer(
+        None,
+        _overrides(
+            store, tmp_path / "h", *one, "eval.negatives=historical", "eval.mrr_negatives=5"
+        ),
+    ).fit()
+    assert rand["eval_negatives"] == "random" and hist["eval_negatives"] == "historical"
+    assert hist["test_randomneg_ap"] == rand["test_ap"]
+    assert hist["test_randomneg_ap_inductive"] == rand["test_ap_inductive"]
+    assert rand["test_historicalneg_ap"] == hist["test_ap"]
+    assert rand["test_inductiveneg_ap"] == hist["test_inductiveneg_ap"]
+    assert hist["eval_mrr_negatives"] == 5 and 0.0 < hist["test_mrr"] <= 1.0
+    assert "test_mrr" not in rand
+    # The older spelling still selects MRR.
+    old = sven.Trainer(None, _overrides(store, tmp_path / "o", *one, "train.mrr_negatives=5")).fit()
+    assert old["eval_mrr_negatives"] == 5 and old["test_mrr"] == hist["test_mrr"]

@@ -87,7 +87,8 @@ def test_gradcheck_float64(name: str) -> None:
     # Parameters get gradients too.
     out = model(batch, mem.gather(batch.nodes))
     (out.pos.sum() - out.neg.sum()).backward()
-    assert model.updater.cell.weight_ih.grad is not None
+    updater = model.mlp if name == "apan" else model.updater.cell
+    assert updater.weight.grad is not None if name == "apan" else updater.weight_ih.grad is not None
     assert model.decoder.lin_out.weight.grad.abs().sum() > 0
 
 
@@ -136,6 +137,47 @@ def test_apan_delivers_mail_to_neighbours_and_queues() -> None:
     mem.commit(out.update)
     mem.commit(out.update)
     assert mem.mail_valid[:3].tolist() == [[True, True, False]] * 3
+
+
+def _apan_scores_at(t: float, mail_ts: torch.Tensor) -> torch.Tensor:
+    """APAN's logits of event 5 (3 -> 0) against negative 4, moved to time ``t``, with
+    every node's memory and mailbox set alike except for the mails' times ``mail_ts`` (N,).
+    """
+    torch.manual_seed(3)
+    model = _model("apan")
+    mem = MemoryState(N, 4, model.mail_dim, 3, dtype=torch.float64)
+    mem.memory[:] = torch.randn(4, dtype=torch.float64)
+    mem.mail[:] = torch.randn(3, model.mail_dim, dtype=torch.float64)
+    mem.mail_valid.fill_(True)
+    mem.mail_ts[:] = mail_ts[:, None] - torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    mem.last_update[:] = mail_ts - 2.0
+    batch = _batch(model, 5, 6, torch.tensor([[4]]))
+    batch.t = torch.full_like(batch.t, t)
+    batch.root_t = torch.full_like(batch.root_t, t)
+    out = model(batch, mem.gather(batch.nodes))
+    return torch.cat([out.pos, out.neg[:, 0]])
+
+
+def test_apan_tells_a_silent_node_from_an_active_one() -> None:
+    """Regression (the CollegeMsg val/test gap): APAN's scores ignored the read time.
+
+    Nodes 0, 3 and 4 hold the same memory and the same mails; only when the mails came
+    differs. Before the fix the embedding was a function of the stored state and of
+    the mails' ages relative to the newest mail, so a node silent since t=1 scored
+    exactly like one whose mail came at t=9, and nothing changed as time passed.
+    """
+    recent = torch.full((N,), 9.0, dtype=torch.float64)
+    stale = recent.clone()
+    stale[4] = 1.0  # the negative has been silent for 9 time units at t=10
+    same = _apan_scores_at(10.0, recent)
+    # All three nodes alike: the positive pair and the negative pair score the same.
+    assert torch.allclose(same[0], same[1])
+    differ = _apan_scores_at(10.0, stale)
+    assert not torch.allclose(differ[1], same[1])
+    assert torch.equal(differ[0], same[0])  # the positive pair is untouched
+    # Reading the same state later changes the scores (the silence grows).
+    later = _apan_scores_at(50.0, recent)
+    assert not torch.allclose(later, same)
 
 
 def test_last_occurrence() -> None:
