@@ -43,7 +43,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 
-from sven.datasets.store import StoreWriter, TemporalEvents, sha256_file
+from sven.datasets.store import StoreWriter, TemporalEvents, check_target, sha256_file
 from sven.errors import ConfigError, DataError
 
 __all__ = [
@@ -1044,7 +1044,8 @@ def convert(
         fmt: One of ``FORMATS`` or ``"auto"``.
         name: Dataset name (default: from the input's file name).
         val_frac, test_frac: Chronological split fractions.
-        overwrite: Replace an existing ``out_dir``.
+        overwrite: Replace an existing event store at ``out_dir`` (never another
+            folder, nor one that holds ``path``).
         **reader_options: Passed to :func:`open_reader` (``columns``, ``sep``...).
 
     Returns:
@@ -1054,6 +1055,7 @@ def convert(
     Raises:
         DataError: on bad input; nothing is left at ``out_dir``.
     """
+    check_target(out_dir, overwrite, inputs=(path,))
     reader = open_reader(path, fmt, **reader_options)
     with StoreWriter(
         out_dir,
