@@ -19,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     Args:
         subparsers: The top-level ``sven`` subparsers.
     """
-    from sven.datasets.readers import FORMATS
+    from sven.datasets import FORMATS
 
     data = subparsers.add_parser(
         "data",

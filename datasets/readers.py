@@ -43,6 +43,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 
+from sven.datasets import FORMATS
 from sven.datasets.store import StoreWriter, TemporalEvents, check_target, sha256_file
 from sven.errors import ConfigError, DataError
 
@@ -56,7 +57,6 @@ __all__ = [
     "open_reader",
 ]
 
-FORMATS = ("snap", "snap-signed", "jodie", "dyglib", "tgl", "csv", "tgb", "parquet")
 # Decompressed bytes parsed per block: large enough that pandas' per-call overhead
 # vanishes, small enough that a block and its parsed columns are a few hundred MB.
 BLOCK_BYTES = 16 << 20

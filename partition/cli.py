@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     Args:
         subparsers: The top-level ``sven`` subparsers.
     """
-    from sven.partition.api import STRATEGIES
+    from sven.partition import STRATEGIES
 
     p = subparsers.add_parser(
         "partition",

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from sven.checkpoint import Checkpointer
+from sven.checkpoint import Checkpointer, find_checkpoint, load_file
 from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
@@ -1045,30 +1045,18 @@ class Trainer:
         test runs. Shards of a P-rank checkpoint are assembled when evaluating on one
         process.
         """
-        p = Path(path)
-        if (p / "best").is_dir():
-            p = p / "best"
-        if not (p / "state.pt").is_file():
-            ck = Checkpointer(p)
-            step = ck.latest()
-            if step is None:
-                raise SvenError(f"no valid checkpoint under {path}")
-            p = ck.path(step)
-        state = torch.load(p / "state.pt", map_location=self.device, weights_only=False)
+        p = find_checkpoint(path)
+        state = load_file(p / "state.pt", self.device)
         self.model.load_state_dict(state["model"])
         ws = int(state.get("world_size", 1))
         owner = state["owner"].to(self.device)
         if ws == self.world_size and torch.equal(owner, self.owner):
-            shard = torch.load(
-                p / f"memory-rank{self.rank}.pt", map_location=self.device, weights_only=False
-            )
+            shard = load_file(p / f"memory-rank{self.rank}.pt", self.device)
             self.memory.load_state_dict(shard["memory"])
         elif self.world_size == 1:
             full = {k: v.clone() for k, v in self.memory.state_dict().items()}
             for r in range(ws):
-                shard = torch.load(
-                    p / f"memory-rank{r}.pt", map_location=self.device, weights_only=False
-                )
+                shard = load_file(p / f"memory-rank{r}.pt", self.device)
                 rows = owned_nodes(owner, r)
                 for k, v in shard["memory"].items():
                     full[k][rows] = v
