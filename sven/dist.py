@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sven.errors import SvenError
+from sven.errors import ConfigError, SvenError
 
 LAUNCHERS = ("torchrun", "slurm", "mpi", "single")
 # torch's own default: long enough for rank 0 to finish a checkpoint or an
@@ -467,14 +467,41 @@ def _mpi_rendezvous(info: LaunchInfo) -> LaunchInfo:
     return dataclasses.replace(info, master_addr=addr, master_port=port)
 
 
+def existing_devices() -> list[str]:
+    """The devices this process can use: ``cpu`` and ``cuda:0`` .. ``cuda:n-1``."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu", *(f"cuda:{i}" for i in range(n))]
+
+
 def _pick_device(device: str | torch.device, info: LaunchInfo) -> torch.device:
+    """This rank's device: ``auto`` is CUDA where available, and plain ``cuda`` (or
+    ``auto`` on a GPU node) is ``cuda:<local_rank>``, one GPU per rank.
+
+    Raises:
+        ConfigError: A device that is not a device name, or that this machine lacks
+            (the message lists the devices that exist).
+    """
     if str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type != "cuda" or dev.index is not None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"train.device={device}: not a device; use auto, cpu, cuda or cuda:N "
+            f"(this machine has {', '.join(existing_devices())})"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device={device}: Sven runs on cpu or cuda, not {dev.type}")
+    if dev.type != "cuda":
         return dev
-    if not torch.cuda.is_available():
-        raise DistError("device 'cuda' asked for, but CUDA is not available")
+    if not torch.cuda.is_available() or (
+        dev.index is not None and dev.index >= torch.cuda.device_count()
+    ):
+        raise ConfigError(
+            f"train.device={device}, but this machine has only {', '.join(existing_devices())}"
+        )
+    if dev.index is not None:
+        return dev
     count = torch.cuda.device_count()
     if count >= info.local_world_size:
         return torch.device("cuda", info.local_rank)
