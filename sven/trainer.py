@@ -651,6 +651,7 @@ class Trainer:
     def _load_shard(self, ck: Checkpointer, step: int) -> dict[str, Any]:
         """Loads rank 0's state and this rank's memory shard of a checkpoint."""
         state = ck.load(step, map_location=self.device)
+        _check_resume_config(state, self.cfg, ck.path(step), self.rank)
         ws = int(state.get("world_size", 1))
         if ws != self.world_size:
             raise ConfigError(
@@ -817,7 +818,6 @@ class Trainer:
                 self._log(f"no checkpoint under {self.out}, starting fresh")
             else:
                 st = self._load_shard(self.checkpointer, step)
-                _check_resume_config(st, cfg, self.checkpointer.path(step), self.rank)
                 self.model.load_state_dict(st["model"])
                 self.optimizer.load_state_dict(st["optimizer"])
                 self._set_rng_state(st["rng"])
