@@ -137,6 +137,10 @@ class TrainConfig:
             raise ConfigError(f"train.lr must be positive, got {self.lr}")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"train.dtype must be float32 or float64, got {self.dtype!r}")
+        if self.resume and self.overwrite:
+            # slurm/train.sbatch passes resume=true on every start: with overwrite too,
+            # each requeue would delete the run it is meant to continue.
+            raise ConfigError("train.resume and train.overwrite exclude each other; pick one")
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ConfigError(

@@ -383,6 +383,8 @@ def tiny_overrides(store: Path, *extra: str) -> list[str]:
     """
     return [
         f"data.path={store}",
+        # CPU ranks under gloo (train.device=auto would pick GPUs where there are some).
+        "train.device=cpu",
         "quiet=true",
         "train.epochs=3",
         "train.batch_size=100",

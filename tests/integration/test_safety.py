@@ -45,6 +45,7 @@ def _train(store: Path, out: Path, *extra: str) -> list[str]:
         "train",
         f"data.path={store}",
         f"out={out}",
+        "train.device=cpu",
         "quiet=true",
         "train.epochs=1",
         "train.batch_size=100",
