@@ -222,8 +222,9 @@ RESUME_MAY_CHANGE = frozenset(
 def config_differences(saved: dict[str, Any], current: Config) -> list[str]:
     """The dotted keys whose values differ between a checkpoint's config and ``current``.
 
-    Keys in :data:`RESUME_MAY_CHANGE` are ignored; a key missing on one side (a config
-    from another Sven version) counts as different.
+    Keys in :data:`RESUME_MAY_CHANGE` are ignored. A key the checkpoint lacks (it was
+    written before the key existed) takes its default; a key this version does not
+    know counts as different.
 
     Args:
         saved: The ``config`` dict stored in a checkpoint.
@@ -232,6 +233,10 @@ def config_differences(saved: dict[str, Any], current: Config) -> list[str]:
     Returns:
         Sorted ``key (saved -> current)`` strings; empty when the configs agree.
     """
+    try:
+        saved = Config.from_dict(saved).to_dict()
+    except ConfigError:
+        pass  # keys of another version: compared as they are
     a, b = _flatten(saved), _flatten(current.to_dict())
     for flat in (a, b):
         # The same store named relative or absolute is the same store.
