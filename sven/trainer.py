@@ -211,7 +211,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _load_data(self) -> None:
-
         path = self.cfg.data.path
         if not path:
             from sven.datasets.synth import default_dataset
@@ -270,6 +269,22 @@ class Trainer:
             err.quiet = self.rank != 0
             raise err
         return ev
+
+    def _claim_out(self) -> None:
+        """Rank 0 checks ``out`` (see :func:`prepare_out`); every rank learns its verdict
+        before anything is written, and all stop together on a refusal."""
+        tc = self.cfg.train
+        problem = None
+        if self.rank == 0:
+            try:
+                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
+            except ConfigError as exc:
+                problem = str(exc)
+        problem = self._agree(problem)
+        if problem is not None:
+            err = ConfigError(problem)
+            err.quiet = self.rank != 0
+            raise err
 
     def _agree(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (a no-op on one process)."""
@@ -782,18 +797,7 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.train
         wall0 = time.perf_counter()
         main = self.rank == 0
-        problem = None
-        if main:
-            try:
-                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
-            except ConfigError as exc:
-                problem = str(exc)
-        # Every rank learns rank 0's verdict before anything is written.
-        problem = self._agree(problem)
-        if problem is not None:
-            err = ConfigError(problem)
-            err.quiet = not main
-            raise err
+        self._claim_out()
         if main:
             self.out.mkdir(parents=True, exist_ok=True)
             dump_config(cfg, self.out / "config.json")
