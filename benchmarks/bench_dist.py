@@ -54,6 +54,7 @@ def run_one(
         "train",
         f"data.path={store}",
         f"out={out}",
+        "train.overwrite=true",  # a rerun of the benchmark replaces its earlier run
         f"model.name={model}",
         f"train.batch_size={batch}",
         "train.epochs=1",

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["from_dataframe"]
+#: Raw input formats of ``sven data convert`` (here, not in ``readers``: the CLI's
+#: parser needs them without importing pandas).
+FORMATS = ("snap", "snap-signed", "jodie", "dyglib", "tgl", "csv", "tgb", "parquet")
+
+__all__ = ["FORMATS", "from_dataframe"]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,12 +14,12 @@ __all__ = ["add_parser"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Adds ``data`` with its ``convert``, ``info`` and ``synth`` subcommands.
+    """Adds ``data`` with its ``convert``, ``info``, ``verify`` and ``synth`` subcommands.
 
     Args:
         subparsers: The top-level ``sven`` subparsers.
     """
-    from sven.datasets.readers import FORMATS
+    from sven.datasets import FORMATS
 
     data = subparsers.add_parser(
         "data",
@@ -44,7 +44,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     conv.add_argument("--name", help="dataset name (default: from the input file name)")
     conv.add_argument("--val-frac", type=float, default=0.15, help="validation share (0.15)")
     conv.add_argument("--test-frac", type=float, default=0.15, help="test share (0.15)")
-    conv.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    conv.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing event store at --out (never any other folder)",
+    )
     cols = conv.add_argument_group("column map (csv, tgb, parquet)")
     cols.add_argument("--src", help="source id column")
     cols.add_argument("--dst", help="destination id column")
@@ -76,6 +80,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="print the statistics as JSON")
     info.set_defaults(func=_info)
 
+    verify = actions.add_parser(
+        "verify",
+        help="check an event store against the checksums in its meta.json",
+        description="Recompute the sha256 of every column file and compare it with "
+        "meta.json; also check the structure (headers, dtypes, shapes, id ranges, time "
+        "order, split labels). Exit 0 if the store is intact, 3 otherwise.",
+    )
+    verify.add_argument("dir", help="event store directory")
+    verify.set_defaults(func=_verify)
+
     try:
         from sven.datasets.synth import add_synth_parser
     except ModuleNotFoundError as exc:
@@ -93,7 +107,10 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from sven.datasets.readers import ColumnMap, convert
+    from sven.datasets.store import check_target
 
+    # Before reading any input: a wrong --out fails at once, and never loses data.
+    replaced = check_target(args.out, args.overwrite, inputs=(args.input,))
     if args.block_mb < 1:
         raise ConfigError(f"--block-mb must be >= 1, got {args.block_mb}")
     columns = ColumnMap(
@@ -123,7 +140,26 @@ def _convert(args: argparse.Namespace) -> int:
     except OSError as exc:  # disk full, permissions: a message, not a traceback
         raise SvenError(f"{exc.filename or args.out}: {exc.strerror or exc}") from None
     print(_summary(ev.meta, str(ev.path), time.perf_counter() - start))
+    report_written(ev.meta, str(ev.path), replaced)
     return 0
+
+
+def report_written(meta: dict[str, Any], out: str, replaced: dict[str, Any] | None) -> None:
+    """What a command that wrote a store says besides its summary: the store it
+    replaced (stdout) and empty evaluation splits (a warning on stderr)."""
+    from sven.datasets.store import describe_replaced
+
+    if replaced is not None:
+        print(describe_replaced(out, replaced))
+    counts = meta["split"]["counts"]
+    empty = [s for s in ("val", "test") if counts[s] == 0]
+    if empty:
+        print(
+            f"sven: warning: {out}: the {' and '.join(empty)} split"
+            f"{'s are' if len(empty) > 1 else ' is'} empty; training cannot evaluate "
+            "(raise --val-frac/--test-frac or use more events)",
+            file=sys.stderr,
+        )
 
 
 def _summary(meta: dict[str, Any], out: str, seconds: float) -> str:
@@ -158,4 +194,16 @@ def _info(args: argparse.Namespace) -> int:
 
     stats = describe(TemporalEvents.load(args.dir))
     print(json.dumps(stats, indent=2) if args.json else format_info(stats))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from sven.datasets.store import TemporalEvents, verify_checksums
+
+    events = TemporalEvents.load(args.dir)
+    files = verify_checksums(events.path, events.meta)
+    print(
+        f"{args.dir}: ok ({events.num_events:,} events, {events.num_nodes:,} nodes; "
+        f"{files} files match their checksums)"
+    )
     return 0

@@ -43,7 +43,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 
-from sven.datasets.store import StoreWriter, TemporalEvents, sha256_file
+from sven.datasets import FORMATS
+from sven.datasets.store import StoreWriter, TemporalEvents, check_target, sha256_file
 from sven.errors import ConfigError, DataError
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
     "open_reader",
 ]
 
-FORMATS = ("snap", "snap-signed", "jodie", "dyglib", "tgl", "csv", "tgb", "parquet")
 # Decompressed bytes parsed per block: large enough that pandas' per-call overhead
 # vanishes, small enough that a block and its parsed columns are a few hundred MB.
 BLOCK_BYTES = 16 << 20
@@ -253,10 +253,14 @@ class _DelimitedText:
         try:
             blocks = self._blocks if first_block is None else _chain(first_block, self._blocks)
             for block in blocks:
-                frame, lines = self._parse(block)
+                frame, lines, pending = self._parse(block)
                 if frame is not None:
                     rows += len(frame)
+                    # The lines before a bad column count go first: a bad value on
+                    # one of them is the first error of the file.
                     yield frame, lines
+                if pending is not None:
+                    raise pending
             self.sha256 = self._hash.drain()
         finally:
             self._stream.close()
@@ -264,7 +268,14 @@ class _DelimitedText:
             where = "no events after the header" if self.header is not None else "no events"
             raise DataError(f"empty file: {where}", self.path)
 
-    def _parse(self, block: bytes) -> tuple[pd.DataFrame | None, np.ndarray]:
+    def _parse(self, block: bytes) -> tuple[pd.DataFrame | None, np.ndarray, DataError | None]:
+        """Parses a block; a line with a wrong field count ends it.
+
+        Returns:
+            The rows before any bad line (or None), their physical line numbers, and
+            the error of the bad line (None if there is none), which the caller raises
+            once the rows before it have been checked.
+        """
         buf = np.frombuffer(block, dtype=np.uint8)
         nl = np.flatnonzero(buf == 10)
         first_line = self._next_line
@@ -289,7 +300,7 @@ class _DelimitedText:
             seps = np.flatnonzero(buf == ord(self.sep))
             counts = np.diff(np.concatenate([[0], np.searchsorted(seps, nl)])) + 1
         if not data.any():
-            return None, np.empty(0, dtype=np.int64)
+            return None, np.empty(0, dtype=np.int64), None
         if self.ncols is None:
             i = int(np.flatnonzero(data)[0])
             if counts[i] < self.min_cols:
@@ -300,11 +311,18 @@ class _DelimitedText:
                 )
             self.ncols = int(counts[i])
         wrong = data & (counts != self.ncols)
+        pending = None
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
-            raise DataError(
+            pending = DataError(
                 f"expected {self.ncols} columns, found {counts[i]}", self.path, first_line + i
             )
+            # Keep the lines before it: their values are checked first.
+            nl, data = nl[:i], data[:i]
+            buf = buf[: starts[i]]
+            block = block[: starts[i]]
+            if not data.any():
+                return None, np.empty(0, dtype=np.int64), pending
         lines = first_line + np.flatnonzero(data)
         if not data.all():
             # Drop comment and blank lines so that pandas' row i is data line i.
@@ -321,7 +339,7 @@ class _DelimitedText:
             low_memory=False,
             encoding_errors="replace",
         )
-        return frame, lines
+        return frame, lines, pending
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -477,8 +495,32 @@ class _TextReader(RawReader):
 
     def chunks(self) -> Iterator[EventChunk]:
         for frame, lines in self.text.blocks():
-            yield self._chunk(frame, _Where(self.path, lines))
+            yield self._first_error(frame, lines)
         self.sha256 = self.text.sha256
+
+    def _first_error(self, frame: pd.DataFrame, lines: np.ndarray) -> EventChunk:
+        """``_chunk``, but an error is always that of the earliest bad line.
+
+        Columns are checked one after the other, so a failure in one column may hide
+        a bad value on an earlier line in a column checked later. The rows before the
+        failing line are checked again until they pass; each retry ends on an
+        earlier line, so there are at most as many as there are column checks.
+        """
+        try:
+            return self._chunk(frame, _Where(self.path, lines))
+        except DataError as exc:
+            err = exc
+        while err.line is not None:
+            row = int(np.searchsorted(lines, err.line))
+            if row == 0:
+                break
+            frame, lines = frame.iloc[:row], lines[:row]
+            try:
+                self._chunk(frame, _Where(self.path, lines))
+                break
+            except DataError as exc:
+                err = exc
+        raise err
 
     def _chunk(self, frame: pd.DataFrame, where: _Where) -> EventChunk:
         raise NotImplementedError
@@ -1044,7 +1086,8 @@ def convert(
         fmt: One of ``FORMATS`` or ``"auto"``.
         name: Dataset name (default: from the input's file name).
         val_frac, test_frac: Chronological split fractions.
-        overwrite: Replace an existing ``out_dir``.
+        overwrite: Replace an existing event store at ``out_dir`` (never another
+            folder, nor one that holds ``path``).
         **reader_options: Passed to :func:`open_reader` (``columns``, ``sep``...).
 
     Returns:
@@ -1054,6 +1097,7 @@ def convert(
     Raises:
         DataError: on bad input; nothing is left at ``out_dir``.
     """
+    check_target(out_dir, overwrite, inputs=(path,))
     reader = open_reader(path, fmt, **reader_options)
     with StoreWriter(
         out_dir,

@@ -34,8 +34,12 @@ __all__ = [
     "DistinctValues",
     "StoreWriter",
     "TemporalEvents",
+    "check_target",
+    "describe_replaced",
+    "is_store",
     "iter_ranges",
     "sha256_file",
+    "verify_checksums",
     "write_events",
 ]
 
@@ -682,7 +686,8 @@ class StoreWriter:
             self.abort()
             raise
         self._closed = True
-        return TemporalEvents.load(self.out_dir)
+        # Just written and checked value by value on append: the structure is enough.
+        return TemporalEvents.load(self.out_dir, check_values=False)
 
     def _finish(self) -> None:
         E = self._rows
@@ -947,10 +952,78 @@ def _count_le(t: np.ndarray, value: float) -> int:
     return int(np.searchsorted(t, np.int64(math.floor(value)), side="right"))
 
 
+def is_store(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a folder with a ``meta.json`` written by :class:`StoreWriter`."""
+    meta = _read_json_object(Path(path) / "meta.json")
+    return meta is not None and "num_events" in meta and "checksums" in meta and "split" in meta
+
+
+def _read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None where it is missing or not an object."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it (symlinks resolved)."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def check_target(
+    out_dir: str | os.PathLike[str],
+    overwrite: bool,
+    inputs: tuple[str | os.PathLike[str], ...] = (),
+) -> dict[str, Any] | None:
+    """Checks that a store may be written at ``out_dir``; nothing is changed.
+
+    A missing folder or an empty one may always be written. ``overwrite`` replaces
+    only an event store (a folder whose ``meta.json`` is one of ours), never an
+    ordinary folder or file, and never a folder that holds one of ``inputs``.
+
+    Args:
+        out_dir: The target directory.
+        overwrite: Whether an existing store may be replaced.
+        inputs: Paths the command reads (the raw input file).
+
+    Returns:
+        The ``meta.json`` of the store that will be replaced, or None.
+
+    Raises:
+        SvenError: If the target may not be written.
+    """
+    out = Path(out_dir)
+    for item in inputs:
+        if _inside(Path(item), out):
+            raise SvenError(f"--out {out} holds the input {item}; choose another folder")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if not overwrite:
+        raise SvenError(f"{out} already exists; pass --overwrite to replace it")
+    if not is_store(out):
+        raise SvenError(
+            f"{out} is not an event store (no meta.json of Sven's); --overwrite only "
+            "replaces an event store: remove it yourself or choose another --out"
+        )
+    return _read_json_object(out / "meta.json")
+
+
+def describe_replaced(out_dir: str | os.PathLike[str], meta: dict[str, Any]) -> str:
+    """The line a command prints after replacing the store ``meta`` at ``out_dir``."""
+    return (
+        f"replaced the event store {meta.get('name')!r} at {out_dir} "
+        f"({meta.get('num_events', '?'):,} events)"
+        if isinstance(meta.get("num_events"), int)
+        else f"replaced the event store at {out_dir}"
+    )
+
+
 def _check_target(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not overwrite:
-        if not out_dir.is_dir() or any(out_dir.iterdir()):
-            raise SvenError(f"{out_dir} already exists; pass --overwrite to replace it")
+    check_target(out_dir, overwrite)
 
 
 def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
@@ -1024,6 +1097,198 @@ def write_events(
         return writer.close()
 
 
+# meta.json keys every stage reads, with the JSON types they must have.
+_META_KEYS: dict[str, tuple[type, ...]] = {
+    "num_events": (int,),
+    "num_nodes": (int,),
+    "bipartite": (bool,),
+    "split": (dict,),
+    "checksums": (dict,),
+}
+# Allowed dtype kinds and dimensions of each column (see StoreWriter).
+_COLUMN_SPEC: dict[str, tuple[tuple[str, ...], int]] = {
+    "src": (("<i4", "<i8"), 1),
+    "dst": (("<i4", "<i8"), 1),
+    "t": (("<i8", "<f8"), 1),
+    "split": (("|u1",), 1),
+    "edge_feat": (("<f4",), 2),
+    "node_feat": (("<f4",), 2),
+    "label": (("<i8", "<f4"), 1),
+    "id_map": (("<i8", "<U"), 1),
+}
+
+
+def _load_meta(path: Path) -> dict[str, Any]:
+    """``meta.json`` of a store, checked for the keys and types every stage reads."""
+    meta_path = path / "meta.json"
+    if not path.is_dir():
+        raise DataError("not an event store (no such directory)", path)
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise DataError("not an event store (no meta.json)", path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"corrupt meta.json: {exc}", meta_path) from None
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", meta_path) from None
+    if not isinstance(meta, dict):
+        raise DataError(
+            f"corrupt meta.json: expected an object, got {type(meta).__name__}", meta_path
+        )
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(
+            f"unsupported store format_version {meta.get('format_version')!r} "
+            f"(this Sven reads {FORMAT_VERSION})",
+            meta_path,
+        )
+    for key, types in _META_KEYS.items():
+        if key not in meta:
+            raise DataError(f"corrupt meta.json: missing key {key!r}", meta_path)
+        if not isinstance(meta[key], types) or (int in types and isinstance(meta[key], bool)):
+            raise DataError(f"corrupt meta.json: {key} is {meta[key]!r}", meta_path)
+    if meta["num_events"] < 0 or meta["num_nodes"] < 0:
+        raise DataError("corrupt meta.json: negative num_events or num_nodes", meta_path)
+    counts = meta["split"].get("counts")
+    if (
+        not isinstance(counts, dict)
+        or any(not isinstance(counts.get(s), int) or counts[s] < 0 for s in SPLITS)
+        or sum(counts[s] for s in SPLITS) != meta["num_events"]
+    ):
+        raise DataError(
+            f"corrupt meta.json: split counts {counts!r} do not add up to "
+            f"num_events {meta['num_events']}",
+            meta_path,
+        )
+    nsrc = meta.get("num_src_nodes")
+    if nsrc is not None and (not isinstance(nsrc, int) or not 0 <= nsrc <= meta["num_nodes"]):
+        raise DataError(f"corrupt meta.json: num_src_nodes is {nsrc!r}", meta_path)
+    return meta
+
+
+def _open_column(file: Path, mmap: bool) -> np.ndarray:
+    """Opens one ``.npy`` column after checking its header against its file size."""
+    try:
+        with open(file, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+                version, np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+        size = file.stat().st_size
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        raise DataError(f"corrupt .npy header: {exc}", file) from None
+    if fortran or dtype.hasobject:
+        raise DataError(f"unexpected array layout ({dtype}, fortran_order={fortran})", file)
+    expect = offset + dtype.itemsize * math.prod(shape)
+    if size != expect:
+        what = "truncated" if size < expect else "has trailing bytes"
+        raise DataError(f"{what}: {size} bytes, its header announces {expect}", file)
+    try:
+        return np.load(file, mmap_mode="r" if mmap else None)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"cannot read: {exc}", file) from None
+
+
+def _check_columns(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+    """Dtypes, dimensions and row counts of the columns against the format and meta."""
+    E, N = meta["num_events"], meta["num_nodes"]
+    rows = {"src": E, "dst": E, "t": E, "split": E, "edge_feat": E, "label": E}
+    rows.update(node_feat=N, id_map=N)
+    for col, arr in columns.items():
+        file = path / f"{col}.npy"
+        dtypes, ndim = _COLUMN_SPEC[col]
+        descr = arr.dtype.str
+        if not any(descr == d or (d == "<U" and descr.startswith("<U")) for d in dtypes):
+            raise DataError(f"dtype {arr.dtype}, expected one of {', '.join(dtypes)}", file)
+        if arr.ndim != ndim:
+            raise DataError(f"shape {arr.shape}, expected {ndim} dimension(s)", file)
+        if arr.shape[0] != rows[col]:
+            raise DataError(f"{arr.shape[0]} rows, meta.json says {rows[col]}", file)
+    if columns["src"].dtype != columns["dst"].dtype:
+        raise DataError("src.npy and dst.npy differ in dtype", path)
+
+
+def _check_values(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+    """Id ranges, time order and split labels, in one chunked pass per column."""
+    N = meta["num_nodes"]
+    for col in ("src", "dst"):
+        a = columns[col]
+        for start, stop in iter_ranges(a.shape[0]):
+            chunk = a[start:stop]
+            lo, hi = int(chunk.min()), int(chunk.max())
+            if lo < 0 or hi >= N:
+                i = start + _first_bad((chunk < 0) | (chunk >= N))
+                raise DataError(
+                    f"row {i}: node id {int(a[i])} outside [0, {N}) (num_nodes in meta.json)",
+                    path / f"{col}.npy",
+                )
+    t = columns["t"]
+    prev = None
+    for start, stop in iter_ranges(t.shape[0]):
+        chunk = np.asarray(t[start:stop])
+        if t.dtype.kind == "f" and not np.isfinite(chunk).all():
+            i = start + _first_bad(~np.isfinite(chunk))
+            raise DataError(f"row {i}: time is {chunk[i - start]}", path / "t.npy")
+        down = chunk[1:] < chunk[:-1]
+        if prev is not None and chunk.size and chunk[0] < prev:
+            raise DataError(f"row {start}: time goes backwards", path / "t.npy")
+        if down.any():
+            raise DataError(
+                f"row {start + 1 + _first_bad(down)}: time goes backwards", path / "t.npy"
+            )
+        if chunk.size:
+            prev = chunk[-1]
+    split = columns["split"]
+    counts = meta["split"]["counts"]
+    bounds = np.cumsum([0] + [counts[s] for s in SPLITS])
+    for start, stop in iter_ranges(split.shape[0]):
+        expect = np.searchsorted(bounds[1:], np.arange(start, stop), side="right")
+        bad = np.asarray(split[start:stop]) != expect
+        if bad.any():
+            i = start + _first_bad(bad)
+            raise DataError(
+                f"row {i}: split label {int(split[i])}, but meta.json's split counts say "
+                f"{int(expect[i - start])}",
+                path / "split.npy",
+            )
+
+
+def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> int:
+    """Recomputes the sha256 of every ``.npy`` file of a store and compares with meta.json.
+
+    Args:
+        path: The store directory.
+        meta: Its parsed ``meta.json`` (read here when None).
+
+    Returns:
+        The number of files checked.
+
+    Raises:
+        DataError: On a missing file, a file that meta.json does not list, or a mismatch.
+    """
+    path = Path(path)
+    if meta is None:
+        meta = _load_meta(path)
+    sums = meta["checksums"]
+    on_disk = sorted(p.stem for p in path.glob("*.npy"))
+    for col in on_disk:
+        if col not in sums:
+            raise DataError("not listed in meta.json's checksums", path / f"{col}.npy")
+    for col, digest in sums.items():
+        file = path / f"{col}.npy"
+        if not file.is_file():
+            raise DataError(f"missing column file {file.name}", path)
+        if sha256_file(file) != digest:
+            raise DataError(
+                "checksum mismatch: the file changed after it was written "
+                "(re-create the store with `sven data convert`)",
+                file,
+            )
+    return len(sums)
+
+
 class TemporalEvents:
     """An event store, its columns memory-mapped (see :class:`StoreWriter` for the format).
 
@@ -1055,33 +1320,37 @@ class TemporalEvents:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        mmap: bool = True,
+        verify: bool = False,
+        check_values: bool = True,
     ) -> TemporalEvents:
-        """Opens a store.
+        """Opens a store, checking its structure.
+
+        Always checked (cheap: no column is read): ``meta.json`` is an object with
+        the keys every stage reads; every ``.npy`` has a valid header, the dtype and
+        shape of the format, and exactly the bytes its header announces; row counts
+        match ``meta.json``. With ``check_values`` (one streaming pass over the
+        columns): node ids lie in ``[0, num_nodes)``, times do not decrease, and
+        ``split.npy`` agrees with the split counts.
 
         Args:
             path: The store directory.
             mmap: Memory-map the columns (default); False reads them into memory.
-            verify: Recompute every column's sha256 and compare with ``meta.json``.
+            verify: Recompute every file's sha256 and compare with ``meta.json``
+                (reads every byte; see :func:`verify_checksums`).
+            check_values: Also check id ranges, time order and split labels.
 
         Raises:
-            DataError: if the directory is not a valid store of a known version.
+            DataError: if the directory is not a valid store of a known version; the
+                message names the file.
         """
         path = Path(path)
-        meta_path = path / "meta.json"
-        try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-        except FileNotFoundError:
-            raise DataError("not an event store (no meta.json)", path) from None
-        except json.JSONDecodeError as exc:
-            raise DataError(f"corrupt meta.json: {exc}", meta_path) from None
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise DataError(
-                f"unsupported store format_version {meta.get('format_version')!r} "
-                f"(this Sven reads {FORMAT_VERSION})",
-                meta_path,
-            )
+        meta = _load_meta(path)
+        if verify:
+            verify_checksums(path, meta)
         columns: dict[str, np.ndarray] = {}
         for col in cls._COLUMNS:
             file = path / f"{col}.npy"
@@ -1089,17 +1358,10 @@ class TemporalEvents:
                 if col in ("edge_feat", "node_feat", "label"):
                     continue
                 raise DataError(f"missing column file {file.name}", path)
-            if verify and sha256_file(file) != meta["checksums"].get(col):
-                raise DataError("checksum mismatch", file)
-            columns[col] = np.load(file, mmap_mode="r" if mmap else None)
-        E, N = meta["num_events"], meta["num_nodes"]
-        expect = {"src": E, "dst": E, "t": E, "split": E, "edge_feat": E, "label": E}
-        expect.update(node_feat=N, id_map=N)
-        for col, arr in columns.items():
-            if arr.shape[0] != expect[col]:
-                raise DataError(
-                    f"{col}.npy has {arr.shape[0]} rows, meta.json says {expect[col]}", path
-                )
+            columns[col] = _open_column(file, mmap)
+        _check_columns(path, meta, columns)
+        if check_values:
+            _check_values(path, meta, columns)
         return cls(path, meta, columns)
 
     @property

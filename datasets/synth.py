@@ -826,7 +826,11 @@ def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.Ar
         default=DEFAULT_CHUNK_SIZE,
         help="events per write; bounds memory, not content",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing event store at --out (never any other folder)",
+    )
     p.set_defaults(func=run_synth)
     return p
 
@@ -847,12 +851,20 @@ def run_synth(args: argparse.Namespace) -> int:
         if not made:
             print(f"synth: reusing {path}")
             return 0
+        replaced = None
     else:
+        from sven.datasets.store import check_target
+
         path = args.out
+        replaced = check_target(path, args.overwrite)
         write_synth(params, path, chunk_size=args.chunk_size, overwrite=args.overwrite)
     secs = time.perf_counter() - start
     print(
         f"synth: wrote {params.events:,} events, {params.nodes:,} nodes to {path} "
         f"in {secs:.1f} s ({params.events / max(secs, 1e-9):,.0f} events/s)"
     )
+    from sven.datasets.cli import report_written
+    from sven.datasets.store import TemporalEvents
+
+    report_written(TemporalEvents.load(path, check_values=False).meta, str(path), replaced)
     return 0

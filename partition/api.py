@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sven.errors import ConfigError
+from sven.partition import STRATEGIES
 from sven.partition.assign import affinity_table, assign_events, endpoint_preference
 from sven.partition.cost import (
     Access,
@@ -36,9 +37,6 @@ __all__ = [
     "partition_store",
     "store_info",
 ]
-
-#: Strategy names accepted by ``sven partition --strategy``.
-STRATEGIES = ("hash", "range", "ldg", "metis", "minmax")
 
 
 class EventsLike(Protocol):

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from sven.errors import ConfigError, DataError
+from sven.errors import ConfigError, DataError, SvenError
 
 __all__ = ["add_parser"]
 
@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     Args:
         subparsers: The top-level ``sven`` subparsers.
     """
-    from sven.partition.api import STRATEGIES
+    from sven.partition import STRATEGIES
 
     p = subparsers.add_parser(
         "partition",
@@ -68,7 +68,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--mail-dim", type=int, help="mail width for bytes (default 3 x memory-dim, as TGN)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing partition at --out (never any other folder)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_run)
 
@@ -125,7 +129,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     from sven.datasets.store import TemporalEvents
     from sven.partition.api import evaluate_store, partition_store, store_info
     from sven.partition.cost import Access, recent_sampler, row_bytes
-    from sven.partition.store import write_partition
+    from sven.partition.store import check_target, is_partition, write_partition
 
     if args.parts is None or args.strategy is None or args.out is None:
         raise ConfigError("sven partition DATA needs --parts, --strategy and --out")
@@ -135,12 +139,22 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     seed = _setting(args, "seed", {}, 0)
     if k < 0 or num_neg < 1:
         raise ConfigError("--k must be >= 0 and --num-neg >= 1")
+    if args.parts < 1:
+        raise ConfigError(f"--parts must be >= 1, got {args.parts}")
     model = _model(args, {})
     access = Access.of(model)
     widths = row_bytes(args.memory_dim, args.mail_dim)
+    # Before any work: a wrong --out fails at once, and never loses data.
+    check_target(args.out, args.overwrite, inputs=(data,))
+    replacing = args.overwrite and is_partition(args.out)
     events = TemporalEvents.load(data)
     if events.num_events == 0:
         raise DataError("the store has no events", data)
+    if args.parts > events.num_nodes:
+        raise ConfigError(
+            f"--parts {args.parts} is more than the {events.num_nodes} nodes of {data}: "
+            "some ranks would own no vertex; use at most as many parts as nodes"
+        )
     t0 = time.perf_counter()
     # One sampler for minmax's sampled replay and the report's full replay.
     sampler = (
@@ -188,8 +202,11 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     from sven import __version__
 
     meta["sven_version"] = __version__
-    part = write_partition(args.out, res.owner, res.assign, meta, overwrite=args.overwrite)
-    _say(args, f"wrote {args.out}")
+    try:
+        part = write_partition(args.out, res.owner, res.assign, meta, overwrite=args.overwrite)
+    except OSError as exc:  # disk full, permissions: a message, not a traceback
+        raise SvenError(f"{exc.filename or args.out}: {exc.strerror or exc}") from None
+    _say(args, f"{'replaced the partition at' if replacing else 'wrote'} {args.out}")
     _emit(args, part.meta, report)
     return 0
 

@@ -40,7 +40,14 @@ import numpy as np
 
 from sven.errors import DataError
 
-__all__ = ["FORMAT_VERSION", "Partition", "load_partition", "write_partition"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Partition",
+    "check_target",
+    "is_partition",
+    "load_partition",
+    "write_partition",
+]
 
 FORMAT_VERSION = 1
 
@@ -89,6 +96,49 @@ def _assign_dtype(parts: int) -> type[np.signedinteger]:
     return np.int16 if parts <= np.iinfo(np.int16).max else np.int32
 
 
+def is_partition(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a folder whose ``meta.json`` is a partition's."""
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "parts" in meta and "format_version" in meta
+
+
+def check_target(
+    out_dir: str | os.PathLike[str],
+    overwrite: bool,
+    inputs: tuple[str | os.PathLike[str], ...] = (),
+) -> None:
+    """Checks that a partition may be written at ``out_dir``; changes nothing.
+
+    A missing or empty folder may be written if its parent can be; ``overwrite``
+    replaces only a partition folder, never another folder or one holding ``inputs``.
+
+    Raises:
+        DataError: If the target may not be written.
+    """
+    out = Path(out_dir)
+    for item in inputs:
+        a, b = Path(item).resolve(), out.resolve()
+        if a == b or b in a.parents:
+            raise DataError(f"holds the input {item}; choose another --out", out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        if not overwrite:
+            raise DataError("already exists (pass --overwrite to replace it)", out)
+        if not is_partition(out):
+            raise DataError(
+                "not a partition folder (no meta.json of Sven's); --overwrite only replaces "
+                "a partition: remove it yourself or choose another --out",
+                out,
+            )
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DataError(f"cannot create it: {parent} is not a writable folder", out)
+
+
 def write_partition(
     out_dir: str | os.PathLike[str],
     owner: np.ndarray,
@@ -105,7 +155,8 @@ def write_partition(
         assign: (E,) rank per event, in [0, P).
         meta: At least ``parts``; ``format_version``, counts and ``checksums`` are
             filled in here.
-        overwrite: Replace an existing directory; otherwise it is an error.
+        overwrite: Replace an existing partition directory (never another folder);
+            otherwise an existing one is an error.
 
     Returns:
         The written partition (events of every rank loaded).
@@ -122,8 +173,7 @@ def write_partition(
         raise DataError(f"owner values outside [0, {parts})", out)
     if assign.size and (assign.min() < 0 or assign.max() >= parts):
         raise DataError(f"assign values outside [0, {parts})", out)
-    if out.exists() and not overwrite:
-        raise DataError("already exists (pass --overwrite to replace it)", out)
+    check_target(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

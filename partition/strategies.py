@@ -7,9 +7,9 @@ functions of their inputs and ``seed``. The min-max strategy lives in ``minmax.p
 from __future__ import annotations
 
 import numpy as np
-import pymetis
 import torch
 
+from sven.errors import ConfigError
 from sven.partition.graph import InteractionGraph, gather_rows
 from sven.pipeline.negatives import hash_counter
 
@@ -171,6 +171,14 @@ def metis_bisect(
     # weights to balance by; vertices without training events weigh 1 so that they
     # are spread out too.
     vweights = np.maximum(graph.load, 1).astype(np.int64)
+    try:
+        # Imported here: a missing METIS must only break this strategy, not `sven`.
+        import pymetis
+    except ImportError as exc:
+        raise ConfigError(
+            f"strategy metis needs pymetis, which does not import ({exc}); "
+            "pip install pymetis, or use another --strategy"
+        ) from None
     opts = pymetis.Options(seed=int(seed) & 0x7FFFFFFF, ufactor=int(ufactor))
     res = pymetis.part_graph(
         parts,

@@ -12,7 +12,12 @@ All ranks write into one hidden temporary folder; rank 0 adds ``meta.json`` and 
 the folder into place once every rank's files are on disk, so a crash leaves either a
 whole checkpoint or none (multi-node runs need the output folder on a shared file
 system, as is usual on clusters). On load the checksums are verified; a corrupt or
-partial checkpoint is skipped with a warning in favour of the previous one.
+partial checkpoint is skipped with a ``sven: warning:`` line on stderr in favour of the
+previous one.
+
+Files are read with ``torch.load(weights_only=True)``: a checkpoint holds only tensors
+and plain Python values (dicts, lists, numbers, strings), so loading one never runs
+code from the file, whoever wrote it.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from sven.errors import SvenError
 
 _PREFIX = "step-"
 
@@ -43,6 +50,81 @@ def _sha256(path: Path) -> str:
 def _fsync(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
+
+
+def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """Loads one checkpoint file without running code from it.
+
+    Args:
+        path: A ``.pt`` file written by :meth:`Checkpointer.save`.
+        map_location: Where tensors go.
+
+    Raises:
+        SvenError: The file is missing, truncated, not a checkpoint, or holds more
+            than tensors and plain values (one line, naming the file).
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise SvenError(f"{path}: no such checkpoint file") from None
+    except Exception as exc:  # pickle, zip and torch raise many kinds
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SvenError(
+            f"{path}: not a readable Sven checkpoint (truncated, corrupt, or holding "
+            f"more than tensors and plain values): {first[:200]}"
+        ) from None
+
+
+def verify_folder(folder: str | Path) -> bool:
+    """Whether a ``step-N`` folder is complete and every file matches its checksum."""
+    p = Path(folder)
+    try:
+        meta = json.loads((p / "meta.json").read_text())
+        files = meta["files"]
+        return "state.pt" in files and all(
+            _sha256(p / name) == digest for name, digest in files.items()
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The verified ``step-N`` folder that a path given by the user stands for.
+
+    Args:
+        path: A run folder (its best model; else its latest checkpoint), a folder of
+            ``step-N`` folders (the latest valid one), a ``step-N`` folder, or its
+            ``state.pt``.
+
+    Raises:
+        SvenError: Nothing there is a checkpoint, or the one named is corrupt.
+    """
+    p = Path(path)
+    if p.is_file():
+        if p.name != "state.pt":
+            raise SvenError(
+                f"{path}: not a checkpoint (give a run folder, or a step-N folder of one)"
+            )
+        p = p.parent
+    if not p.is_dir():
+        raise SvenError(f"no checkpoint at {path}")
+    if (p / "state.pt").is_file():
+        if not verify_folder(p):
+            raise SvenError(f"{p}: corrupt or incomplete checkpoint (its checksums do not match)")
+        return p
+    for root in (p / "best", p / "checkpoints", p):
+        ck = Checkpointer(root)
+        if ck.steps():
+            step = ck.latest()
+            if step is None:
+                raise SvenError(f"no valid checkpoint under {root}: all are corrupt or incomplete")
+            return ck.path(step)
+    raise SvenError(f"no checkpoint at {path}")
+
+
+def warn(message: str) -> None:
+    """A ``sven: warning:`` line on stderr (what the CLI prints, not a Python warning)."""
+    print(f"sven: warning: {message}", file=sys.stderr, flush=True)
 
 
 class Checkpointer:
@@ -150,27 +232,19 @@ class Checkpointer:
 
     def verify(self, step: int) -> bool:
         """Whether the checkpoint at ``step`` is complete and matches its checksums."""
-        p = self.path(step)
-        try:
-            meta = self.meta(step)
-            return all(_sha256(p / name) == digest for name, digest in meta["files"].items())
-        except (OSError, ValueError, KeyError):
-            return False
+        return verify_folder(self.path(step))
 
     def load(self, step: int, name: str = "state", map_location: str | torch.device = "cpu") -> Any:
         """Loads one file of a checkpoint (verification is :meth:`latest`'s job)."""
-        return torch.load(
-            self.path(step) / f"{name}.pt", map_location=map_location, weights_only=False
-        )
+        return load_file(self.path(step) / f"{name}.pt", map_location)
 
     def latest(self) -> int | None:
-        """The newest checkpoint that verifies; warns about and skips broken ones."""
+        """The newest checkpoint that verifies; says so on stderr and skips broken ones."""
         for step in reversed(self.steps()):
             if self.verify(step):
                 return step
-            warnings.warn(
+            warn(
                 f"checkpoint {self.path(step)} is corrupt or incomplete; "
-                "falling back to an older one",
-                stacklevel=2,
+                "falling back to an older one"
             )
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,19 +52,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parses ``argv``, letting ``KEY=VALUE`` overrides and flags mix in any order.
+
+    argparse gives a ``nargs="*"`` positional only the first run of values, so that
+    ``sven train a=1 --quiet b=2`` would leave ``b=2`` unrecognised. Left-over items
+    of the form ``KEY=VALUE`` are appended to ``overrides`` (keeping their order, so
+    the last one still wins); anything else is an error as before.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all(
+            "=" in item and not item.startswith("-") for item in extra
+        ):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the CLI; returns the process exit code."""
+    """Runs the CLI; returns the process exit code (see :mod:`sven.errors`)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
     try:
         rc = args.func(args)
+        # Inside the try: output still buffered for a closed pipe fails here.
+        sys.stdout.flush()
     except SvenError as exc:
         if not exc.quiet:
             print(f"sven: {exc.prefix}{exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # The reader went away (`sven data info STORE | head`): as a tool killed by
+        # SIGPIPE would, stop quietly. Output still buffered must not fail again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("sven: interrupted", file=sys.stderr)
         return 130

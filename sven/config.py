@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,11 @@ class DataConfig:
     path: str = ""
     """Event store directory (``sven data convert`` output). Empty: the built-in
     synthetic dataset, generated once into the cache."""
+    verify: bool = True
+    """Check the store's sha256 checksums (``sven data verify``) when training opens
+    it, so that a file changed on disk is found before it trains a model. This reads
+    every byte once; set false for very large stores that were verified already. The
+    cheap structural checks (headers, dtypes, shapes, id ranges) run regardless."""
 
 
 @dataclass(kw_only=True)
@@ -104,9 +110,18 @@ class TrainConfig:
     keep_latest_k: int = 2
     """Checkpoints kept on disk."""
     resume: bool = False
-    """Continue from the latest valid checkpoint under ``out``."""
-    device: str = "cpu"
-    """cpu, cuda, or cuda:N."""
+    """Continue from the latest valid checkpoint under ``out``; with none there, say
+    so and start fresh. The checkpoint's config must equal this run's, except for
+    the keys in ``RESUME_MAY_CHANGE`` (epochs, patience, quiet...); otherwise the run
+    stops with exit code 2 and names the keys that differ."""
+    overwrite: bool = False
+    """Delete ``out`` before training when it holds an earlier run (a folder with
+    Sven's ``config.json``); never any other folder. Without it (or ``resume``), a
+    non-empty ``out`` is an error, so that two runs never mix their checkpoints."""
+    device: str = "auto"
+    """auto (CUDA when available, else CPU), cpu, cuda, or cuda:N. Under a
+    multi-process launch, auto and cuda give each rank ``cuda:<local rank>`` on a GPU
+    node. A device this machine lacks is an error that lists the ones it has."""
     dtype: str = "float32"
     """float32 or float64 (exactness tests)."""
     threads: int = 0
@@ -135,6 +150,15 @@ class TrainConfig:
             raise ConfigError(f"train.lr must be positive, got {self.lr}")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"train.dtype must be float32 or float64, got {self.dtype!r}")
+        if self.resume and self.overwrite:
+            # slurm/train.sbatch passes resume=true on every start: with overwrite too,
+            # each requeue would delete the run it is meant to continue.
+            raise ConfigError("train.resume and train.overwrite exclude each other; pick one")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ConfigError(
+                f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}"
+            )
         # YAML 1.1 reads an unquoted on/off (and yes/no) as a boolean.
         mode = str(self.cuda_graph).lower()
         self.cuda_graph = {"true": "on", "yes": "on", "false": "off", "no": "off"}.get(mode, mode)
@@ -227,6 +251,70 @@ class Config:
     def from_dict(cls, d: dict[str, Any]) -> Config:
         """Builds a config from a nested dict, rejecting unknown keys."""
         return _build(cls, d, "")
+
+
+#: Keys whose value may differ between a checkpoint's config and the config that
+#: resumes it: how long and how verbosely to go on, where and on how many threads to
+#: run, and how to treat the folders; none of them changes what the model computes.
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "train.epochs",
+        "train.patience",
+        "train.resume",
+        "train.overwrite",
+        "train.checkpoint_every",
+        "train.keep_latest_k",
+        "train.device",
+        "train.threads",
+        "data.verify",
+        "dist.timeout_s",
+        "dist.backend",
+        "quiet",
+        "out",
+    }
+)
+
+
+def config_differences(saved: dict[str, Any], current: Config) -> list[str]:
+    """The dotted keys whose values differ between a checkpoint's config and ``current``.
+
+    Keys in :data:`RESUME_MAY_CHANGE` are ignored. A key the checkpoint lacks (it was
+    written before the key existed) takes its default; a key this version does not
+    know counts as different.
+
+    Args:
+        saved: The ``config`` dict stored in a checkpoint.
+        current: The config of the run that resumes it.
+
+    Returns:
+        Sorted ``key (saved -> current)`` strings; empty when the configs agree.
+    """
+    try:
+        saved = Config.from_dict(saved).to_dict()
+    except ConfigError:
+        pass  # keys of another version: compared as they are
+    a, b = _flatten(saved), _flatten(current.to_dict())
+    for flat in (a, b):
+        # The same store named relative or absolute is the same store.
+        if flat.get("data.path"):
+            flat["data.path"] = os.path.realpath(str(flat["data.path"]))
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in RESUME_MAY_CHANGE:
+            continue
+        if a.get(key, "<missing>") != b.get(key, "<missing>"):
+            out.append(f"{key} ({a.get(key, '<missing>')!r} -> {b.get(key, '<missing>')!r})")
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
 
 
 def _build(cls: type, d: dict[str, Any], prefix: str) -> Any:

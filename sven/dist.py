@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sven.errors import SvenError
+from sven.errors import ConfigError, SvenError
 
 LAUNCHERS = ("torchrun", "slurm", "mpi", "single")
 # torch's own default: long enough for rank 0 to finish a checkpoint or an
@@ -467,14 +467,41 @@ def _mpi_rendezvous(info: LaunchInfo) -> LaunchInfo:
     return dataclasses.replace(info, master_addr=addr, master_port=port)
 
 
+def existing_devices() -> list[str]:
+    """The devices this process can use: ``cpu`` and ``cuda:0`` .. ``cuda:n-1``."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu", *(f"cuda:{i}" for i in range(n))]
+
+
 def _pick_device(device: str | torch.device, info: LaunchInfo) -> torch.device:
+    """This rank's device: ``auto`` is CUDA where available, and plain ``cuda`` (or
+    ``auto`` on a GPU node) is ``cuda:<local_rank>``, one GPU per rank.
+
+    Raises:
+        ConfigError: A device that is not a device name, or that this machine lacks
+            (the message lists the devices that exist).
+    """
     if str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type != "cuda" or dev.index is not None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"train.device={device}: not a device; use auto, cpu, cuda or cuda:N "
+            f"(this machine has {', '.join(existing_devices())})"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device={device}: Sven runs on cpu or cuda, not {dev.type}")
+    if dev.type != "cuda":
         return dev
-    if not torch.cuda.is_available():
-        raise DistError("device 'cuda' asked for, but CUDA is not available")
+    if not torch.cuda.is_available() or (
+        dev.index is not None and dev.index >= torch.cuda.device_count()
+    ):
+        raise ConfigError(
+            f"train.device={device}, but this machine has only {', '.join(existing_devices())}"
+        )
+    if dev.index is not None:
+        return dev
     count = torch.cuda.device_count()
     if count >= info.local_world_size:
         return torch.device("cuda", info.local_rank)
@@ -584,6 +611,10 @@ class Liveness:
             does not read the beats of the previous one).
         server: On the host rank, the store object; holding it keeps the server up
             after the process group is destroyed, while the others still read.
+        clock: Monotonic seconds for the diagnosis window and the stall watchdog.
+        sleep: Waits between two reads of the diagnosis. Tests pass a clock that
+            advances only in ``sleep`` (which also writes the peers' beats), so that
+            their verdicts do not depend on how loaded the machine is.
     """
 
     def __init__(
@@ -597,6 +628,8 @@ class Liveness:
         interval_s: float,
         prefix: str = "sven/liveness",
         server: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -611,6 +644,8 @@ class Liveness:
         self.store_error: str | None = None
         self.host_beat: Beat | None = None
         self._server = server
+        self._clock = clock
+        self._sleep = sleep
         # seq of this (host) rank's first beat that carried its verdict.
         self._verdict_seq: int | None = None
         self._seq = 0
@@ -649,7 +684,7 @@ class Liveness:
         """
         if self._stall is None or self.state != _RUN:
             return False
-        now = time.monotonic()
+        now = self._clock()
         if self.step != progress[0]:
             progress[0], progress[1] = self.step, now
             return False
@@ -657,13 +692,13 @@ class Liveness:
             return False
         diag = diagnose()
         if not diag.ranks:
-            progress[1] = time.monotonic()
+            progress[1] = self._clock()
             return False
         self.state, self.blame = _DONE, diag.ranks
         if self.store_error is None:
             self._post_verdict()
             self.linger(skip=diag.ranks)
-        self._stall[1](diag, time.monotonic() - progress[1])
+        self._stall[1](diag, self._clock() - progress[1])
         return True
 
     def _post_verdict(self) -> None:
@@ -701,7 +736,7 @@ class Liveness:
         self._thread.start()
 
     def _run(self) -> None:
-        progress: list[float | int] = [self.step, time.monotonic()]
+        progress: list[float | int] = [self.step, self._clock()]
         try:
             client = self._connect(max(2 * self.interval_s, 1.0))
             host_key = None
@@ -813,13 +848,13 @@ class Liveness:
         try:
             client = self._connect(min(self.window_s, 5.0))
             first = self._read(client)
-            deadline = time.monotonic() + self.window_s
+            deadline = self._clock() + self.window_s
             cur = first
-            while time.monotonic() < deadline:
+            while self._clock() < deadline:
                 # A survivor says so at once; a dead rank only by the silence of a window.
                 if all(b is not None and b.state != _RUN for b in cur.values()):
                     break
-                time.sleep(min(0.25, self.interval_s / 2))
+                self._sleep(min(0.25, self.interval_s / 2))
                 cur = self._read(client)
         except RuntimeError as err:
             return self._store_gone(err)

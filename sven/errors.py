@@ -12,6 +12,8 @@ Exit codes of ``sven``:
 75     :class:`Stopped`: training stopped on SIGTERM or SIGUSR1 after a checkpoint
        (``EX_TEMPFAIL``: try again); ``train.resume=true`` continues exactly
 130    interrupted by Ctrl-C (SIGINT)
+141    the output pipe was closed by its reader (``sven data info STORE | head``),
+       as for a tool ended by SIGPIPE; nothing is written to stderr
 =====  ==========================================================================
 
 ``slurm/train.sbatch`` requeues the job on 75 and after failures, never on 2 or 3.

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-from pathlib import Path
-
-import torch
 
 from sven.config_cli import KeysHelpFormatter, config_help
-from sven.errors import ConfigError, Stopped
+from sven.errors import Stopped, SvenError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,26 +64,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from sven.checkpoint import find_checkpoint, load_file
     from sven.config import Config
     from sven.trainer import Trainer, _config_overrides, _finite_or_none
 
-    p = Path(args.checkpoint)
-    state_file = None
-    for cand in (p / "state.pt", p / "best", p):
-        if cand.is_file():
-            state_file = cand
-            break
-        if cand.is_dir():
-            steps = sorted(cand.glob("step-*/state.pt"))
-            if steps:
-                state_file = steps[-1]
-                break
-    if state_file is None:
-        raise ConfigError(f"no checkpoint at {args.checkpoint}")
-    st = torch.load(state_file, map_location="cpu", weights_only=False)
+    folder = find_checkpoint(args.checkpoint)
+    st = load_file(folder / "state.pt")
+    if not isinstance(st, dict) or not isinstance(st.get("config"), dict):
+        raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
     cfg = Config.from_dict(st["config"])
     trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
-    res = _finite_or_none(trainer.evaluate_checkpoint(p))
+    res = _finite_or_none(trainer.evaluate_checkpoint(folder))
     if args.json:
         print(json.dumps(res, indent=2))
     else:

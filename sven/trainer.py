@@ -35,9 +35,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from sven.checkpoint import Checkpointer
+from sven.checkpoint import Checkpointer, find_checkpoint, load_file
 from sven.config import Config, dump_config, load_config
-from sven.errors import ConfigError, Stopped, SvenError
+from sven.errors import ConfigError, DataError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
 from sven.pipeline.batch import Batch
@@ -241,7 +241,7 @@ class Trainer:
             self.single = _SingleProcessStep(self)
         self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
         self.best = Checkpointer(self.out / "best", 1)
-        self._log(self.ctx.describe() if self.world_size > 1 else "single process", force=True)
+        self._log(self.ctx.describe() if self.world_size > 1 else "single process")
         self.predicted_comm = self._predict_comm() if self.world_size > 1 else None
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
@@ -276,8 +276,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _load_data(self) -> None:
-        from sven.datasets.store import TemporalEvents
-
         path = self.cfg.data.path
         if not path:
             from sven.datasets.synth import default_dataset
@@ -287,7 +285,7 @@ class Trainer:
             raise ConfigError(
                 f"data.path: no event store at {path} (create one with `sven data convert`)"
             )
-        ev = TemporalEvents.load(path)
+        ev = self._open_store(path)
         self.events = ev
         self.dataset_name = ev.meta.get("name") or Path(path).name
         self.num_nodes = int(ev.num_nodes)
@@ -306,13 +304,60 @@ class Trainer:
         self.edge_dim = 0 if self.edge_feat is None else self.edge_feat.shape[1]
         self.node_dim = 0 if ev.node_feat is None else int(ev.node_feat.shape[1])
         self.ranges = {s: tuple(int(x) for x in ev.split_range(s)) for s in _SPLITS}
-        if self.ranges["train"][1] <= self.ranges["train"][0]:
-            raise SvenError(f"{path}: the training split is empty")
+        _check_splits(path, self.ranges, self.rank)
         self.candidates = torch.unique(self.dst)
         self.inductive = {
             s: torch.as_tensor(np.asarray(ev.inductive_mask(s)), dtype=torch.bool)
             for s in ("val", "test")
         }
+
+    def _open_store(self, path: str) -> Any:
+        """Loads the store (structure checked); verifies its checksums once, on rank 0.
+
+        Rank 0's verdict is shared, so that every rank stops with the same error
+        instead of the others waiting for rank 0 in a collective.
+        """
+        from sven.datasets.store import TemporalEvents, verify_checksums
+
+        ev = TemporalEvents.load(path)
+        if not self.cfg.data.verify:
+            return ev
+        problem = None
+        if self.rank == 0:
+            try:
+                verify_checksums(ev.path, ev.meta)
+            except DataError as exc:
+                problem = str(exc)
+        problem = self._agree(problem)
+        if problem is not None:
+            err = DataError(f"{problem} (set data.verify=false to train anyway)")
+            err.quiet = self.rank != 0
+            raise err
+        return ev
+
+    def _claim_out(self) -> None:
+        """Rank 0 checks ``out`` (see :func:`prepare_out`); every rank learns its verdict
+        before anything is written, and all stop together on a refusal."""
+        tc = self.cfg.train
+        problem = None
+        if self.rank == 0:
+            try:
+                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
+            except ConfigError as exc:
+                problem = str(exc)
+        problem = self._agree(problem)
+        if problem is not None:
+            err = ConfigError(problem)
+            err.quiet = self.rank != 0
+            raise err
+
+    def _agree(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a no-op on one process)."""
+        if self.world_size == 1:
+            return value
+        from sven.dist import broadcast_object
+
+        return broadcast_object(value)
 
     def _partition(self) -> None:
         """owner (N,) and assign (E,): from a partition folder, computed, or all rank 0."""
@@ -742,6 +787,7 @@ class Trainer:
     def _load_shard(self, ck: Checkpointer, step: int) -> dict[str, Any]:
         """Loads rank 0's state and this rank's memory shard of a checkpoint."""
         state = ck.load(step, map_location=self.device)
+        _check_resume_config(state, self.cfg, ck.path(step), self.rank)
         ws = int(state.get("world_size", 1))
         if ws != self.world_size:
             raise ConfigError(
@@ -872,6 +918,7 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.train
         wall0 = time.perf_counter()
         main = self.rank == 0
+        self._claim_out()
         if main:
             self.out.mkdir(parents=True, exist_ok=True)
             dump_config(cfg, self.out / "config.json")
@@ -892,7 +939,9 @@ class Trainer:
         start_epoch, start_batch = 0, 0
         if tc.resume:
             step = self._latest(self.checkpointer)
-            if step is not None:
+            if step is None:
+                self._log(f"no checkpoint under {self.out}, starting fresh")
+            else:
                 st = self._load_shard(self.checkpointer, step)
                 self.model.load_state_dict(st["model"])
                 self._load_optimizer(st["optimizer"])
@@ -904,8 +953,7 @@ class Trainer:
                         setattr(self.exchange.counter, k, v)
                 self._log(
                     f"resumed from {self.checkpointer.path(step)} "
-                    f"(epoch {start_epoch}, batch {start_batch})",
-                    force=True,
+                    f"(epoch {start_epoch}, batch {start_batch})"
                 )
         if main:
             # metrics.jsonl is rebuilt from the checkpointed history, so lines written
@@ -1074,8 +1122,7 @@ class Trainer:
         self._log(
             f"test AP {_fmt(summary['test_ap'])} AUC {_fmt(summary['test_auc'])} "
             f"(inductive AP {_fmt(summary['test_ap_inductive'])}); "
-            f"summary in {self.out / 'summary.json'}",
-            force=True,
+            f"summary in {self.out / 'summary.json'}"
         )
         return summary
 
@@ -1194,30 +1241,18 @@ class Trainer:
         test runs. Shards of a P-rank checkpoint are assembled when evaluating on one
         process.
         """
-        p = Path(path)
-        if (p / "best").is_dir():
-            p = p / "best"
-        if not (p / "state.pt").is_file():
-            ck = Checkpointer(p)
-            step = ck.latest()
-            if step is None:
-                raise SvenError(f"no valid checkpoint under {path}")
-            p = ck.path(step)
-        state = torch.load(p / "state.pt", map_location=self.device, weights_only=False)
+        p = find_checkpoint(path)
+        state = load_file(p / "state.pt", self.device)
         self.model.load_state_dict(state["model"])
         ws = int(state.get("world_size", 1))
         owner = state["owner"].to(self.device)
         if ws == self.world_size and torch.equal(owner, self.owner):
-            shard = torch.load(
-                p / f"memory-rank{self.rank}.pt", map_location=self.device, weights_only=False
-            )
+            shard = load_file(p / f"memory-rank{self.rank}.pt", self.device)
             self.memory.load_state_dict(shard["memory"])
         elif self.world_size == 1:
             full = {k: v.clone() for k, v in self.memory.state_dict().items()}
             for r in range(ws):
-                shard = torch.load(
-                    p / f"memory-rank{r}.pt", map_location=self.device, weights_only=False
-                )
+                shard = load_file(p / f"memory-rank{r}.pt", self.device)
                 rows = owned_nodes(owner, r)
                 for k, v in shard["memory"].items():
                     full[k][rows] = v
@@ -1242,6 +1277,93 @@ class Trainer:
     def _log(self, msg: str, force: bool = False) -> None:
         if self.rank == 0 and (force or not self.cfg.quiet):
             print(msg, file=sys.stderr, flush=True)
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds a Sven run: a ``config.json`` that a trainer wrote."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and {"data", "model", "train", "out"} <= set(cfg)
+
+
+def prepare_out(
+    out: Path, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print
+) -> None:
+    """Checks (and with ``overwrite`` empties) the run folder before training writes.
+
+    A missing or empty ``out`` is used as is. A non-empty one is refused unless it is
+    a Sven run folder and ``resume`` (continue it) or ``overwrite`` (delete it first)
+    is set, so that the checkpoints of two runs never mix.
+
+    Raises:
+        ConfigError: ``out`` may not be used; the message says what to do.
+    """
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"out={out} is a file, not a folder")
+    if not any(out.iterdir()):
+        return
+    run = is_run_folder(out)
+    if overwrite:
+        if not run:
+            raise ConfigError(
+                f"out={out} is not empty and not a Sven run folder (no config.json of "
+                "Sven's); train.overwrite=true only deletes a run folder: choose another out"
+            )
+        import shutil
+
+        shutil.rmtree(out)
+        log(f"train.overwrite: deleted the earlier run in {out}")
+        return
+    if resume:
+        if not run:
+            raise ConfigError(
+                f"out={out} is not empty and not a Sven run folder: nothing to resume there"
+            )
+        return
+    what = "an earlier run" if run else "files that are not a Sven run"
+    raise ConfigError(
+        f"out={out} already holds {what}; use another out, train.resume=true to continue "
+        "it, or train.overwrite=true to replace it"
+    )
+
+
+def _check_resume_config(state: dict[str, Any], cfg: Config, where: Path, rank: int) -> None:
+    """Stops a resume whose checkpoint was written with a different config."""
+    from sven.config import config_differences
+
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        return
+    diff = config_differences(saved, cfg)
+    if diff:
+        err = ConfigError(
+            f"train.resume: {where} was written with another config; differing keys: "
+            f"{', '.join(diff)}. Resume with the same settings, or use another out"
+        )
+        err.quiet = rank != 0
+        raise err
+
+
+def _check_splits(path: str, ranges: dict[str, tuple[int, ...]], rank: int) -> None:
+    """Empty splits, before any training: train and val are needed, test is reported."""
+    empty = [s for s in _SPLITS if ranges[s][1] <= ranges[s][0]]
+    if "train" in empty or "val" in empty:
+        which = " and ".join(s for s in empty if s != "test")
+        raise DataError(
+            f"the {which} split is empty: training needs training events and selects the "
+            "best model on val; re-convert with other --val-frac/--test-frac",
+            path,
+        )
+    if "test" in empty and rank == 0:
+        print(
+            f"sven: warning: {path}: the test split is empty; test metrics will be n/a",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _stop_vote(signum: int | None, world_size: int) -> int:

@@ -20,6 +20,7 @@ def _overrides(store: str, out: str, *extra: str) -> list[str]:
     return [
         f"data.path={store}",
         f"out={out}",
+        "train.device=cpu",  # gloo ranks, as the harness starts them
         "quiet=true",
         "train.epochs=2",
         "train.batch_size=100",

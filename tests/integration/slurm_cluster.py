@@ -383,6 +383,8 @@ def tiny_overrides(store: Path, *extra: str) -> list[str]:
     """
     return [
         f"data.path={store}",
+        # CPU ranks under gloo (train.device=auto would pick GPUs where there are some).
+        "train.device=cpu",
         "quiet=true",
         "train.epochs=3",
         "train.batch_size=100",
@@ -485,7 +487,9 @@ def reference_fixture(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory
     """One uninterrupted 2-rank ``torchrun`` run of :func:`tiny_overrides`."""
     if "reference" not in _SHARED:
         out = tmp_path_factory.mktemp("reference")
-        done = run_checked([*torchrun_cmd(), "train", *tiny_overrides(tiny_store, f"out={out}")])
+        # quiet=false: quiet=true writes nothing but errors, and the launch line is checked.
+        cmd = [*torchrun_cmd(), "train", *tiny_overrides(tiny_store, f"out={out}", "quiet=false")]
+        done = run_checked(cmd)
         _SHARED["reference"] = Run(out, metrics(out), done.stderr)
     return _SHARED["reference"]  # type: ignore[return-value]
 

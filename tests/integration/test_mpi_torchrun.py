@@ -34,7 +34,8 @@ def test_mpirun_matches_torchrun(tiny_store, reference, tmp_path) -> None:
     # Without MASTER_ADDR/MASTER_PORT sven.dist agrees on them through mpi4py.
     pytest.importorskip("mpi4py")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2"]
-    cmd += [str(VENV_BIN / "sven"), "train", *tiny_overrides(tiny_store, f"out={tmp_path}")]
+    over = tiny_overrides(tiny_store, f"out={tmp_path}", "quiet=false")
+    cmd += [str(VENV_BIN / "sven"), "train", *over]
     done = run_checked(cmd)
     assert done.stderr.count("launcher=mpi backend=gloo world_size=2 device=cpu") == 1, done.stderr
     assert metrics(tmp_path) == reference.metrics

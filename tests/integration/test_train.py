@@ -56,6 +56,7 @@ def _overrides(store: str, out, *extra: str) -> list[str]:
     return [
         f"data.path={store}",
         f"out={out}",
+        "train.device=cpu",  # the cuda cases override it
         "quiet=true",
         "train.epochs=2",
         "train.batch_size=200",

@@ -7,6 +7,7 @@ checked without starting any rank.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -39,32 +40,50 @@ def _liveness(store: dist.TCPStore, rank: int, world_size: int, **kw) -> Livenes
     )
 
 
-class _Beating:
-    """Keeps other ranks' beats advancing, as their heartbeat threads would."""
+class _FakeTime:
+    """A clock for :class:`Liveness` that moves only when read or slept on.
 
-    def __init__(self, store: dist.TCPStore, beats: dict[int, Beat]) -> None:
-        self.store, self.beats = store, beats
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    Each read advances it by ``tick``; each sleep advances it by the time slept and
+    first lets the live peers write one more beat (as their heartbeat threads would
+    in that time). The verdicts then depend on the number of looks, not on how fast
+    the machine runs the threads: a loaded machine cannot make a live peer look dead.
+    """
 
-    def _run(self) -> None:
-        client = dist.TCPStore(
-            "127.0.0.1", self.store.port, is_master=False, wait_for_workers=False
-        )
-        seq = 0
-        while not self.stop.is_set():
-            for r, b in self.beats.items():
-                client.set(f"t/{r}", Beat(b.step, time.time(), seq, b.state, b.blame).encode())
-            seq += 1
-            self.stop.wait(INTERVAL_S / 2)
+    def __init__(self, store: dist.TCPStore, live: dict[int, Beat], tick: float = 0.0) -> None:
+        self.port, self.live, self.tick = store.port, live, tick
+        self.now = 1000.0
+        self.seq = 0
+        self._local = threading.local()
+        self.beat()
 
-    def __enter__(self) -> _Beating:
-        self.thread.start()
-        return self
+    def clock(self) -> float:
+        self.now += self.tick
+        return self.now
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
+    def sleep(self, seconds: float) -> None:
+        self.beat()
+        self.now += seconds
+
+    def beat(self) -> None:
+        # One client per thread: the diagnosis may run in the heartbeat thread.
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = dist.TCPStore("127.0.0.1", self.port, is_master=False, wait_for_workers=False)
+            self._local.client = client
+        for r, b in self.live.items():
+            client.set(f"t/{r}", Beat(b.step, time.time(), self.seq, b.state, b.blame).encode())
+        self.seq += 1
+
+    def kwargs(self) -> dict:
+        return {"clock": self.clock, "sleep": self.sleep}
+
+
+def _until(condition, timeout_s: float = 30.0) -> None:
+    """Waits for a condition that a background thread makes true (loaded machines too)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
 
 
 def test_beat_round_trip_and_interval() -> None:
@@ -79,10 +98,14 @@ def test_heartbeat_thread_writes_step_and_final_state(store) -> None:
     lv = _liveness(store, 1, 3)
     lv.start()
     lv.step = 12
-    time.sleep(3 * INTERVAL_S)
-    beat = Beat.decode(store.get("t/1"))
+
+    def written() -> bool:
+        return store.check(["t/1"]) and Beat.decode(store.get("t/1")).step == 12
+
+    _until(written)
+    _until(lambda: Beat.decode(store.get("t/1")).seen == 33)
     # It also read the host's beat, and says which one it read.
-    assert beat.step == 12 and beat.seen == 33 and lv.host_beat.blame == (2,)
+    assert lv.host_beat.blame == (2,)
     lv.stop()
     last = Beat.decode(store.get("t/1"))
     assert last.state == "exit" and last.step == 12
@@ -92,20 +115,22 @@ def test_a_silent_rank_is_named_with_its_last_step(store) -> None:
     # Rank 2 wrote one beat at step 40 and nothing since; rank 1 lives, rank 3 saw the
     # failure too.
     store.set("t/2", Beat(40, time.time() - 24, 5).encode())
-    with _Beating(store, {1: Beat(41, 0, 0), 3: Beat(41, 0, 0, "failed")}):
-        lv = _liveness(store, 0, 4)
-        lv.step = 41
-        diag = lv.diagnose()
+    fake = _FakeTime(store, {1: Beat(41, 0, 0), 3: Beat(41, 0, 0, "failed")})
+    lv = _liveness(store, 0, 4, **fake.kwargs())
+    lv.step = 41
+    diag = lv.diagnose()
     assert diag.ranks == (2,)
-    assert diag.reason.startswith("rank 2 died or hung (no heartbeat for 2")
-    assert "last at step 40" in diag.reason
+    assert re.fullmatch(
+        r"rank 2 died or hung \(no heartbeat for \d+ s; last at step 40\)", diag.reason
+    )
+    assert int(diag.reason.split("for ")[1].split(" s")[0]) >= 24
 
 
 def test_a_live_rank_behind_the_others_is_named_as_hung(store) -> None:
-    with _Beating(store, {1: Beat(41, 0, 0, "failed"), 2: Beat(38, 0, 0)}):
-        lv = _liveness(store, 0, 3)
-        lv.step = 41
-        diag = lv.diagnose()
+    fake = _FakeTime(store, {1: Beat(41, 0, 0, "failed"), 2: Beat(38, 0, 0)})
+    lv = _liveness(store, 0, 3, **fake.kwargs())
+    lv.step = 41
+    diag = lv.diagnose()
     assert diag.ranks == (2,) and "rank 2 hung (alive, but at step 38" in diag.reason
 
 
@@ -119,17 +144,15 @@ def test_missing_and_departed_ranks_are_named(store) -> None:
 
 def test_survivors_only_adopt_a_verdict(store) -> None:
     # Nothing wrong in sight from rank 1, but rank 0 found rank 2 missing.
-    with _Beating(store, {0: Beat(5, 0, 0, "done", (2,)), 2: Beat(5, 0, 0, "failed")}):
-        diag = _liveness(store, 1, 3).diagnose()
+    fake = _FakeTime(store, {0: Beat(5, 0, 0, "done", (2,)), 2: Beat(5, 0, 0, "failed")})
+    diag = _liveness(store, 1, 3, **fake.kwargs()).diagnose()
     assert diag.ranks == (2,) and "rank 0 says" in diag.reason
 
 
 def test_an_unreachable_store_names_its_host() -> None:
     lv = Liveness(2, 4, "127.0.0.1", free_port(), host_rank=0, interval_s=INTERVAL_S, prefix="t")
-    start = time.monotonic()
     diag = lv.diagnose()
     assert diag.ranks == (0,) and "rendezvous store it hosts" in diag.reason
-    assert time.monotonic() - start < 3
     # The host's last beat, read while it lived, carried a verdict: it ended after a
     # failure it found, so the rank it named is the one missing.
     lv.host_beat = Beat(7, time.time(), 50, "done", (3,))
@@ -140,7 +163,7 @@ def test_an_unreachable_store_names_its_host() -> None:
     assert lv.diagnose().ranks == ()
 
 
-def _watched(store: dist.TCPStore, rank: int, world_size: int, stall_s: float):
+def _watched(store: dist.TCPStore, rank: int, world_size: int, stall_s: float, **kw):
     """A started Liveness whose watchdog records its calls instead of exiting."""
     calls: list = []
     called = threading.Event()
@@ -149,7 +172,7 @@ def _watched(store: dist.TCPStore, rank: int, world_size: int, stall_s: float):
         calls.append((diag, seconds))
         called.set()
 
-    lv = _liveness(store, rank, world_size)
+    lv = _liveness(store, rank, world_size, **kw)
     lv.watch(stall_s, on_stall)
     lv.start()
     return lv, calls, called
@@ -159,11 +182,11 @@ def test_watchdog_ends_a_rank_stalled_by_a_dead_peer(store) -> None:
     # Rank 1 (say, under NCCL) is blocked in a collective whose peer, rank 2, died at
     # step 7: rank 1's step stops advancing and rank 2's beats stopped.
     store.set("t/2", Beat(7, time.time(), 3).encode())
-    with _Beating(store, {0: Beat(7, 0, 0)}):
-        lv, calls, called = _watched(store, 1, 3, stall_s=0.3)
-        lv.step = 7
-        assert called.wait(10), "the watchdog did not act"
-        lv.stop()
+    fake = _FakeTime(store, {0: Beat(7, 0, 0)}, tick=0.05)
+    lv, calls, called = _watched(store, 1, 3, stall_s=0.3, **fake.kwargs())
+    lv.step = 7
+    _until(called.is_set)
+    lv.stop()
     ((diag, seconds),) = calls
     assert diag.ranks == (2,) and "rank 2 died or hung" in diag.reason
     assert seconds >= 0.3
@@ -173,18 +196,27 @@ def test_watchdog_ends_a_rank_stalled_by_a_dead_peer(store) -> None:
 
 
 def test_watchdog_spares_ranks_that_are_slow_together_or_progress(store) -> None:
-    # Every peer beats at this rank's step (a long evaluation): nobody to name.
-    with _Beating(store, {0: Beat(7, 0, 0), 2: Beat(7, 0, 0)}):
-        lv, calls, _ = _watched(store, 1, 3, stall_s=0.2)
-        lv.step = 7
-        time.sleep(2.0)
-        lv.stop()
-    assert calls == []
-    # A rank that keeps stepping is never stalled, even next to a silent peer.
-    store.set("t/2", Beat(7, time.time(), 3).encode())
-    lv, calls, _ = _watched(store, 1, 3, stall_s=0.3)
-    for step in range(20):
-        lv.step = 8 + step
-        time.sleep(0.1)
+    # Every peer beats at this rank's step (a long evaluation): nobody to name, however
+    # often the watchdog looks.
+    fake = _FakeTime(store, {0: Beat(7, 0, 0), 2: Beat(7, 0, 0)}, tick=0.05)
+    lv, calls, _ = _watched(store, 1, 3, stall_s=0.2, **fake.kwargs())
+    lv.step = 7
+    start = fake.now
+    _until(lambda: fake.now - start > 5.0)  # many stall checks and diagnoses
     lv.stop()
     assert calls == []
+    # A rank that keeps stepping is never stalled, even next to a silent peer; once it
+    # stops stepping, the silent peer is named. (The watchdog's look, step by step.)
+    store.set("t/2", Beat(7, time.time(), 3).encode())
+    fake = _FakeTime(store, {0: Beat(30, 0, 0)})
+    lv = _liveness(store, 1, 3, **fake.kwargs())
+    named = []
+    lv.watch(0.3, lambda diag, seconds: named.append(diag.ranks))
+    progress = [lv.step, fake.now]
+    for step in range(20):
+        lv.step = 8 + step
+        fake.now += 0.1
+        assert not lv._check_stall(progress, lambda: lv.diagnose(failed=False))
+    fake.now += 0.31
+    assert lv._check_stall(progress, lambda: lv.diagnose(failed=False))
+    assert named == [(2,)]
