@@ -43,8 +43,9 @@ TIMEOUT_S = 20
 # teardown and exit on a loaded 2-core machine.
 EXIT_SLACK_S = 20
 # "rank 2 died or hung (...)", "rank 2 did not answer within 20 s", "rank 2 hung
-# (alive, ...)", "rank 2 left the job": the clauses that name a missing rank.
-_CULPRIT = re.compile(r"\branks? ([\d, ]+?) (?:died|hung|left|did not answer)")
+# (alive, ...)", "rank 2 left the job": the clauses that name a missing rank (with
+# "(node N)" after the rank where the job spans several nodes).
+_CULPRIT = re.compile(r"\branks? ([\d, ]+?)(?: \(node [^)]*\))? (?:died|hung|left|did not answer)")
 
 
 @dataclass
