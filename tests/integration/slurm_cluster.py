@@ -49,6 +49,9 @@ CLIENTS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 
 # Metrics that two launches of one configuration must agree on exactly.
 METRIC_KEYS = ("val_ap", "val_auc", "test_ap", "test_auc")
+# What torch's C++ side prints with its errors (frame dumps); none of it belongs on
+# the terminal, only in the run's logs/ folder.
+CPP_DUMP = ("frame #", "Exception raised from")
 
 
 class ClusterError(RuntimeError):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
+    CPP_DUMP,
     VENV_BIN,
     Cluster,
     free_port,
@@ -50,8 +51,6 @@ TWO_NODE_SCRIPT = ("--nodes=2", "--ntasks=2", "--cpus-per-task=1")
 # a loaded 2-core machine (diagnosis, teardown, exit).
 TIMEOUT_S = 20
 EXIT_SLACK_S = 25
-# What torch's C++ side prints with its errors; none of it belongs on the terminal.
-CPP_DUMP = ("frame #", "Exception raised from")
 # The progress bar reaches its first step: "epoch 0:   7%|...| 1/14 [".
 FIRST_STEP = re.compile(r"epoch \d+:[^\r\n]*\| *[1-9]\d*/\d+ \[")
 
