@@ -156,7 +156,6 @@ def test_lost_node_survivor_names_it_and_the_requeued_job_resumes(
         time.sleep(0.05)
     survivor_s = time.monotonic() - lost
     assert not pid_alive(survivors[0]), f"rank 0 still runs {survivor_s:.0f} s after n2 was lost"
-    print(f"node n2 lost: rank 0 on n1 exited after {survivor_s:.1f} s")
 
     # slurmctld declares n2 down (SlurmdTimeout) and requeues the job (--requeue);
     # n2 comes back (ReturnToService=2) and the job starts again on both nodes.
@@ -174,6 +173,7 @@ def test_lost_node_survivor_names_it_and_the_requeued_job_resumes(
     assert second_start, log
     lines = sven_lines(first_start)
     assert len(lines) == 1, log
+    print(f"node n2 lost: rank 0 on n1 exited after {survivor_s:.1f} s: {lines[0]}")
     # The collective's failure ("rank 0: a collective failed ... rank 1 (node n2) died or
     # hung ...") or, if n2 went inside a checkpoint barrier, the barrier's.
     assert lines[0].startswith("sven: error:") and "rank 1 (node n2)" in lines[0], lines
