@@ -1558,14 +1558,17 @@ class NativeLog:
 
     Attributes:
         path: The log file.
-        mark: Its size after this process's header line.
+        mark: Its size after this process's header line; -1 where it could not be
+            opened (nothing is redirected then).
     """
 
     path: Path
     mark: int
 
     def written(self) -> bool:
-        """Whether native code wrote anything since the header."""
+        """Whether native code wrote anything since the header (never without a log)."""
+        if self.mark < 0:
+            return False
         try:
             return self.path.stat().st_size > self.mark
         except OSError:
@@ -1596,11 +1599,17 @@ def native_stderr_to(path: str | Path, header: str = "") -> Iterator[NativeLog]:
         The log (:meth:`NativeLog.written` says whether it holds anything).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existed = path.exists()
-    start = path.stat().st_size if existed else 0
-    line = f"== {datetime.now().isoformat(timespec='seconds')} pid {os.getpid()} {header}\n"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        start = path.stat().st_size if existed else 0
+        line = f"== {datetime.now().isoformat(timespec='seconds')} pid {os.getpid()} {header}\n"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        # No log where it cannot be written (the run fails there later, saying why);
+        # the C++ output then stays on the terminal.
+        yield NativeLog(path, -1)
+        return
     try:
         os.write(fd, line.encode())
         log = NativeLog(path, start + len(line.encode()))

@@ -261,6 +261,11 @@ def test_native_log_with_nothing_in_it_is_taken_back(tmp_path, capfd) -> None:
         pass
     assert (logs / "rank0.log").read_text() == "earlier\n"
     assert capfd.readouterr().err == "python only\n"
+    # Where no log can be written, stderr stays as it was.
+    (tmp_path / "file").write_text("")
+    with native_stderr_to(tmp_path / "file" / "logs" / "rank0.log") as log:
+        os.write(2, b"native\n")
+    assert not log.written() and capfd.readouterr().err == "native\n"
 
 
 @pytest.mark.parametrize(
