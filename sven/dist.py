@@ -14,11 +14,13 @@ Launchers, in order of precedence:
 - ``mpi``: OpenMPI (``OMPI_COMM_WORLD_*``), MVAPICH2 (``MV2_COMM_WORLD_*``),
   MPICH/Hydra and Intel MPI (``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``,
   ``MPI_LOCALNRANKS``), PMIx (``PMIX_RANK``). The rendezvous address comes from
-  ``MASTER_ADDR``/``MASTER_PORT`` where exported, else rank 0 broadcasts its host
-  name and a free port through mpi4py.
+  ``MASTER_ADDR``/``MASTER_PORT`` where exported, else rank 0 broadcasts its
+  addresses and a free port through mpi4py and every rank uses the first address at
+  which it reaches rank 0 (:func:`host_addresses`).
 - ``slurm``: a task of an ``srun`` step (``SLURM_STEP_ID``, ``SLURM_PROCID``,
   ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_STEP_TASKS_PER_NODE``); the master is
-  the first host of the step's node list, the port ``10000 + job_id % 20000``, both
+  the first node of the step's node list, at its ``NodeAddr`` (``scontrol show node``:
+  a node's name need not resolve), the port ``10000 + job_id % 20000``, both
   overridable by ``MASTER_ADDR``/``MASTER_PORT``.
 - ``single`` otherwise.
 
@@ -33,7 +35,9 @@ and prints one line (e.g. ``srun -n 4 python -m sven.dist``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import os
 import re
 import shutil
@@ -42,9 +46,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,6 +104,8 @@ class LaunchInfo:
         master_addr: Host of the rendezvous (rank 0's node); None where it is not
             known yet (MPI without ``MASTER_ADDR``: agreed on through mpi4py).
         master_port: Port of the rendezvous, or None like ``master_addr``.
+        master_from: Where ``master_addr`` came from, for the log, e.g.
+            ``"MASTER_ADDR"`` or ``"NodeAddr of n1"``.
         nodes: The job's hosts in order (SLURM: the step's expanded node list).
         node_rank: Index of this process's node among ``nodes`` (0 where unknown).
         job_id: The scheduler's job id (SLURM), else None.
@@ -112,6 +119,7 @@ class LaunchInfo:
     local_world_size: int = 1
     master_addr: str | None = None
     master_port: int | None = None
+    master_from: str = ""
     nodes: tuple[str, ...] = ()
     node_rank: int = 0
     job_id: str | None = None
@@ -147,10 +155,11 @@ def _env_int(environ: Mapping[str, str], name: str, default: int | None = None) 
         raise DistError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _master(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
+def _master(environ: Mapping[str, str]) -> tuple[str | None, int | None, str]:
+    """``MASTER_ADDR``, ``MASTER_PORT`` (None where unset) and where the address came from."""
     addr = environ.get("MASTER_ADDR") or None
     port = _env_int(environ, "MASTER_PORT") if environ.get("MASTER_PORT") else None
-    return addr, port
+    return addr, port, "MASTER_ADDR" if addr else ""
 
 
 def _split_top_level(spec: str) -> list[str]:
@@ -233,6 +242,61 @@ def slurm_hosts(spec: str) -> list[str]:
         return done.stdout.split()
 
 
+def _node_aliases(environ: Mapping[str, str]) -> dict[str, str]:
+    """Node name -> address from ``SLURM_NODE_ALIASES`` (``name:addr:host,...``).
+
+    Slurm exports it where addresses are assigned at run time (cloud nodes), the one
+    case where ``scontrol`` may not know them yet.
+    """
+    out = {}
+    for item in environ.get("SLURM_NODE_ALIASES", "").split(","):
+        # An IPv6 address comes in brackets: n1:[fd00::1]:n1.
+        m = re.fullmatch(r"\s*([^:\s]+):(\[[^\]]+\]|[^:]+):.*", item)
+        if m:
+            out[m.group(1)] = m.group(2).strip("[]")
+    return out
+
+
+def slurm_node_addr(node: str, environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
+    """The address that reaches a SLURM node, and where it was found.
+
+    A node's name (what ``SLURM_JOB_NODELIST`` lists) need not resolve: clusters set
+    ``NodeAddr`` where the name is not the address, and so does one machine running
+    several ``slurmd -N``. Asks ``SLURM_NODE_ALIASES``, then ``scontrol show node``;
+    the name itself is the answer where neither knows better.
+
+    Args:
+        node: The node's name, e.g. ``"n1"``.
+        environ: The environment (for ``SLURM_NODE_ALIASES``).
+
+    Returns:
+        ``(address, source)``, e.g. ``("10.1.0.7", "NodeAddr of n1")`` or
+        ``("n1", "node name n1")``.
+    """
+    alias = _node_aliases(environ).get(node)
+    if alias:
+        return alias, f"NodeAddr of {node} (SLURM_NODE_ALIASES)"
+    if shutil.which("scontrol") is None:
+        return node, f"node name {node} (no scontrol to ask for its NodeAddr)"
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "node", "--oneliner", node],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return node, f"node name {node} (scontrol show node: {err})"
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", done.stdout)
+    if done.returncode != 0 or m is None:
+        why = (done.stderr.strip().splitlines() or ["no NodeAddr"])[-1]
+        return node, f"node name {node} (scontrol show node: {why})"
+    addr = m.group(1)
+    # NodeAddr defaults to the name: then the name is all there is.
+    return addr, f"node name {node}" if addr == node else f"NodeAddr of {node}"
+
+
 def expand_tasks_per_node(spec: str) -> list[int]:
     """Expands Slurm's tasks-per-node form, e.g. ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
     out: list[int] = []
@@ -292,10 +356,10 @@ def _from_slurm(environ: Mapping[str, str], step: str) -> LaunchInfo:
     else:
         raise DistError("SLURM_STEP_TASKS_PER_NODE is not set on a multi-node step")
     job_id = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID"))
-    addr, port = _master(environ)
-    if addr is None:
+    addr, port, source = _master(environ)
+    if addr is None and nodes:
         # With the default block distribution task 0 runs on the step's first node.
-        addr = nodes[0] if nodes else None
+        addr, source = slurm_node_addr(nodes[0], environ)
     if port is None and job_id is not None:
         port = slurm_port(job_id)
     if addr is None or port is None:
@@ -310,6 +374,7 @@ def _from_slurm(environ: Mapping[str, str], step: str) -> LaunchInfo:
         local_world_size=local_world,
         master_addr=addr,
         master_port=port,
+        master_from=source,
         nodes=nodes,
         node_rank=node_rank,
         job_id=job_id,
@@ -377,7 +442,7 @@ def _from_mpi(environ: Mapping[str, str], flavor: str, values: list[int | None])
     # Only PMIx alone leaves something out; then ask MPI itself rather than guess.
     asked = _mpi_world() if None in values else (0, 0, 0, 0)
     rank, world, local_rank, local_world = (w if v is None else v for v, w in zip(values, asked))
-    addr, port = _master(environ)
+    addr, port, source = _master(environ)
     if addr is not None and port is None:
         port = 29500  # torch's default, as torchrun would use
     return LaunchInfo(
@@ -388,6 +453,7 @@ def _from_mpi(environ: Mapping[str, str], flavor: str, values: list[int | None])
         local_world_size=local_world,
         master_addr=addr,
         master_port=port,
+        master_from=source,
         flavor=flavor,
     )
 
@@ -395,7 +461,7 @@ def _from_mpi(environ: Mapping[str, str], flavor: str, values: list[int | None])
 def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo:
     rank = _env_int(environ, "RANK")
     world = _env_int(environ, "WORLD_SIZE")
-    addr, port = _master(environ)
+    addr, port, source = _master(environ)
     return LaunchInfo(
         launcher="torchrun",
         rank=rank,
@@ -405,6 +471,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo:
         local_world_size=_env_int(environ, "LOCAL_WORLD_SIZE", world),
         master_addr=addr,
         master_port=port,
+        master_from=source,
         node_rank=_env_int(environ, "GROUP_RANK", 0),
         flavor="torchrun" if "TORCHELASTIC_RUN_ID" in environ else "env://",
     )
@@ -457,14 +524,120 @@ def free_port(host: str = "") -> int:
         return int(s.getsockname()[1])
 
 
+def _interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of a network interface (Linux ``SIOCGIFADDR``), or None."""
+    try:
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except (ImportError, OSError):
+        return None  # no address, not Linux, or the interface went away
+
+
+def host_addresses() -> list[str]:
+    """Addresses at which other hosts may reach this one, the likeliest first.
+
+    The IPv4 addresses of its network interfaces other than loopback, then what its
+    host name resolves to (which on many hosts is a loopback address, reachable from
+    this host only), then the host name itself and ``127.0.0.1``.
+    """
+    found: list[str] = []
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except OSError:
+        names = []
+    for name in names:
+        addr = _interface_ipv4(name)
+        if addr and not addr.startswith("127."):
+            found.append(addr)
+    host = socket.gethostname()
+    try:
+        found += socket.gethostbyname_ex(host)[2]
+    except OSError:
+        pass
+    found += [host, "127.0.0.1"]
+    return list(dict.fromkeys(found))
+
+
+def _reaches(addr: str, port: int, token: bytes, timeout_s: float = 2.0) -> bool:
+    """Whether rank 0's probe listener answers at ``addr:port`` with ``token``."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout_s) as conn:
+            got = b""
+            while len(got) < len(token):
+                chunk = conn.recv(len(token) - len(got))
+                if not chunk:
+                    break
+                got += chunk
+            return got == token
+    except OSError:
+        return False
+
+
 def _mpi_rendezvous(info: LaunchInfo) -> LaunchInfo:
-    """Fills in the master address and port: rank 0 picks them, MPI broadcasts them."""
+    """Fills in the master address and port: rank 0 offers, every rank probes.
+
+    Rank 0 broadcasts its addresses (:func:`host_addresses`), a free port for the
+    store and the port of a probe listener that answers with a random token; every
+    rank takes the first address at which the token comes back. A host name alone
+    is not enough: on another node it may not resolve, or resolve to that node's
+    own loopback address.
+    """
     comm = _import_mpi().COMM_WORLD
+    rank = comm.Get_rank()
+    listener = None
     payload = None
-    if comm.Get_rank() == 0:
-        payload = (socket.gethostname(), free_port())
-    addr, port = comm.bcast(payload, root=0)
-    return dataclasses.replace(info, master_addr=addr, master_port=port)
+    if rank == 0:
+        token = os.urandom(16)
+        listener = socket.create_server(("", 0), backlog=128)
+        listener.settimeout(0.2)
+        stop = threading.Event()
+
+        def answer() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except (TimeoutError, OSError):
+                    continue
+                with conn:
+                    try:
+                        conn.sendall(token)
+                    except OSError:
+                        pass
+
+        thread = threading.Thread(target=answer, name="sven-probe", daemon=True)
+        thread.start()
+        payload = (host_addresses(), free_port(), listener.getsockname()[1], token)
+    candidates, port, probe_port, token = comm.bcast(payload, root=0)
+    try:
+        if rank == 0:
+            mine: str | None = candidates[0]
+        else:
+            mine = next((a for a in candidates if _reaches(a, probe_port, token)), None)
+        chosen = comm.allgather(mine)
+    finally:
+        if listener is not None:
+            stop.set()
+            thread.join(timeout=5)
+            listener.close()
+    lost = [r for r, a in enumerate(chosen) if a is None]
+    if lost:
+        who = ("rank " if len(lost) == 1 else "ranks ") + ", ".join(map(str, lost))
+        raise DistError(
+            f"mpi: {who} reached rank 0 at none of its addresses {candidates}; export "
+            "MASTER_ADDR (an address of rank 0's host that every rank reaches) and "
+            "MASTER_PORT to every rank (mpirun -x MASTER_ADDR -x MASTER_PORT)"
+        )
+    if rank == 0:
+        # Rank 0 reaches itself anywhere: take the address most ranks took, for the log.
+        others = chosen[1:] or [mine]
+        mine = max(dict.fromkeys(others), key=others.count)
+    return dataclasses.replace(
+        info, master_addr=mine, master_port=port, master_from="rank 0's address, probed"
+    )
 
 
 def existing_devices() -> list[str]:
@@ -535,6 +708,8 @@ class Beat:
         state: ``"run"``, ``"failed"``, ``"done"`` or ``"exit"``.
         blame: The ranks this rank found missing (its verdict, with ``"done"``).
         seen: The ``seq`` of the store host's beat this rank read last (-1: none).
+        node: The node the rank runs on (SLURM's node name, else the host name), so
+            that an error can say where a lost rank was; empty where unknown.
     """
 
     step: int
@@ -543,19 +718,23 @@ class Beat:
     state: str = _RUN
     blame: tuple[int, ...] = ()
     seen: int = -1
+    node: str = ""
 
     def encode(self) -> str:
-        """The stored text: ``"<step> <wall> <seq> <state> <blame,...|-> <seen>"``."""
+        """The stored text: ``"<step> <wall> <seq> <state> <blame,...|-> <seen> <node|->"``."""
         blame = ",".join(map(str, self.blame)) or "-"
-        return f"{self.step} {self.wall:.3f} {self.seq} {self.state} {blame} {self.seen}"
+        node = "".join(self.node.split()) or "-"
+        return f"{self.step} {self.wall:.3f} {self.seq} {self.state} {blame} {self.seen} {node}"
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Beat:
         """Parses :meth:`encode`'s text."""
         text = raw.decode() if isinstance(raw, bytes) else raw
-        step, wall, seq, state, blame, seen = text.split()
+        step, wall, seq, state, blame, seen, node = text.split()
         ranks = () if blame == "-" else tuple(int(r) for r in blame.split(","))
-        return cls(int(step), float(wall), int(seq), state, ranks, int(seen))
+        return cls(
+            int(step), float(wall), int(seq), state, ranks, int(seen), "" if node == "-" else node
+        )
 
 
 @dataclass(frozen=True)
@@ -615,6 +794,7 @@ class Liveness:
         sleep: Waits between two reads of the diagnosis. Tests pass a clock that
             advances only in ``sleep`` (which also writes the peers' beats), so that
             their verdicts do not depend on how loaded the machine is.
+        node: The node this rank runs on, carried in its beats (:attr:`Beat.node`).
     """
 
     def __init__(
@@ -630,6 +810,7 @@ class Liveness:
         server: Any = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        node: str = "",
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -643,6 +824,9 @@ class Liveness:
         self.blame: tuple[int, ...] = ()
         self.store_error: str | None = None
         self.host_beat: Beat | None = None
+        self.node = node
+        # Rank -> node, from the beats read so far (for the messages, see label()).
+        self.nodes: dict[int, str] = {rank: node} if node else {}
         self._server = server
         self._clock = clock
         self._sleep = sleep
@@ -705,7 +889,7 @@ class Liveness:
         """Writes this rank's ``done`` beat with its verdict, from the calling thread."""
         try:
             client = self._connect(max(2 * self.interval_s, 1.0))
-            beat = Beat(self.step, time.time(), self._seq, _DONE, self.blame)
+            beat = Beat(self.step, time.time(), self._seq, _DONE, self.blame, node=self.node)
             client.set(self.key(self.rank), beat.encode())
             self._verdict_seq = self._seq
             self._seq += 1
@@ -746,13 +930,14 @@ class Liveness:
                 stopping = self._stop.is_set()
                 seen = -1 if self.host_beat is None else self.host_beat.seq
                 state = self.state
-                beat = Beat(self.step, time.time(), self._seq, state, self.blame, seen)
+                beat = Beat(self.step, time.time(), self._seq, state, self.blame, seen, self.node)
                 client.set(self.key(self.rank), beat.encode())
                 if state == _DONE and self._verdict_seq is None:
                     self._verdict_seq = self._seq
                 self._seq += 1
                 if host_key is not None and client.check([host_key]):
                     self.host_beat = Beat.decode(client.get(host_key))
+                    self._note_node(self.host_rank, self.host_beat)
                 if stopping or self._check_stall(progress, lambda: self.diagnose(failed=False)):
                     return
                 self._wake.wait(self.interval_s)
@@ -792,7 +977,34 @@ class Liveness:
             present = dict(zip(others, client.multi_get(keys)))
         else:
             present = {r: client.get(k) for r, k in zip(others, keys) if client.check([k])}
-        return {r: Beat.decode(present[r]) if r in present else None for r in others}
+        beats = {r: Beat.decode(present[r]) if r in present else None for r in others}
+        for r, b in beats.items():
+            self._note_node(r, b)
+        return beats
+
+    def _note_node(self, rank: int | None, beat: Beat | None) -> None:
+        if rank is not None and beat is not None and beat.node:
+            self.nodes[rank] = beat.node
+
+    def label(self, rank: int) -> str:
+        """``"rank R"``, with ``" (node N)"`` where the job spans several nodes.
+
+        Only the nodes of the beats read so far are known; a job whose known ranks
+        all run on one node names none.
+        """
+        node = self.nodes.get(rank)
+        if node and len(set(self.nodes.values())) > 1:
+            return f"rank {rank} (node {node})"
+        return f"rank {rank}"
+
+    def read_nodes(self) -> None:
+        """Reads every rank's beat once, to learn their nodes (for :meth:`label`)."""
+        if self.store_error is not None:
+            return
+        try:
+            self._read(self._connect(min(self.window_s, 5.0)))
+        except RuntimeError:
+            pass  # the store is gone: the labels keep what was known
 
     def _store_gone(self, err: BaseException | str) -> Diagnosis:
         text = err if isinstance(err, str) else _first_line(err)
@@ -809,12 +1021,13 @@ class Liveness:
                 return Diagnosis(
                     ranks,
                     "; ".join(
-                        f"rank {r} did not answer (rank {self.host_rank} says)" for r in ranks
+                        f"{self.label(r)} did not answer ({self.label(self.host_rank)} says)"
+                        for r in ranks
                     ),
                 )
         return Diagnosis(
             (self.host_rank,),
-            f"rank {self.host_rank} died or hung (the rendezvous store it hosts at {where} "
+            f"{self.label(self.host_rank)} died or hung (the rendezvous store it hosts at {where} "
             "does not answer)",
         )
 
@@ -872,16 +1085,19 @@ class Liveness:
         named: dict[int, str] = {}
         for r, b in cur.items():
             if b is None:
-                named[r] = f"rank {r} died or hung (it never wrote a heartbeat)"
+                named[r] = f"{self.label(r)} died or hung (it never wrote a heartbeat)"
             elif b.state == _EXIT:
-                named[r] = f"rank {r} left the job (its process ended; see its log)"
+                named[r] = f"{self.label(r)} left the job (its process ended; see its log)"
             elif r not in live:
                 age = max(now - b.wall, 0.0)
                 named[r] = (
-                    f"rank {r} died or hung (no heartbeat for {age:.0f} s; last at step {b.step})"
+                    f"{self.label(r)} died or hung (no heartbeat for {age:.0f} s; last at "
+                    f"step {b.step})"
                 )
             elif b.state == _RUN and b.step < top:
-                named[r] = f"rank {r} hung (alive, but at step {b.step} while others reached {top})"
+                named[r] = (
+                    f"{self.label(r)} hung (alive, but at step {b.step} while others reached {top})"
+                )
         if not named:
             # Nothing to see from here (e.g. the missing rank came back): trust a survivor
             # that saw more, then the live ranks that never saw the failure.
@@ -889,10 +1105,12 @@ class Liveness:
                 if b is not None and b.state == _DONE:
                     for r in b.blame:
                         if r != self.rank:
-                            named.setdefault(r, f"rank {r} did not answer (rank {q} says)")
+                            named.setdefault(
+                                r, f"{self.label(r)} did not answer ({self.label(q)} says)"
+                            )
         if not named and failed:
             named = {
-                r: f"rank {r} did not answer (alive, but it did not see the failure: hung?)"
+                r: f"{self.label(r)} did not answer (alive, but it did not see the failure: hung?)"
                 for r, b in live.items()
                 if b.state == _RUN
             }
@@ -946,6 +1164,11 @@ def _store_address() -> tuple[str, int, Any] | None:
     return store.host, int(store.port), store
 
 
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """The node this process runs on: SLURM's name for it, else the short host name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 def _start_liveness(rank: int, world_size: int, timeout_s: float) -> Liveness | None:
     """A started :class:`Liveness` on the default group's store, or None without one."""
     if world_size < 2:
@@ -968,6 +1191,7 @@ def _start_liveness(rank: int, world_size: int, timeout_s: float) -> Liveness | 
         interval_s=heartbeat_interval(timeout_s),
         prefix=f"sven/liveness/{attempt}",
         server=store if host_rank == rank else None,
+        node=node_name(),
     )
     live.start()
     return live
@@ -1032,11 +1256,22 @@ class DistContext:
         )
         if self.distributed:
             line += f" master={self.info.master_addr}:{self.info.master_port}"
+            if self.info.master_from:
+                line += f" ({self.info.master_from})"
         return line
 
     def barrier(self, what: str, timeout_s: float | None = None) -> None:
         """:func:`barrier_or_die` on this context."""
         barrier_or_die(self, what, timeout_s)
+
+    def label(self, rank: int) -> str:
+        """``"rank R"``, with its node where the job spans several (for messages)."""
+        lv = self.liveness
+        if lv is None:
+            return f"rank {rank}"
+        if rank not in lv.nodes:
+            lv.read_nodes()
+        return lv.label(rank)
 
     def set_step(self, step: int) -> None:
         """Records the training step this rank starts, for its heartbeat (no I/O)."""
@@ -1222,6 +1457,18 @@ def init_distributed(
                 f"{info.launcher}: rank {info.rank} of {info.world_size} without "
                 "MASTER_ADDR/MASTER_PORT; export both to every rank"
             )
+    where = f"{info.master_addr}:{info.master_port}"
+    if info.master_from:
+        where += f" ({info.master_from})"
+    try:
+        socket.getaddrinfo(info.master_addr, info.master_port, type=socket.SOCK_STREAM)
+    except OSError as err:
+        # The store client would retry a name that does not resolve until the timeout.
+        raise DistError(
+            f"rank {info.rank} of {info.world_size} ({info.launcher}): the rendezvous host "
+            f"{where} does not resolve ({err.strerror or err}); export MASTER_ADDR, an "
+            "address of rank 0's node that every node reaches"
+        ) from None
     env = {
         "MASTER_ADDR": str(info.master_addr),
         "MASTER_PORT": str(info.master_port),
@@ -1246,8 +1493,7 @@ def init_distributed(
         _restore_env(saved)
         raise DistError(
             f"rank {info.rank} of {info.world_size} ({info.launcher}) could not join the "
-            f"rendezvous at {info.master_addr}:{info.master_port} within {timeout_s:g} s: "
-            f"{_first_line(err)}"
+            f"rendezvous at {where} within {timeout_s:g} s: {_first_line(err)}"
         ) from err
     # monitored_barrier, which names missing ranks, exists only in gloo.
     health = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
@@ -1312,7 +1558,12 @@ def barrier_or_die(ctx: DistContext, what: str, timeout_s: float | None = None) 
         missing = _missing_ranks(str(err))
         if missing:
             ctx.record_failure(missing)
-            who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+            labels = [ctx.label(r) for r in missing]
+            if labels == [f"rank {r}" for r in missing]:
+                labels = [
+                    ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+                ]
+            who = ", ".join(labels)
             msg = f"{who} did not answer within {wait:g} s (at {what!r})"
         elif (diag := ctx.diagnose_failure()).ranks:
             # Only rank 0's monitored_barrier sees who is missing; the others ask the
@@ -1329,6 +1580,101 @@ def barrier_or_die(ctx: DistContext, what: str, timeout_s: float | None = None) 
         else:
             msg = f"barrier at {what!r} failed on rank 0: {_first_line(err)}"
         raise DistError(msg, ranks=missing, what=what) from err
+
+
+# ---------------------------------------------------------------------------
+# Native output: a log file, not the terminal
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class NativeLog:
+    """Where :func:`native_stderr_to` sends native stderr; see :meth:`written`.
+
+    Attributes:
+        path: The log file.
+        mark: Its size after this process's header line; -1 where it could not be
+            opened (nothing is redirected then).
+    """
+
+    path: Path
+    mark: int
+
+    def written(self) -> bool:
+        """Whether native code wrote anything since the header (never without a log)."""
+        if self.mark < 0:
+            return False
+        try:
+            return self.path.stat().st_size > self.mark
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: str | Path, header: str = "") -> Iterator[NativeLog]:
+    """Sends what native code writes to stderr to ``path``; Python's ``sys.stderr`` stays.
+
+    torch's C++ side (the TCPStore client, gloo, c10d) logs each failed connection to
+    file descriptor 2, often with a dump of C++ frames: a failed rendezvous, a dead
+    peer or a lost store would bury the one line that says what happened. Inside this
+    context descriptor 2 is the log file (appended to, after a line with
+    ``header``), while ``sys.stderr``, and with it Sven's messages, progress bars
+    and Python tracebacks, still writes where stderr went before. A log that got
+    nothing but the header is taken back on exit.
+
+    The copy of the old stderr that ``sys.stderr`` wrote to inside the context stays
+    open (one descriptor per use): objects that kept that stream, such as a progress
+    bar, may still write to it afterwards.
+
+    Args:
+        path: The log file; its folder is created.
+        header: Written first (with the time), e.g. ``"rank 1 of 2 on node n2"``.
+
+    Yields:
+        The log (:meth:`NativeLog.written` says whether it holds anything).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        start = path.stat().st_size if existed else 0
+        line = f"== {datetime.now().isoformat(timespec='seconds')} pid {os.getpid()} {header}\n"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        # No log where it cannot be written (the run fails there later, saying why);
+        # the C++ output then stays on the terminal.
+        yield NativeLog(path, -1)
+        return
+    try:
+        os.write(fd, line.encode())
+        log = NativeLog(path, start + len(line.encode()))
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    before = sys.stderr
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(saved, "w", closefd=False),
+        encoding=getattr(before, "encoding", None) or "utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+    try:
+        yield log
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        sys.stderr = before
+        os.dup2(saved, 2)
+        if not log.written():
+            with contextlib.suppress(OSError):
+                if existed:
+                    os.truncate(path, start)
+                else:
+                    path.unlink()
+                    # Only where empty: other ranks' logs may be in it.
+                    path.parent.rmdir()
 
 
 # ---------------------------------------------------------------------------

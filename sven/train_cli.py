@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sven.config_cli import KeysHelpFormatter, config_help
 from sven.errors import Stopped, SvenError
+
+if TYPE_CHECKING:
+    from sven.config import Config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,12 +40,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from sven.trainer import STOP_SIGNALS, Trainer
+    from sven.config import load_config
+    from sven.dist import DistError, detect_launcher, native_stderr_to, node_name
 
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
-    trainer = Trainer(args.config, overrides)
+    cfg = load_config(args.config, overrides)
+    info = detect_launcher()
+    if info.world_size == 1:
+        return _fit(cfg)
+    # On several ranks, torch's C++ side writes a failed rendezvous, a dead peer or a
+    # lost store to stderr with C++ frames; the terminal gets one `sven:` line instead.
+    log_path = Path(cfg.out) / "logs" / f"rank{info.rank}.log"
+    header = f"{info.launcher} rank {info.rank} of {info.world_size} on node {node_name()}"
+    with native_stderr_to(log_path, header) as log:
+        try:
+            return _fit(cfg)
+        except DistError as err:
+            if log.written():
+                err.args = (f"{err} (details: {log.path})",)
+            raise
+
+
+def _fit(cfg: Config) -> int:
+    from sven.trainer import STOP_SIGNALS, Trainer
+
+    trainer = Trainer(cfg)
     try:
         summary = trainer.fit()
     except Stopped:

@@ -845,6 +845,9 @@ class Trainer:
                 what=self._where,
             ) from exc
         finally:
+            if getattr(self, "_bar", None) is not None:
+                # A bar left open by an error would run into the error's one line.
+                self._bar.close()
             try:
                 self.ctx.teardown()
             finally:
@@ -975,7 +978,7 @@ class Trainer:
                 if self.exchange is not None:
                     self.exchange.counter.reset()
             last = nb if not tc.max_batches else min(nb, tc.max_batches)
-            bar = tqdm(
+            bar = self._bar = tqdm(
                 total=last,
                 initial=start_batch,
                 desc=f"epoch {epoch}",

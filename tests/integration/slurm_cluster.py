@@ -1,12 +1,18 @@
-"""A real single-node SLURM cluster on localhost, and helpers to run ``sven train`` jobs.
+"""A real SLURM cluster on localhost, and helpers to run ``sven train`` jobs.
 
 :func:`local_cluster` starts ``munged``, ``slurmctld`` and ``slurmd`` from Debian's
-``munge`` and ``slurm-wlm`` packages with a generated ``slurm.conf``: one node (this
-host, its CPUs), ``proctrack/linuxproc`` and ``task/none`` (no cgroups needed), every
-key, socket, pid file, spool and log in one temporary folder and the daemons on free
-ports, so it touches nothing of the machine's own setup and two test sessions on one
-host do not meet. Client commands find it through ``SLURM_CONF``
-(:attr:`Cluster.env`). The daemons are stopped by PID on exit.
+``munge`` and ``slurm-wlm`` packages with a generated ``slurm.conf``:
+``proctrack/linuxproc`` and ``task/none`` (no cgroups needed), every key, socket, pid
+file, spool and log in one temporary folder and the daemons on free ports, so it
+touches nothing of the machine's own setup and two test sessions on one host do not
+meet. Client commands find it through ``SLURM_CONF`` (:attr:`Cluster.env`). The
+daemons are stopped by PID on exit.
+
+One node is this host under its own name. Several nodes (``nodes=2``) are ``n1``,
+``n2``, ...: one ``slurmd -N nK`` each on its own port, all with ``NodeAddr=127.0.0.1``,
+so that the node names resolve nowhere, as on clusters whose node names are not
+their addresses. A node can be lost (:meth:`Cluster.lose_node`: its ``slurmd``, its
+step daemons and its tasks killed at once) and brought back.
 
 The launch helpers and fixtures below it (``slurm``, ``tiny_store``, ``reference``;
 :func:`sven_env`, :func:`tiny_overrides`, ...) are shared by ``test_slurm.py``,
@@ -35,6 +41,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+SCRIPTS = REPO / "slurm"
 
 # Binaries the cluster needs; a machine without them skips the slurm tests.
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -42,6 +49,9 @@ CLIENTS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 
 # Metrics that two launches of one configuration must agree on exactly.
 METRIC_KEYS = ("val_ap", "val_auc", "test_ap", "test_auc")
+# What torch's C++ side prints with its errors (frame dumps); none of it belongs on
+# the terminal, only in the run's logs/ folder.
+CPP_DUMP = ("frame #", "Exception raised from")
 
 
 class ClusterError(RuntimeError):
@@ -72,18 +82,24 @@ class Cluster:
     Attributes:
         root: Temporary folder with the config, keys, state and logs.
         conf: The ``slurm.conf`` path (exported as ``SLURM_CONF`` in :attr:`env`).
-        node: This host's short name, the only node.
-        cpus: CPUs the node offers.
+        nodes: The node names: this host's short name, or ``n1``, ``n2``, ...
+        cpus: CPUs each node offers.
         env: Environment for client commands (``sbatch``, ``squeue``, ...).
-        procs: Daemon name -> process, for stopping them by PID.
+        procs: Daemon name -> process, for stopping them by PID; the slurmd of node
+            ``N`` is ``slurmd-N``.
     """
 
     root: Path
     conf: Path
-    node: str
+    nodes: tuple[str, ...]
     cpus: int
     env: dict[str, str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def node(self) -> str:
+        """The first node (the only one of a single-node cluster)."""
+        return self.nodes[0]
 
     def run(self, *cmd: str, check: bool = True, timeout: float = 30) -> str:
         """Runs a client command against this cluster; returns its stdout."""
@@ -99,7 +115,7 @@ class Cluster:
     def logs(self, chars: int = 3000) -> str:
         """The tails of the daemons' logs, for failure messages."""
         parts = []
-        for name in ("munged", "slurmctld", "slurmd"):
+        for name in ("munged", "slurmctld", *(f"slurmd-{n}" for n in self.nodes)):
             p = self.root / "log" / f"{name}.log"
             text = p.read_text(errors="replace") if p.exists() else "(no log)"
             parts.append(f"--- {name}.log ---\n{text[-chars:]}")
@@ -114,6 +130,80 @@ class Cluster:
             if sep:
                 fields[key] = value
         return fields
+
+    def start_daemon(self, name: str, *args: str) -> None:
+        """Starts ``slurmctld`` or ``slurmd`` (with ``args``) in the foreground, by PID."""
+        key = name if not args else f"{name}-{args[-1]}"
+        # The child keeps its own copy of the descriptor; ours is closed below.
+        with open(self.root / "log" / f"{key}.stdout", "a") as out:
+            self.procs[key] = subprocess.Popen(
+                [_which(name) or name, "-D", "-f", str(self.conf), *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+
+    def start_slurmd(self, node: str) -> None:
+        """Starts the slurmd of ``node`` (again, after :meth:`lose_node`)."""
+        self.start_daemon("slurmd", "-N", node)
+
+    def node_states(self) -> dict[str, str]:
+        """Node name -> state in ``sinfo`` (``idle``, ``alloc``, ``down*``, ...)."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    def all_idle(self) -> bool:
+        """Whether every node shows ``idle``."""
+        states = self.node_states()
+        return sorted(states) == sorted(self.nodes) and set(states.values()) == {"idle"}
+
+    def job_pids(self, job_id: str, node: str | None = None, step: str = "0") -> list[int]:
+        """PIDs of the tasks of step ``step`` of ``job_id`` (on ``node`` only, if given).
+
+        Read from the processes' environments in /proc rather than asked of
+        ``scontrol listpids``, which only asks the slurmd it finds first on this host.
+        The batch script and its ``srun`` are no tasks of a step: they lack
+        ``SLURM_STEP_ID``.
+        """
+        want = {b"SLURM_JOB_ID=" + job_id.encode(), b"SLURM_STEP_ID=" + step.encode()}
+        if node is not None:
+            want.add(b"SLURMD_NODENAME=" + node.encode())
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = set((entry / "environ").read_bytes().split(b"\0"))
+            except OSError:
+                continue  # gone, or a kernel thread
+            if want <= environ:
+                pids.append(int(entry.name))
+        return pids
+
+    def lose_node(self, node: str, job_id: str) -> list[int]:
+        """Kills ``node`` as a power cut would: its slurmd, step daemons and tasks.
+
+        The step daemons (``slurmstepd``) are the parents of the node's tasks. All get
+        SIGKILL at once, so that nothing on the node reports the loss to anyone.
+
+        Returns:
+            The PIDs of the job's tasks that were killed.
+        """
+        tasks = self.job_pids(job_id, node)
+        parents = set()
+        for pid in tasks:
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                parents.add(int(stat.rsplit(")", 1)[1].split()[1]))
+        daemon = self.procs[f"slurmd-{node}"]
+        victims = [daemon.pid, *sorted(p for p in parents if p > 1), *tasks]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+        del self.procs[f"slurmd-{node}"]
+        return tasks
 
     def wait_state(
         self, job_id: str, states: Sequence[str], timeout: float = 120, poll: float = 0.2
@@ -154,16 +244,29 @@ def _first_job_id(jobs: int = 32) -> int:
     raise ClusterError(f"no {jobs} free ports in a row in 10000..29999")
 
 
-def _write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
-    ctld_port, slurmd_port = free_port(), free_port()
+def _write_conf(
+    root: Path, nodes: Sequence[str], cpus: int, munge_socket: Path, slurmd_timeout: int
+) -> Path:
+    ctld_port = free_port()
     conf = root / "slurm.conf"
     # An empty plugstack keeps the machine's SPANK plugins (/etc/slurm) out.
     (root / "plugstack.conf").write_text("")
+    if len(nodes) == 1:
+        node_lines = f"NodeName={nodes[0]} NodeAddr=127.0.0.1 Port={free_port()} "
+        node_lines += f"CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
+    else:
+        # One slurmd per node on this host (slurmd -N NAME), each on its own port; the
+        # names resolve nowhere, the address is what reaches them.
+        node_lines = "".join(
+            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
+            f"CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
+            for n in nodes
+        )
+    host = socket.gethostname().split(".")[0]
     text = f"""\
 ClusterName=sventest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -172,11 +275,12 @@ CredType=cred/munge
 AuthInfo=socket={munge_socket},cred_expire=5
 PlugStackConfig={root}/plugstack.conf
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+# %n: the node's name, so that several slurmd on this host keep apart.
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
-SlurmdPidFile={root}/run/slurmd.pid
+SlurmdPidFile={root}/run/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -191,8 +295,9 @@ SchedulerType=sched/builtin
 # Test pending jobs every second (default 60 s): a requeued job restarts promptly.
 SchedulerParameters=sched_interval=1
 ReturnToService=2
-# Short timeouts: a test waits for all of these.
-SlurmdTimeout=30
+# Short timeouts: a test waits for all of these. SlurmdTimeout is how long a lost
+# node takes to be declared down.
+SlurmdTimeout={slurmd_timeout}
 MessageTimeout=10
 KillWait=2
 InactiveLimit=0
@@ -200,8 +305,8 @@ InactiveLimit=0
 # about a minute anyway: slurmctld purges once a minute).
 MinJobAge=2
 FirstJobId={_first_job_id()}
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{node_lines}\
+PartitionName=debug Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """
     conf.write_text(text)
     return conf
@@ -254,39 +359,48 @@ def _kill_leftover_jobs(cluster: Cluster) -> None:
 
 
 @contextlib.contextmanager
-def local_cluster(root: Path, startup_timeout: float = 60) -> Iterator[Cluster]:
-    """Starts munged, slurmctld and slurmd under ``root``; stops them on exit.
+def local_cluster(
+    root: Path, nodes: int = 1, startup_timeout: float = 60, slurmd_timeout: int = 30
+) -> Iterator[Cluster]:
+    """Starts munged, slurmctld and one slurmd per node under ``root``; stops them on exit.
 
     Args:
         root: An empty temporary folder (short: munge's socket path must fit 108 bytes).
-        startup_timeout: Seconds to wait for the node to show ``idle``.
+        nodes: Number of nodes: 1 is this host under its own name; more are ``n1``,
+            ``n2``, ... (one ``slurmd -N`` each).
+        startup_timeout: Seconds to wait for every node to show ``idle``.
+        slurmd_timeout: Seconds without an answer after which slurmctld declares a
+            node down (``SlurmdTimeout``).
 
     Yields:
         The running cluster.
 
     Raises:
-        ClusterError: A daemon died or the node did not come up; logs attached.
+        ClusterError: A daemon died or a node did not come up; logs attached.
     """
     for sub in ("state", "spool", "run", "log", "munge"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # Only root uses this cluster: keys, state and socket stay private to it.
     os.chmod(root, 0o700)
     os.chmod(root / "munge", 0o700)
-    node = socket.gethostname().split(".")[0]
+    if nodes == 1:
+        names: tuple[str, ...] = (socket.gethostname().split(".")[0],)
+    else:
+        names = tuple(f"n{i + 1}" for i in range(nodes))
     cpus = os.cpu_count() or 1
     key = root / "munge" / "munge.key"
     # A key of our own: the machine's /etc/munge key (if any) stays untouched.
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
     munge_socket = root / "munge" / "munge.socket"
-    conf = _write_conf(root, node, cpus, munge_socket)
+    conf = _write_conf(root, names, cpus, munge_socket, slurmd_timeout)
     env = dict(os.environ)
     for name in list(env):
         # A test session started inside a SLURM job must not talk to that cluster.
         if name.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")):
             del env[name]
     env["SLURM_CONF"] = str(conf)
-    cluster = Cluster(root=root, conf=conf, node=node, cpus=cpus, env=env)
+    cluster = Cluster(root=root, conf=conf, nodes=names, cpus=cpus, env=env)
     log = root / "log"
     try:
         munged = [
@@ -309,26 +423,13 @@ def local_cluster(root: Path, startup_timeout: float = 60) -> Iterator[Cluster]:
             preexec_fn=_die_with_parent,
         )
         _wait_for(munge_socket.exists, 15, "munged socket", cluster)
-        for daemon in ("slurmctld", "slurmd"):
-            # The child keeps its own copy of the descriptor; ours is closed below.
-            out = open(log / f"{daemon}.stdout", "w")
-            cluster.procs[daemon] = subprocess.Popen(
-                [_which(daemon) or daemon, "-D", "-f", str(conf)],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )
-            out.close()
-
-        def node_idle() -> bool:
-            out = cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False)
-            return out.strip() == "idle"
-
-        _wait_for(node_idle, startup_timeout, "node idle in sinfo", cluster)
+        cluster.start_daemon("slurmctld")
+        for node in names:
+            cluster.start_slurmd(node)
+        _wait_for(cluster.all_idle, startup_timeout, "nodes idle in sinfo", cluster)
         yield cluster
     finally:
-        if "slurmd" in cluster.procs:
+        if any(name.startswith("slurmd") for name in cluster.procs):
             _kill_leftover_jobs(cluster)
         _stop(cluster.procs)
 
@@ -458,6 +559,62 @@ def metrics(out: Path) -> dict[str, float]:
     return {k: summary[k] for k in METRIC_KEYS}
 
 
+def sbatch(
+    cluster: Cluster,
+    script: str,
+    *args: str,
+    workdir: Path,
+    options: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    wait: bool = False,
+    timeout: float = 300,
+) -> tuple[str, int]:
+    """Submits ``slurm/<script>``; returns the job id and sbatch's exit status.
+
+    With ``wait`` sbatch returns when the job ends, with the job's exit status.
+    """
+    job_env = sven_env(cluster.env)
+    job_env.update(env or {})
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/%x-%j.out"]
+    cmd += [*options, *(["--wait"] if wait else []), str(SCRIPTS / script), *args]
+    try:
+        done = subprocess.run(
+            cmd, env=job_env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        job_id = out.strip().split(";")[0]
+        info = cluster.job(job_id) if job_id else {}
+        if job_id:
+            cluster.run("scancel", job_id, check=False)
+        raise AssertionError(
+            f"job {job_id or '?'} did not end within {timeout:g} s: {info}\n"
+            f"{job_log(workdir, job_id) if job_id else ''}"
+        ) from None
+    job_id = done.stdout.strip().split(";")[0]
+    if not job_id:
+        raise AssertionError(f"sbatch failed ({done.returncode}): {done.stderr}\n{cluster.logs()}")
+    return job_id, done.returncode
+
+
+def job_log(workdir: Path, job_id: str) -> str:
+    """The output file of ``job_id`` under ``workdir`` (every start appends to it)."""
+    logs = list(workdir.glob(f"*-{job_id}.out"))
+    return logs[0].read_text(errors="replace") if logs else "(no job log)"
+
+
+def wait_for_checkpoint(cluster: Cluster, job_id: str, out: Path, timeout: float = 180) -> None:
+    """Waits until the job's run folder ``out`` holds a checkpoint."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list((out / "checkpoints").glob("step-*")):
+            return
+        if cluster.job(job_id).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} wrote no checkpoint under {out}: {cluster.job(job_id)}")
+
+
 # Fixtures: a test module imports the ``*_fixture`` functions (named so that the test
 # parameters do not shadow an import) and asks for ``tiny_store``, ``reference`` or
 # ``slurm``. The store and the reference are made once per session and shared by
@@ -494,9 +651,9 @@ def reference_fixture(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory
     return _SHARED["reference"]  # type: ignore[return-value]
 
 
-@pytest.fixture(scope="session", name="slurm")
-def slurm_fixture() -> Iterator[Cluster]:
-    """A local single-node SLURM cluster for the session; skips where it cannot run."""
+@contextlib.contextmanager
+def temp_cluster(nodes: int = 1, **kw) -> Iterator[Cluster]:
+    """:func:`local_cluster` in a temporary folder; skips where it cannot run."""
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster runs its daemons as root (SlurmUser=root)")
     missing = missing_binaries()
@@ -508,7 +665,14 @@ def slurm_fixture() -> Iterator[Cluster]:
     # Under /tmp, not pytest's deep basetemp: munge's socket path must fit 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="sven-slurm-", dir="/tmp"))
     try:
-        with local_cluster(root) as cluster:
+        with local_cluster(root, nodes, **kw) as cluster:
             yield cluster
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", name="slurm")
+def slurm_fixture() -> Iterator[Cluster]:
+    """A local single-node SLURM cluster for the session; skips where it cannot run."""
+    with temp_cluster() as cluster:
+        yield cluster

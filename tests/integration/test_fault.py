@@ -3,11 +3,13 @@
 ``sven train`` processes are started with the env:// variables (no launcher agent,
 which would kill the survivors itself and hide how Sven behaves). Once the first
 checkpoint is on disk, one rank is killed (SIGKILL) or frozen (SIGSTOP, a hang): rank
-1 of 2, or rank 2 of 4 (which neither hosts the rendezvous store nor is anyone's only
-peer). Every survivor must exit non-zero within the collective timeout
-(``dist.timeout_s``) plus the few seconds its diagnosis takes, and name that rank and
-no other as the one missing; the newest checkpoint must verify; a resumed run must end
-with the metrics of an uninterrupted one.
+1 of 2, rank 0 of 2 (which hosts the rendezvous store: the store is lost too), or rank
+2 of 4 (which neither hosts the store nor is anyone's only peer). Every survivor must
+exit non-zero within the collective timeout (``dist.timeout_s``) plus the few seconds
+its diagnosis takes, and name that rank and no other as the one missing, in one
+``sven:`` line without torch's C++ frame dumps; the newest checkpoint must verify; a
+resumed run must end with the metrics of an uninterrupted one. A rank that cannot
+join the rendezvous says so in one line too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 from sven.checkpoint import Checkpointer
 from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
+    CPP_DUMP,
     free_port,
     metrics,
     reference_fixture,
@@ -43,8 +46,9 @@ TIMEOUT_S = 20
 # teardown and exit on a loaded 2-core machine.
 EXIT_SLACK_S = 20
 # "rank 2 died or hung (...)", "rank 2 did not answer within 20 s", "rank 2 hung
-# (alive, ...)", "rank 2 left the job": the clauses that name a missing rank.
-_CULPRIT = re.compile(r"\branks? ([\d, ]+?) (?:died|hung|left|did not answer)")
+# (alive, ...)", "rank 2 left the job": the clauses that name a missing rank (with
+# "(node N)" after the rank where the job spans several nodes).
+_CULPRIT = re.compile(r"\branks? ([\d, ]+?)(?: \(node [^)]*\))? (?:died|hung|left|did not answer)")
 
 
 @dataclass
@@ -139,11 +143,12 @@ def _fault_fixture(how: str, world_size: int, victim: int):
 
 killed = _fault_fixture("kill", 2, 1)
 hung = _fault_fixture("hang", 2, 1)
+store_lost = _fault_fixture("kill", 2, 0)
 killed4 = _fault_fixture("kill", 4, 2)
 hung4 = _fault_fixture("hang", 4, 2)
 
 
-@pytest.fixture(params=["killed", "hung", "killed4", "hung4"])
+@pytest.fixture(params=["killed", "hung", "store_lost", "killed4", "hung4"])
 def fault(request) -> Fault:
     return request.getfixturevalue(request.param)
 
@@ -161,6 +166,9 @@ def test_survivors_name_the_missing_rank_and_no_other(fault: Fault) -> None:
     for s in fault.survivors:
         assert s.culprits() == {fault.victim}, f"rank {s.rank}:\n{s.output}"
         assert "Traceback" not in s.output, s.output
+        # One line; torch's own report of the broken connections is in logs/.
+        assert sum(line.startswith("sven:") for line in s.output.splitlines()) == 1, s.output
+        assert not any(marker in s.output for marker in CPP_DUMP), s.output
 
 
 def test_latest_checkpoint_verifies(fault: Fault) -> None:
@@ -170,6 +178,21 @@ def test_latest_checkpoint_verifies(fault: Fault) -> None:
         warnings.simplefilter("error")
         step = ck.latest()
     assert step is not None and ck.verify(step)
+
+
+def test_failed_rendezvous_is_one_line_with_the_details_in_a_log(tiny_store, tmp_path) -> None:
+    # Rank 1 of 2 alone: nobody serves the rendezvous store at that port.
+    out = tmp_path / "run"
+    log = tmp_path / "rank1.out"
+    overrides = tiny_overrides(tiny_store, f"out={out}", "dist.timeout_s=2")
+    proc = start_rank(1, 2, free_port(), ["train", *overrides], log)
+    assert proc.wait(timeout=120) == 4
+    lines = log.read_text(errors="replace").splitlines()
+    details = out / "logs" / "rank1.log"
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("sven: error: rank 1 of 2 (torchrun) could not join the "), lines
+    assert lines[0].endswith(f"(details: {details})"), lines
+    assert "[c10d]" in details.read_text(errors="replace")
 
 
 def test_resumed_run_ends_with_uninterrupted_metrics(killed: Fault, tiny_store, reference) -> None:

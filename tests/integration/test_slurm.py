@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,79 +17,25 @@ import pytest
 
 from sven.datasets.store import TemporalEvents
 from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
-    REPO,
     Cluster,
+    job_log,
     metrics,
     reference_fixture,
+    sbatch,
     slurm_fixture,
-    sven_env,
     tiny_overrides,
     tiny_store_fixture,
+    wait_for_checkpoint,
 )
 
 # Multi-process too: `-m 'not dist'` leaves these out as well.
 pytestmark = [pytest.mark.slurm, pytest.mark.dist]
 
-SCRIPTS = REPO / "slurm"
 # CPU mode on this one node, which may have no more than 2 CPUs: the header asks for
 # 2 nodes x 4 GPUs, 8 CPUs per task.
 CPU_JOB = ("--gpus-per-node=0", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1")
 # The prep and partition headers ask for 4 and 8 CPUs.
 ONE_CPU = ("--cpus-per-task=1",)
-
-
-def sbatch(
-    cluster: Cluster,
-    script: str,
-    *args: str,
-    workdir: Path,
-    options: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    wait: bool = False,
-    timeout: float = 300,
-) -> tuple[str, int]:
-    """Submits ``slurm/<script>``; returns the job id and sbatch's exit status.
-
-    With ``wait`` sbatch returns when the job ends, with the job's exit status.
-    """
-    job_env = sven_env(cluster.env)
-    job_env.update(env or {})
-    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/%x-%j.out"]
-    cmd += [*options, *(["--wait"] if wait else []), str(SCRIPTS / script), *args]
-    try:
-        done = subprocess.run(
-            cmd, env=job_env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        job_id = out.strip().split(";")[0]
-        info = cluster.job(job_id) if job_id else {}
-        if job_id:
-            cluster.run("scancel", job_id, check=False)
-        raise AssertionError(
-            f"job {job_id or '?'} did not end within {timeout:g} s: {info}\n"
-            f"{job_log(workdir, job_id) if job_id else ''}"
-        ) from None
-    job_id = done.stdout.strip().split(";")[0]
-    if not job_id:
-        raise AssertionError(f"sbatch failed ({done.returncode}): {done.stderr}\n{cluster.logs()}")
-    return job_id, done.returncode
-
-
-def job_log(workdir: Path, job_id: str) -> str:
-    logs = list(workdir.glob(f"*-{job_id}.out"))
-    return logs[0].read_text(errors="replace") if logs else "(no job log)"
-
-
-def wait_for_checkpoint(cluster: Cluster, job_id: str, out: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if list((out / "checkpoints").glob("step-*")):
-            return
-        if cluster.job(job_id).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} wrote no checkpoint under {out}: {cluster.job(job_id)}")
 
 
 def train_job(

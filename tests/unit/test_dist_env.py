@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +20,10 @@ from sven.dist import (
     detect_launcher,
     expand_hostlist,
     expand_tasks_per_node,
+    host_addresses,
     init_distributed,
+    native_stderr_to,
+    slurm_node_addr,
     slurm_port,
 )
 from sven.errors import SvenError
@@ -35,6 +41,12 @@ SRUN = {
     "SLURM_JOB_NODELIST": "gpu-[01-03],login1",
     "SLURM_STEP_NODELIST": "gpu-[01-03]",
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_scontrol(monkeypatch) -> None:
+    """The fabricated jobs' nodes are nowhere: their address is their name."""
+    monkeypatch.setattr(sdist, "slurm_node_addr", lambda node, environ: (node, f"node name {node}"))
 
 
 @pytest.mark.parametrize(
@@ -141,6 +153,119 @@ def test_slurm_uneven_tasks_per_node_and_job_nodelist() -> None:
 def test_slurm_master_from_environment_overrides() -> None:
     info = detect_launcher({**SRUN, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "23456"})
     assert (info.launcher, info.master_addr, info.master_port) == ("slurm", "10.0.0.9", 23456)
+    assert info.master_from == "MASTER_ADDR"
+
+
+def test_slurm_master_is_the_first_nodes_address(monkeypatch) -> None:
+    asked = []
+
+    def node_addr(node: str, environ) -> tuple[str, str]:
+        asked.append(node)
+        return "10.1.0.7", f"NodeAddr of {node}"
+
+    monkeypatch.setattr(sdist, "slurm_node_addr", node_addr)
+    info = detect_launcher(SRUN)
+    assert (info.master_addr, info.master_from, asked) == (
+        "10.1.0.7",
+        "NodeAddr of gpu-01",
+        ["gpu-01"],
+    )
+
+
+def _fake_scontrol(tmp_path: Path, monkeypatch, stdout: str, rc: int = 0) -> None:
+    """Puts an ``scontrol`` on PATH that prints ``stdout`` (stderr too when failing)."""
+    script = tmp_path / "scontrol"
+    stream = ">&2" if rc else ""
+    script.write_text(f"#!/bin/sh\necho '{stdout}' {stream}\nexit {rc}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(
+    ("stdout", "rc", "expected"),
+    [
+        ("NodeName=n1 Arch=x86_64 NodeAddr=10.1.0.7 NodeHostName=h1 Port=0", 0,
+         ("10.1.0.7", "NodeAddr of n1")),
+        # NodeAddr defaults to the name.
+        ("NodeName=n1 NodeAddr=n1 NodeHostName=n1", 0, ("n1", "node name n1")),
+        ("Node n1 not found", 1, ("n1", "node name n1 (scontrol show node: Node n1 not found)")),
+    ],
+)  # fmt: skip
+def test_slurm_node_addr_asks_scontrol(tmp_path, monkeypatch, stdout, rc, expected) -> None:
+    _fake_scontrol(tmp_path, monkeypatch, stdout, rc)
+    assert slurm_node_addr("n1", {}) == expected
+
+
+def test_slurm_node_addr_prefers_aliases_and_falls_back_to_the_name(monkeypatch) -> None:
+    aliases = {"SLURM_NODE_ALIASES": "c1:10.0.0.5:c1,c2:[fd00::2]:c2"}
+    assert slurm_node_addr("c2", aliases) == ("fd00::2", "NodeAddr of c2 (SLURM_NODE_ALIASES)")
+    monkeypatch.setattr(sdist.shutil, "which", lambda _: None)
+    assert slurm_node_addr("c3", aliases) == (
+        "c3",
+        "node name c3 (no scontrol to ask for its NodeAddr)",
+    )
+
+
+def test_unresolvable_master_fails_at_once(monkeypatch) -> None:
+    def no_such_host(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(sdist.socket, "getaddrinfo", no_such_host)
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "12345"}
+    with pytest.raises(
+        DistError, match=r"rendezvous host n1:12345 \(MASTER_ADDR\) does not resolve"
+    ):
+        init_distributed("gloo", environ=env, device="cpu", timeout_s=5)
+    assert not dist.is_initialized()
+
+
+def test_host_addresses_put_interfaces_first_and_loopback_last(monkeypatch) -> None:
+    monkeypatch.setattr(sdist.socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0"), (3, "ib0")])
+    addrs = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "ib0": None}
+    monkeypatch.setattr(sdist, "_interface_ipv4", addrs.get)
+    monkeypatch.setattr(sdist.socket, "gethostname", lambda: "h1")
+    # Debian's /etc/hosts maps the host name to 127.0.1.1.
+    monkeypatch.setattr(sdist.socket, "gethostbyname_ex", lambda h: (h, [], ["127.0.1.1"]))
+    assert host_addresses() == ["10.0.0.5", "127.0.1.1", "h1", "127.0.0.1"]
+
+
+def test_host_addresses_of_this_host() -> None:
+    found = host_addresses()
+    assert "127.0.0.1" in found and len(found) == len(set(found))
+
+
+def test_native_stderr_goes_to_the_log_and_python_stderr_stays(tmp_path, capfd) -> None:
+    log_path = tmp_path / "logs" / "rank1.log"
+    with native_stderr_to(log_path, "rank 1 of 2") as log:
+        assert not log.written()
+        os.write(2, b"[W socket.cpp] frame #0: c10::Error\n")  # as torch's C++ side does
+        print("sven: error: one line", file=sys.stderr)
+        assert log.written()
+    os.write(2, b"after\n")
+    err = capfd.readouterr().err
+    assert err == "sven: error: one line\nafter\n"
+    text = log_path.read_text()
+    assert text.startswith("== ") and "rank 1 of 2\n" in text
+    assert text.endswith("[W socket.cpp] frame #0: c10::Error\n")
+
+
+def test_native_log_with_nothing_in_it_is_taken_back(tmp_path, capfd) -> None:
+    logs = tmp_path / "logs"
+    with native_stderr_to(logs / "rank0.log"):
+        print("python only", file=sys.stderr)
+    assert not logs.exists()
+    # An existing log (an earlier start of the job) is left as it was.
+    logs.mkdir()
+    (logs / "rank0.log").write_text("earlier\n")
+    with native_stderr_to(logs / "rank0.log"):
+        pass
+    assert (logs / "rank0.log").read_text() == "earlier\n"
+    assert capfd.readouterr().err == "python only\n"
+    # Where no log can be written, stderr stays as it was.
+    (tmp_path / "file").write_text("")
+    with native_stderr_to(tmp_path / "file" / "logs" / "rank0.log") as log:
+        os.write(2, b"native\n")
+    assert not log.written() and capfd.readouterr().err == "native\n"
 
 
 @pytest.mark.parametrize(

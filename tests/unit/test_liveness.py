@@ -71,7 +71,8 @@ class _FakeTime:
             client = dist.TCPStore("127.0.0.1", self.port, is_master=False, wait_for_workers=False)
             self._local.client = client
         for r, b in self.live.items():
-            client.set(f"t/{r}", Beat(b.step, time.time(), self.seq, b.state, b.blame).encode())
+            beat = Beat(b.step, time.time(), self.seq, b.state, b.blame, node=b.node)
+            client.set(f"t/{r}", beat.encode())
         self.seq += 1
 
     def kwargs(self) -> dict:
@@ -89,6 +90,7 @@ def _until(condition, timeout_s: float = 30.0) -> None:
 def test_beat_round_trip_and_interval() -> None:
     b = Beat(40, 1234.5, 7, "done", (2, 3), 12)
     assert Beat.decode(b.encode().encode()) == b
+    assert Beat.decode(Beat(1, 2.0, 3, node="n2").encode()).node == "n2"
     assert Beat.decode(Beat(0, 1.0, 0).encode()) == Beat(0, 1.0, 0, "run", (), -1)
     assert heartbeat_interval(600) == 2.0 and heartbeat_interval(5) == 1.0
 
@@ -142,6 +144,20 @@ def test_missing_and_departed_ranks_are_named(store) -> None:
     assert "rank 1 left the job" in diag.reason and "rank 2 died or hung (it never" in diag.reason
 
 
+def test_ranks_are_named_with_their_node_when_the_job_spans_several(store) -> None:
+    store.set("t/2", Beat(40, time.time() - 24, 5, node="n2").encode())
+    fake = _FakeTime(store, {1: Beat(41, 0, 0, node="n1")})
+    lv = _liveness(store, 0, 3, node="n1", **fake.kwargs())
+    lv.step = 41
+    diag = lv.diagnose()
+    assert diag.ranks == (2,) and diag.reason.startswith("rank 2 (node n2) died or hung (no")
+    # All on one node: the node says nothing.
+    store.set("t/2", Beat(40, time.time() - 24, 5, node="n1").encode())
+    lv = _liveness(store, 0, 3, node="n1", **fake.kwargs())
+    lv.step = 41
+    assert lv.diagnose().reason.startswith("rank 2 died or hung (no")
+
+
 def test_survivors_only_adopt_a_verdict(store) -> None:
     # Nothing wrong in sight from rank 1, but rank 0 found rank 2 missing.
     fake = _FakeTime(store, {0: Beat(5, 0, 0, "done", (2,)), 2: Beat(5, 0, 0, "failed")})
@@ -158,6 +174,10 @@ def test_an_unreachable_store_names_its_host() -> None:
     lv.host_beat = Beat(7, time.time(), 50, "done", (3,))
     diag = lv.diagnose()
     assert diag.ranks == (3,) and diag.reason == "rank 3 did not answer (rank 0 says)"
+    # Its node is known from that beat.
+    lv.host_beat, lv.node = Beat(7, time.time(), 50, node="n1"), "n3"
+    lv.nodes = {2: "n3", 0: "n1"}
+    assert "rank 0 (node n1) died or hung (the rendezvous store" in lv.diagnose().reason
     # Under torchrun the agent hosts it: no rank to name.
     lv.host_rank = None
     assert lv.diagnose().ranks == ()
