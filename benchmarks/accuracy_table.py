@@ -7,7 +7,7 @@ flight; a rerun skips the recorded ones), and renders the mean +- std of test AP
 transductive and inductive, under the random, historical and inductive negative
 protocols, next to DyGLib's published figures.
 
-    python benchmarks/accuracy_table.py --data-root ../shared/data --out runs/acc \\
+    python benchmarks/accuracy_table.py --data-root DATA --out runs/acc \\
         --device cuda --parallel 6 --seeds 0 1 2
     python benchmarks/accuracy_table.py --out runs/acc --render-only --docs docs/accuracy.md
 
@@ -151,6 +151,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     results = load_results(path)
+    if not args.data_root:
+        raise SystemExit("--data-root is needed to train (see docs/data.md, 'Public datasets')")
     stores = {d: resolve_store(d, Path(args.data_root), out) for d in args.datasets}
     todo = [
         (d, m, s)
@@ -235,7 +237,12 @@ def write_docs(table: str, docs: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data-root", default="../shared/data", help="stores or raw shared files")
+    ap.add_argument(
+        "--data-root",
+        default="",
+        help="event stores (DIR/<dataset>) or the raw public files (docs/data.md, "
+        '"Public datasets"); needed unless --render-only',
+    )
     ap.add_argument("--out", required=True, help="runs, stores and results.json go here")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")

@@ -11,9 +11,10 @@
     RSS (``ru_maxrss`` from ``wait4``), with the per-phase timings it records.
 
 Datasets: ``collegemsg``, ``wikipedia``, ``bitcoin-otc`` are converted from
-``../shared/data`` (or ``$SVEN_SHARED_DATA``) into ``--workdir`` with ``sven data
-convert``; ``synth`` is made with ``sven data synth`` (``--synth-events`` over
-``--synth-nodes``). Stores are reused when already there.
+a folder of the raw public files (``$SVEN_SHARED_DATA``; see docs/data.md, "Public
+datasets") into ``--workdir`` with ``sven data convert``; ``synth`` is made with
+``sven data synth`` (``--synth-events`` over ``--synth-nodes``). Stores are reused
+when already there.
 
 Usage:
     python benchmarks/bench_partition.py --out real.json                # three real datasets

@@ -555,7 +555,7 @@ class JodieReader(_TextReader):
 
     Users and items are separate id spaces (items numbered after users); a file
     whose item ids already follow the user ids (max user < min item, like the
-    Wikipedia copy in ``../shared/data``) is recognised by the store writer and
+    JODIE Wikipedia csv) is recognised by the store writer and
     not offset again.
     """
 

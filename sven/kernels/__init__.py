@@ -4,8 +4,13 @@ Each public function runs either its PyTorch reference in :mod:`sven.kernels.ref
 (the CPU path and the test oracle) or its Triton kernel (:mod:`.triton_attention`,
 :mod:`.triton_rnn`). The choice, per call, from the first tensor argument:
 
-- ``SVEN_KERNELS`` unset or ``auto``: Triton on CUDA tensors when triton imports, the
-  reference otherwise;
+- ``SVEN_KERNELS`` unset or ``auto``: the reference. Measured on an H200 in the
+  CUDA-graph-captured TGN step (CollegeMsg, ``benchmarks/profile_step.py``), the
+  reference's cuBLAS GEMMs and fused elementwise ops were faster than the Triton
+  kernels (133k vs 124k train events/s at batch 200, 272k vs 228k at batch 600): with
+  launch costs gone, the fused attention's in-kernel time projection (no tensor
+  cores, one program per root and head) costs more than it saves. Triton stays one
+  variable away until it wins (docs/kernels.md);
 - ``SVEN_KERNELS=reference``: the reference everywhere;
 - ``SVEN_KERNELS=triton``: Triton everywhere; on CPU tensors that is Triton's
   interpreter, so it needs ``TRITON_INTERPRET=1`` (set before the first call), and an
@@ -80,7 +85,7 @@ def backend_for(t: torch.Tensor) -> str:
     if mode == "reference":
         return "reference"
     if mode == "auto":
-        return "triton" if (has_triton and t.is_cuda) else "reference"
+        return "reference"
     if not has_triton:
         raise RuntimeError("SVEN_KERNELS=triton but the triton package is not installed")
     if not t.is_cuda and not interpret:
