@@ -115,7 +115,13 @@ def check_fused(r, h, d, k, dtype, device, edge=True, train_time=False):
         results.append([out] + [x.grad for x in leaves if x is not None and x.requires_grad])
     tol = tolerances(dtype)
     for got, want in zip(results[0], results[1]):
-        torch.testing.assert_close(got.double(), want, **tol)
+        t = dict(tol)
+        if dtype == torch.bfloat16:
+            # Gradients that sum every slot (time_w, time_b, w_kv_time) add R * K terms
+            # rounded to bf16; where they cancel, an element's relative error is large,
+            # so compare against the largest element instead.
+            t["atol"] = max(t["atol"], t["rtol"] * float(want.detach().abs().max()))
+        torch.testing.assert_close(got.double(), want, **t)
     out = results[0][0]
     dead = ~mask.to(device).any(dim=1)
     assert not out.isnan().any() and (out[dead] == 0).all()
