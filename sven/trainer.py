@@ -1307,7 +1307,10 @@ def prepare_out(
         return
     if not out.is_dir():
         raise ConfigError(f"out={out} is a file, not a folder")
-    if not any(out.iterdir()):
+    # On several ranks, this launch's own per-rank logs (``out/logs``, where
+    # sven.dist sends torch's C++ output) are there before the trainer starts.
+    content = [p for p in out.iterdir() if p.name != "logs"]
+    if not content:
         return
     run = is_run_folder(out)
     if overwrite:
@@ -1318,7 +1321,11 @@ def prepare_out(
             )
         import shutil
 
-        shutil.rmtree(out)
+        for p in content:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         log(f"train.overwrite: deleted the earlier run in {out}")
         return
     if resume:

@@ -59,7 +59,13 @@ def test_prepare_out(tmp_path) -> None:
         prepare_out(run, resume=False, overwrite=False, log=said.append)
     prepare_out(run, resume=True, overwrite=False, log=said.append)
     assert run.is_dir() and said == []
+    (run / "logs").mkdir()
+    (run / "logs" / "rank0.log").write_text("this launch's own log")
     prepare_out(run, resume=False, overwrite=True, log=said.append)
-    assert not run.exists() and said == [f"train.overwrite: deleted the earlier run in {run}"]
+    # Everything but this launch's per-rank logs goes.
+    assert [p.name for p in run.iterdir()] == ["logs"]
+    assert said == [f"train.overwrite: deleted the earlier run in {run}"]
+    # A folder holding only those logs (a P-rank launch opens them first) is fresh.
+    prepare_out(run, resume=False, overwrite=False, log=said.append)
     with pytest.raises(ConfigError, match="is a file"):
         prepare_out(mine / "x", resume=False, overwrite=False, log=said.append)
