@@ -240,3 +240,36 @@ def test_many_partitions_in_one_replay_match_one_at_a_time():
             SRC, DST, T, owner, assign, batch_size=2, k=2, parts=parts, candidates=np.array([3])
         )
         assert rep.to_dict() == one.to_dict()
+
+
+def test_per_batch_counts_by_hand_and_summing_to_the_epoch():
+    rep = _cost(per_batch=True)
+    b = rep.batches
+    # Batch 0: rank 0 reads 3 remotely, served by rank 1; no remote write (0 and 1 are
+    # rank 0's, 2 and 3 rank 1's). Batch 1: as in the hand-built test above.
+    np.testing.assert_array_equal(b.events, [[1, 1], [1, 1]])
+    np.testing.assert_array_equal(b.remote_reads, [[1, 0], [2, 2]])
+    np.testing.assert_array_equal(b.remote_writes, [[0, 0], [1, 1]])
+    np.testing.assert_array_equal(b.served_reads, [[0, 1], [2, 2]])
+    np.testing.assert_array_equal(b.received_writes, [[0, 0], [1, 1]])
+    assert _cost().batches is None
+
+
+@pytest.mark.parametrize("model", ["tgn", "apan"])
+def test_per_batch_counts_sum_to_the_epoch_totals(model: str):
+    rng = np.random.default_rng(3)
+    n, e, parts = 30, 400, 3
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 1000, e))
+    owner, assign = rng.integers(0, parts, n), rng.integers(0, parts, e)
+    rep = comm_cost(
+        src, dst, t, owner, assign, batch_size=37, k=3, parts=parts, chunk_events=100,
+        access=Access.of(model), per_batch=True,
+    )  # fmt: skip
+    b = rep.batches
+    assert b.events.shape == (rep.num_batches, parts) == (11, 3)
+    for name in ("events", "remote_reads", "remote_writes", "served_reads", "received_writes"):
+        np.testing.assert_array_equal(getattr(b, name).sum(axis=0), getattr(rep, name))
+    assert int(b.events.max(axis=1).sum()) == rep.batch_max_events
+    comm = b.remote_reads + b.remote_writes
+    assert int(comm.max(axis=1).sum()) == rep.batch_max_comm
