@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sven.partition.cost import BatchCounts, RowBytes
 from sven.partition.scaling import Link, Machine, fit_compute, machine_dict, simulate
 
 
@@ -85,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--concurrent-ranks", type=int, help="ranks computing at once (CPU cores)")
     ap.add_argument("--measured", nargs="*", default=[], metavar="STRATEGY:P=EV_PER_S")
     ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument(
+        "--counts",
+        help="npz cache of the per-batch counts: read if it exists (no partitioning or "
+        "replay; the same data and settings are assumed), else written",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     if args.batch is None and args.batch_per_rank is None:
@@ -117,6 +123,31 @@ def machine_of(args: argparse.Namespace) -> tuple[Machine, dict[str, Any]]:
     return machine, fit
 
 
+_FIELDS = ("events", "remote_reads", "remote_writes", "served_reads", "received_writes")
+
+
+def _add_row(
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    measured: dict[tuple[str, int], float],
+    strategy: str,
+    p: int,
+    batch: int,
+    counts: BatchCounts,
+    widths: RowBytes,
+    machine: Machine,
+) -> None:
+    """Simulates one partition and appends its row (with the measured error, if any)."""
+    pred = simulate(counts, widths, machine)
+    row = {"strategy": strategy, "parts": p, "batch": batch, **pred.summary()}
+    for s in [strategy] if p > 1 else [*args.strategies, "-"]:
+        got = measured.get((s, p), measured.get(("*", p)))
+        if got is not None and "measured_events_per_s" not in row:
+            row["measured_events_per_s"] = got
+            row["error"] = pred.events_per_s / got - 1.0
+    rows.append(row)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Partitions, replays and simulates; returns the rows and the parameters."""
     from sven.datasets.store import TemporalEvents
@@ -134,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     widths = row_bytes(args.memory_dim, args.mail_dim)
     t0 = time.perf_counter()
     sampler = None
-    if args.k > 0 and access.samples:
+    if args.k > 0 and access.samples and not (args.counts and Path(args.counts).exists()):
         sampler = recent_sampler(events.src, events.dst, events.t, events.num_nodes, args.k)
     say(f"sampler: {time.perf_counter() - t0:.1f}s")
     cfg = {"k": args.k, "num_neg": args.num_neg, "seed": args.seed}
@@ -146,7 +177,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         by_batch.setdefault(batch, []).extend((s, p) for s in strategies)
     measured = _measured(args.measured)
     rows = []
+    cache = Path(args.counts) if args.counts else None
+    cached = dict(np.load(cache)) if cache is not None and cache.exists() else None
+    saved: dict[str, np.ndarray] = {}
     for batch, items in by_batch.items():
+        if cached is not None:
+            for strategy, p in items:
+                key = f"{strategy}_{p}_{batch}"
+                counts = BatchCounts(*(cached[f"{key}_{f}"] for f in _FIELDS))
+                _add_row(rows, args, measured, strategy, p, batch, counts, widths, machine)
+            continue
         parts_of = []
         for strategy, p in items:
             t1 = time.perf_counter()
@@ -168,15 +208,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         say(f"replay B={batch} ({len(items)} partitions): {time.perf_counter() - t1:.1f}s")
         for (strategy, p), rep in zip(items, reports):
-            pred = simulate(rep.batches, widths, machine)
-            row = {"strategy": strategy, "parts": p, "batch": batch, **pred.summary()}
-            row["exchange_bytes_max_rank"] = int(rep.comm_bytes.max())
-            for s in [strategy] if p > 1 else [*args.strategies, "-"]:
-                got = measured.get((s, p), measured.get(("*", p)))
-                if got is not None and "measured_events_per_s" not in row:
-                    row["measured_events_per_s"] = got
-                    row["error"] = pred.events_per_s / got - 1.0
-            rows.append(row)
+            for f in _FIELDS:
+                saved[f"{strategy}_{p}_{batch}_{f}"] = getattr(rep.batches, f)
+            _add_row(rows, args, measured, strategy, p, batch, rep.batches, widths, machine)
+    if cache is not None and cached is None:
+        np.savez_compressed(cache, **saved)
     return {
         "data": str(args.data),
         "name": args.name or Path(args.data).name,
