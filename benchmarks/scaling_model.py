@@ -239,8 +239,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['name']} ({result['num_train_events']:,} training events, "
         f"{result['model']}, {scale})\n\n"
         "| strategy | P | global batch | events/s | events/s, pipeline | step ms | "
-        "compute ms | comm ms | batch event max/mean | batch bytes max/mean | measured | error |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "compute ms | comm ms | batch event max/mean | batch sent / recv max/mean | measured | "
+        "error |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
@@ -249,7 +249,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['strategy']} | {r['parts']} | {r['batch']} | {r['events_per_s']:,.0f} | "
             f"{r['events_per_s_pipelined']:,.0f} | {r['step_ms']:.2f} | {r['compute_ms']:.2f} | "
             f"{r['comm_ms']:.2f} | {r['batch_event_imbalance']:.2f} | "
-            f"{r['batch_comm_imbalance']:.2f} | "
+            f"{r['batch_sent_imbalance']:.2f} / {r['batch_recv_imbalance']:.2f} | "
             + (f"{meas:,.0f} | {100 * r['error']:+.1f}% |" if meas is not None else "- | - |")
         )
     return head + "\n".join(lines) + "\n"

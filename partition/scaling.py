@@ -35,7 +35,15 @@ import numpy as np
 
 from sven.partition.cost import BatchCounts, RowBytes
 
-__all__ = ["Link", "Machine", "Prediction", "fit_compute", "simulate"]
+__all__ = [
+    "Link",
+    "Machine",
+    "Prediction",
+    "comm_seconds",
+    "exchange_bytes",
+    "fit_compute",
+    "simulate",
+]
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,8 @@ class Prediction:
             their mean (events on the critical path / events / P).
         batch_comm_imbalance: The same for ``max(sent, received)`` bytes of the
             exchange (gradients excluded).
+        batch_sent_imbalance: The same for the exchange bytes a rank sends.
+        batch_recv_imbalance: The same for the exchange bytes a rank receives.
     """
 
     parts: int
@@ -117,6 +127,8 @@ class Prediction:
     comm_s: np.ndarray
     batch_event_imbalance: float
     batch_comm_imbalance: float
+    batch_sent_imbalance: float = 1.0
+    batch_recv_imbalance: float = 1.0
 
     @property
     def events_per_s(self) -> float:
@@ -143,6 +155,8 @@ class Prediction:
             "comm_ms": 1e3 * float(self.comm_s.sum()) / nb,
             "batch_event_imbalance": self.batch_event_imbalance,
             "batch_comm_imbalance": self.batch_comm_imbalance,
+            "batch_sent_imbalance": self.batch_sent_imbalance,
+            "batch_recv_imbalance": self.batch_recv_imbalance,
         }
 
 
@@ -225,7 +239,7 @@ def simulate(counts: BatchCounts, widths: RowBytes, machine: Machine) -> Predict
     piped = (compute + comm - np.minimum(machine.hidden * comm, compute)).max(axis=1)
     total = events.sum()
     ev_max = counts.events.max(axis=1).sum() if nb else 0
-    mv_mean = moved.mean(axis=1).sum()
+    sent, recv = exchange_bytes(counts, widths)
     return Prediction(
         parts=parts,
         events=int(total),
@@ -235,8 +249,27 @@ def simulate(counts: BatchCounts, widths: RowBytes, machine: Machine) -> Predict
         compute_s=compute.max(axis=1),
         comm_s=comm.max(axis=1),
         batch_event_imbalance=float(ev_max * parts / total) if total else 1.0,
-        batch_comm_imbalance=float(moved.max(axis=1).sum() / mv_mean) if mv_mean else 1.0,
+        batch_comm_imbalance=_critical_over_mean(moved),
+        batch_sent_imbalance=_critical_over_mean(sent),
+        batch_recv_imbalance=_critical_over_mean(recv),
     )
+
+
+def _critical_over_mean(x: np.ndarray) -> float:
+    """Sum over batches of the largest rank's value over the sum of the rank means."""
+    mean = float(x.mean(axis=1).sum()) if x.size else 0.0
+    return float(x.max(axis=1).sum()) / mean if mean > 0 else 1.0
+
+
+def exchange_bytes(counts: BatchCounts, widths: RowBytes) -> tuple[np.ndarray, np.ndarray]:
+    """(nb, P) bytes each rank sends and receives in the exchange (ids and rows).
+
+    The per-batch form of ``CostReport.bytes_sent`` and ``bytes_recv``.
+    """
+    c, w = counts, widths
+    sent = c.remote_reads * w.id + c.served_reads * w.read + c.remote_writes * (w.id + w.write)
+    recv = c.served_reads * w.id + c.remote_reads * w.read + c.received_writes * (w.id + w.write)
+    return sent, recv
 
 
 def fit_compute(batch_sizes: list[int], step_ms: list[float]) -> tuple[float, float]:

@@ -52,6 +52,10 @@ def test_two_ranks_by_hand():
     # Critical path 3 events against a mean of 2; bytes even.
     assert pred.batch_event_imbalance == pytest.approx(1.5)
     assert pred.batch_comm_imbalance == pytest.approx(1.0)
+    # Sent: rank 0 2 ids + 1 served row + 1 write (10 + 50) = 180, rank 1 1 id + 2 rows
+    # = 210; received mirrors it (210, 180).
+    assert pred.batch_sent_imbalance == pytest.approx(210 / 195)
+    assert pred.batch_recv_imbalance == pytest.approx(210 / 195)
 
 
 def test_pipeline_cannot_hide_more_than_the_compute():
