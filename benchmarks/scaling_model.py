@@ -9,8 +9,8 @@ pipeline, from the exact per-batch bytes of the cost model.
         --out OUT
 
 For every P and strategy it partitions the store (``partition_store``), replays the
-training epoch with ``comm_costs(..., per_batch=True)`` (one replay per global batch
-size serves every partition) and feeds the per-batch, per-rank counts to
+training epoch with ``comm_costs(..., per_batch=True)`` (one replay serves every
+partition, each with its own global batch) and feeds the per-batch, per-rank counts to
 ``sven.partition.scaling.simulate``. Writes ``OUT/scaling.json``, ``OUT/scaling.md``
 (table) and ``OUT/scaling.png`` (events/s vs P). ``--measured STRATEGY:P=EV_PER_S``
 adds measured figures and the model's relative error to the table.
@@ -169,26 +169,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sampler = recent_sampler(events.src, events.dst, events.t, events.num_nodes, args.k)
     say(f"sampler: {time.perf_counter() - t0:.1f}s")
     cfg = {"k": args.k, "num_neg": args.num_neg, "seed": args.seed}
-    # Group the partitions by global batch: one replay per batch size.
-    by_batch: dict[int, list[tuple[str, int]]] = {}
+    items: list[tuple[str, int, int]] = []
     for p in args.parts_list:
         batch = args.batch if args.batch is not None else args.batch_per_rank * p
-        strategies = ["-"] if p == 1 else args.strategies
-        by_batch.setdefault(batch, []).extend((s, p) for s in strategies)
+        items.extend((s, p, batch) for s in (["-"] if p == 1 else args.strategies))
     measured = _measured(args.measured)
-    rows = []
+    rows: list[dict[str, Any]] = []
     cache = Path(args.counts) if args.counts else None
     cached = dict(np.load(cache)) if cache is not None and cache.exists() else None
     saved: dict[str, np.ndarray] = {}
-    for batch, items in by_batch.items():
-        if cached is not None:
-            for strategy, p in items:
-                key = f"{strategy}_{p}_{batch}"
-                counts = BatchCounts(*(cached[f"{key}_{f}"] for f in _FIELDS))
-                _add_row(rows, args, measured, strategy, p, batch, counts, widths, machine)
-            continue
+    if cached is not None:
+        for strategy, p, batch in items:
+            key = f"{strategy}_{p}_{batch}"
+            counts = BatchCounts(*(cached[f"{key}_{f}"] for f in _FIELDS))
+            _add_row(rows, args, measured, strategy, p, batch, counts, widths, machine)
+    else:
         parts_of = []
-        for strategy, p in items:
+        for strategy, p, batch in items:
             t1 = time.perf_counter()
             if p == 1:
                 owner = np.zeros(events.num_nodes, dtype=np.int64)
@@ -200,14 +197,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )  # fmt: skip
                 owner, assign = res.owner, res.assign
             say(f"partition {strategy} P={p} B={batch}: {time.perf_counter() - t1:.1f}s")
-            parts_of.append((owner, assign, p))
+            parts_of.append((owner, assign, p, batch))
         t1 = time.perf_counter()
+        # One replay for every partition: the touches do not depend on the batching.
         reports = comm_costs(
-            events.src, events.dst, events.t, parts_of, batch_size=batch, start=start,
-            stop=stop, sampler=sampler, access=access, widths=widths, per_batch=True, **cfg,
+            events.src, events.dst, events.t, parts_of, batch_size=parts_of[0][3],
+            start=start, stop=stop, sampler=sampler, access=access, widths=widths,
+            per_batch=True, **cfg,
         )  # fmt: skip
-        say(f"replay B={batch} ({len(items)} partitions): {time.perf_counter() - t1:.1f}s")
-        for (strategy, p), rep in zip(items, reports):
+        say(f"replay ({len(items)} partitions): {time.perf_counter() - t1:.1f}s")
+        for (strategy, p, batch), rep in zip(items, reports):
             for f in _FIELDS:
                 saved[f"{strategy}_{p}_{batch}_{f}"] = getattr(rep.batches, f)
             _add_row(rows, args, measured, strategy, p, batch, rep.batches, widths, machine)

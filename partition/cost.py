@@ -638,7 +638,9 @@ def comm_costs(
     src: np.ndarray,
     dst: np.ndarray,
     t: np.ndarray,
-    partitions: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    partitions: Sequence[
+        tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, np.ndarray, int, int]
+    ],
     *,
     batch_size: int,
     k: int = 10,
@@ -664,8 +666,11 @@ def comm_costs(
         src: (E,) source ids of all events.
         dst: (E,) destination ids.
         t: (E,) timestamps.
-        partitions: ``(owner (N,), assign (E,) or (stop - start,), P)`` per partition.
-        batch_size: See ``comm_cost``; likewise every other argument.
+        partitions: ``(owner (N,), assign (E,) or (stop - start,), P)`` per partition,
+            or ``(owner, assign, P, B)`` with a batch size of its own (weak scaling:
+            one replay for every P); the touches do not depend on the batching.
+        batch_size: See ``comm_cost``; likewise every other argument. The default
+            batch size of the partitions that give none.
         k: Neighbours per root.
         num_neg: Negatives per event.
         seed: Seed of the negatives.
@@ -687,10 +692,12 @@ def comm_costs(
         ValueError: On a batch size below 1 or a mis-sized ``assign``.
     """
     stop = int(src.shape[0]) if stop is None else stop
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     states = []
-    for owner, assign, parts in partitions:
+    for item in partitions:
+        owner, assign, parts = item[:3]
+        bsz = int(item[3]) if len(item) > 3 else batch_size
+        if bsz < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bsz}")
         owner = np.asarray(owner).astype(np.int64)
         if assign.shape[0] not in (stop - start, src.shape[0]):
             raise ValueError(f"assign has {assign.shape[0]} entries, expected {stop - start}")
@@ -699,37 +706,39 @@ def comm_costs(
         # A full-length assign is indexed by event, a short one from the epoch start.
         offset = 0 if assign.shape[0] == src.shape[0] else start
         states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
-                       "acc": acc, "batch_max_events": 0, "batch_max_comm": 0,
-                       "chunks": []})  # fmt: skip
+                       "batch_size": bsz, "acc": acc, "batch_max_events": 0,
+                       "batch_max_comm": 0, "chunks": []})  # fmt: skip
     cand = _candidates(dst, candidates)
     access = Access() if access is None else access
     if sampler is None and k > 0 and access.samples:
         sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
 
     num_events = stop - start
-    num_batches = -(-num_events // batch_size)
-    per_chunk = max(1, chunk_events // batch_size)
-    for b0 in range(0, num_batches, per_chunk):
-        b1 = min(b0 + per_chunk, num_batches)
-        e0, e1 = start + b0 * batch_size, min(start + b1 * batch_size, stop)
+    # A chunk holds whole batches of every batch size: a multiple of their lcm.
+    step = int(np.lcm.reduce([st["batch_size"] for st in states])) if states else 1
+    if step > max(chunk_events, 1) * 64:
+        raise ValueError(f"batch sizes with an lcm of {step} events: replay them separately")
+    chunk = max(1, chunk_events // step) * step
+    for e0 in range(start, stop, chunk):
+        e1 = min(e0 + chunk, stop)
         idx = np.arange(e0, e1, dtype=np.int64)
-        ev_batch = (idx - start) // batch_size - b0
         tch = touches(
             src, dst, t, idx,
             candidates=cand, sampler=sampler, k=k, num_neg=num_neg, seed=seed, epoch=epoch,
             access=access,
         )  # fmt: skip
         local = tch.event - e0
-        touch_batch = ev_batch[local]
         for st in states:
-            parts, acc = st["parts"], st["acc"]
+            parts, acc, bsz = st["parts"], st["acc"], st["batch_size"]
+            nb = -(-(e1 - e0) // bsz)
+            ev_batch = (idx - e0) // bsz
             ev_rank = np.asarray(st["assign"][e0 - st["offset"] : e1 - st["offset"]])
             ev_rank = ev_rank.astype(np.int64)
-            ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=(b1 - b0) * parts)
-            ev_br = ev_br.reshape(b1 - b0, parts)
+            ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=nb * parts)
+            ev_br = ev_br.reshape(nb, parts)
             acc["events"] += ev_br.sum(axis=0)
             st["batch_max_events"] += int(ev_br.max(axis=1).sum())
-            tally = count_touches(tch, touch_batch, ev_rank[local], st["owner"], parts, b1 - b0)
+            tally = count_touches(tch, ev_batch[local], ev_rank[local], st["owner"], parts, nb)
             for name in COUNT_FIELDS[2:]:
                 acc[name] += getattr(tally, name)
             st["batch_max_comm"] += int(tally.batch_comm.max(axis=1).sum())
@@ -745,10 +754,10 @@ def comm_costs(
     return [
         CostReport(
             parts=st["parts"],
-            batch_size=batch_size,
+            batch_size=st["batch_size"],
             k=k,
             num_neg=num_neg,
-            num_batches=num_batches,
+            num_batches=-(-num_events // st["batch_size"]),
             widths=row_bytes() if widths is None else widths,
             batch_max_events=st["batch_max_events"],
             batch_max_comm=st["batch_max_comm"],

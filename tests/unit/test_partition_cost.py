@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sven.partition.cost import Access, CostReport, RowBytes, SampledCost, comm_cost, row_bytes
+from sven.partition.cost import (
+    Access,
+    CostReport,
+    RowBytes,
+    SampledCost,
+    comm_cost,
+    comm_costs,
+    row_bytes,
+)
 
 # Four nodes, four events, two ranks, batches of two events:
 #
@@ -273,3 +281,22 @@ def test_per_batch_counts_sum_to_the_epoch_totals(model: str):
     assert int(b.events.max(axis=1).sum()) == rep.batch_max_events
     comm = b.remote_reads + b.remote_writes
     assert int(comm.max(axis=1).sum()) == rep.batch_max_comm
+
+
+def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
+    rng = np.random.default_rng(5)
+    n, e = 25, 300
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 500, e))
+    parts = [(rng.integers(0, p, n), rng.integers(0, p, e), p, 20 * p) for p in (1, 2, 4)]
+    both = comm_costs(
+        src, dst, t, parts, batch_size=7, k=3, chunk_events=50, per_batch=True, stop=290
+    )
+    for (owner, assign, p, b), rep in zip(parts, both):
+        alone = comm_cost(
+            src, dst, t, owner, assign, batch_size=b, k=3, parts=p, per_batch=True, stop=290
+        )
+        assert (rep.batch_size, rep.num_batches) == (b, alone.num_batches)
+        assert rep.summary() == alone.summary()
+        for name in ("events", "remote_reads", "remote_writes", "served_reads"):
+            np.testing.assert_array_equal(getattr(rep.batches, name), getattr(alone.batches, name))
