@@ -12,7 +12,7 @@ one-rank runs (``"compute": "fit"``). Link: given (``"link": {"bandwidth_gbs",
 "latency_us"}``), or fitted to the runs named in ``"fit_link"`` (least squares on the
 step time, which is linear in latency and 1 / bandwidth while the slowest rank of each
 batch stays the same). Every run is then predicted and its error printed; runs used
-in a fit are marked.
+in a fit are marked. A case may carry its own ``"link"`` (measured at its P).
 """
 
 from __future__ import annotations
@@ -92,10 +92,16 @@ def main(argv: list[str] | None = None) -> int:
             compute[data] = (float(np.mean([s - b * 1e-3 * c["batch"]
                                             for s, c in zip(step_ms, ones)])), b)  # fmt: skip
 
+    def link_of(i: int, link: Link) -> Link:
+        """A case's own measured link (``"link"`` in the case) wins."""
+        own = cases[i].get("link")
+        return link if own is None else Link(own["bandwidth_gbs"], own["latency_us"])
+
     def predict(i: int, link: Link) -> float:
         a_, b_ = compute[cases[i]["data"]]
         rep = reps[i]
-        return simulate(rep.batches, rep.widths, _machine(spec, a_, b_, link)).events_per_s
+        machine = _machine(spec, a_, b_, link_of(i, link))
+        return simulate(rep.batches, rep.widths, machine).events_per_s
 
     fit_names = spec.get("fit_link", [])
     if "link" in spec:
@@ -129,9 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, c in enumerate(cases):
         pred = predict(i, link)
         a_, b_ = compute[c["data"]]
-        piped = simulate(
-            reps[i].batches, reps[i].widths, _machine(spec, a_, b_, link)
-        ).events_per_s_pipelined
+        machine = _machine(spec, a_, b_, link_of(i, link))
+        piped = simulate(reps[i].batches, reps[i].widths, machine).events_per_s_pipelined
         fitted = c["name"] in fit_names or c["parts"] == 1
         row = {
             **c,
