@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="event store")
     ap.add_argument("--name", help="name of the data in the table (default: the folder)")
+    ap.add_argument("--title", help="second line of the plot's title (the machine, say)")
     ap.add_argument("--parts-list", type=_parts_list, default=_parts_list("1,2,4,8,16,32,64"))
     ap.add_argument("--strategies", nargs="+", default=["hash", "minmax"])
     size = ap.add_mutually_exclusive_group()
@@ -215,6 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "data": str(args.data),
         "name": args.name or Path(args.data).name,
+        "title": args.title,
         "model": args.model,
         "num_train_events": int(stop - start),
         "scaling": "strong" if args.batch is not None else "weak",
@@ -263,13 +265,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     one = [r for r in result["rows"] if r["parts"] == 1]
-    for strategy in sorted({r["strategy"] for r in result["rows"]} - {"-"}):
+    strategies = sorted({r["strategy"] for r in result["rows"]} - {"-"})
+    for color, strategy in zip(("tab:blue", "tab:red", "tab:green", "tab:purple"), strategies):
         rows = one + [r for r in result["rows"] if r["strategy"] == strategy]
         rows.sort(key=lambda r: r["parts"])
         ps = [r["parts"] for r in rows]
-        ax.plot(ps, [r["events_per_s"] for r in rows], marker="o", label=f"{strategy}, sync")
+        ax.plot(
+            ps, [r["events_per_s"] for r in rows], marker="o", color=color,
+            label=f"{strategy}, synchronous",
+        )  # fmt: skip
         ax.plot(
             ps, [r["events_per_s_pipelined"] for r in rows], marker="s", linestyle="--",
+            color=color,
             label=f"{strategy}, pipeline (hides {100 * result['machine']['hidden']:.0f}%)",
         )  # fmt: skip
     meas = [r for r in result["rows"] if "measured_events_per_s" in r]
@@ -279,11 +286,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
             color="black", zorder=5, label="measured",
         )  # fmt: skip
     ax.set_xscale("log", base=2)
+    ps = sorted({r["parts"] for r in result["rows"]})
+    ax.set_xticks(ps, [str(p) for p in ps])
+    ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("ranks P")
     ax.set_ylabel("train events/s")
     scale = "strong" if result["scaling"] == "strong" else "weak"
-    ax.set_title(f"{result['name']}: {scale} scaling (model)", fontsize=10)
+    title = f"{result['name']}: {scale} scaling (model)"
+    if result.get("title"):
+        title += f"\n{result['title']}"
+    ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
