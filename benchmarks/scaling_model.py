@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--memory-dim", type=int, default=100)
     ap.add_argument("--mail-dim", type=int)
     ap.add_argument("--compute-ms", type=float, help="fixed compute per step (a), ms")
-    ap.add_argument("--compute-us-per-event", type=float, default=0.0, help="(b), us/event")
+    ap.add_argument("--compute-us-per-event", type=float, default=1.8, help="(b), us/event (1.8)")
     ap.add_argument(
         "--fit-compute",
         nargs="+",
