@@ -42,6 +42,7 @@ __all__ = [
     "comm_seconds",
     "exchange_bytes",
     "fit_compute",
+    "machine_dict",
     "simulate",
 ]
 
