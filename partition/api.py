@@ -269,6 +269,7 @@ def evaluate_store(
     widths: RowBytes | None = None,
     access: Access | None = None,
     sampler: NeighbourFn | None = None,
+    per_batch: bool = False,
 ) -> CostReport:
     """The cost report of a partition over the store's training epoch.
 
@@ -283,6 +284,7 @@ def evaluate_store(
         widths: Row widths; None means ``row_bytes()``.
         access: The model's access pattern; None means TGN's.
         sampler: Neighbour function to reuse; None builds ``recent_sampler``.
+        per_batch: Also keep the per-batch, per-rank counts (``report.batches``).
 
     Returns:
         The report.
@@ -304,4 +306,5 @@ def evaluate_store(
         widths=widths,
         access=access,
         sampler=sampler,
+        per_batch=per_batch,
     )

@@ -5,6 +5,10 @@
     sven partition DATA --parts P --strategy S --out DIR [--model M] [--batch B] [--k K]
                    [--num-neg N] [--balance 1.05] [--seed S] [--json] [--overwrite]
     sven partition report DATA PART_DIR [--model M] [--batch B] [--k K] [--num-neg N] [--json]
+                          [--simulate [--compute-ms A] [--compute-us-per-event B]
+                           [--bandwidth-gbs BW] [--latency-us L] [--inter-bandwidth-gbs BW]
+                           [--inter-latency-us L] [--ranks-per-node R] [--grad-bytes G]
+                           [--hidden H]]
 
 ``--model`` (tgn, jodie, dyrep, apan) sets which nodes a batch reads and writes in the
 cost model: TGN samples neighbours of every root and reads them, JODIE none, DyRep
@@ -13,6 +17,9 @@ them without reading them.
 
 Both print the cost report (per-rank events, vertices, remote reads and writes, bytes,
 naive bytes; max, mean and max/mean) as a table, or as JSON with ``--json``.
+``report --simulate`` adds the scaling model's step time and events/s for this
+partition (``sven.partition.scaling``; docs/scaling.md), synchronous and pipelined,
+against one rank at the same global batch.
 """
 
 from __future__ import annotations
@@ -68,6 +75,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--mail-dim", type=int, help="mail width for bytes (default 3 x memory-dim, as TGN)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    sim = p.add_argument_group("report --simulate: the scaling model (docs/scaling.md)")
+    sim.add_argument(
+        "--simulate", action="store_true", help="predict step time and events/s (report only)"
+    )
+    sim.add_argument("--compute-ms", type=float, default=1.0, help="compute per step, ms (1.0)")
+    sim.add_argument(
+        "--compute-us-per-event", type=float, default=1.8, help="compute per event, us (1.8)"
+    )
+    sim.add_argument(
+        "--bandwidth-gbs", type=float, default=150.0, help="intra-node GB/s per rank (150)"
+    )
+    sim.add_argument("--latency-us", type=float, default=20.0, help="intra-node latency, us (20)")
+    sim.add_argument(
+        "--inter-bandwidth-gbs", type=float, default=25.0, help="inter-node GB/s per rank (25)"
+    )
+    sim.add_argument(
+        "--inter-latency-us", type=float, default=10.0, help="inter-node latency, us (10)"
+    )
+    sim.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node (8)")
+    sim.add_argument(
+        "--grad-bytes", type=int, default=890_000, help="gradient bytes per step (TGN dims 100)"
+    )
+    sim.add_argument(
+        "--hidden", type=float, default=0.8, help="share of comm the pipeline hides (0.8)"
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -108,12 +140,17 @@ def _say(args: argparse.Namespace, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _emit(args: argparse.Namespace, meta: dict[str, Any], report: Any) -> None:
-    """Prints the report as a table or as JSON."""
+def _emit(
+    args: argparse.Namespace, meta: dict[str, Any], report: Any, sim: dict | None = None
+) -> None:
+    """Prints the report (and the simulation, if any) as a table or as JSON."""
     from sven.partition.cost import format_report
 
     if args.json:
-        json.dump({"partition": meta, "report": report.to_dict()}, sys.stdout, indent=2)
+        out = {"partition": meta, "report": report.to_dict()}
+        if sim is not None:
+            out["simulate"] = sim
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     print(
@@ -122,6 +159,46 @@ def _emit(args: argparse.Namespace, meta: dict[str, Any], report: Any) -> None:
         f"cost model of {_model(args, meta)})"
     )
     print(format_report(report))
+    if sim is not None:
+        one, p = sim["one_rank"], sim["partition"]
+        print(
+            f"simulated ({p['num_batches']} batches): 1 rank {one['events_per_s']:,.0f} events/s "
+            f"(step {one['step_ms']:.2f} ms); {p['parts']} ranks {p['events_per_s']:,.0f} "
+            f"events/s (step {p['step_ms']:.2f} ms = compute {p['compute_ms']:.2f} + comm "
+            f"{p['comm_ms']:.2f} on the slowest rank), with the pipeline hiding "
+            f"{100 * sim['machine']['hidden']:.0f}%: {p['events_per_s_pipelined']:,.0f} "
+            f"events/s; per-batch event max/mean {p['batch_event_imbalance']:.2f}, bytes "
+            f"max/mean {p['batch_comm_imbalance']:.2f}"
+        )
+
+
+def _simulate(args: argparse.Namespace, report: Any) -> dict[str, Any]:
+    """The scaling model over a report's per-batch counts, and one rank for reference."""
+    import numpy as np
+
+    from sven.partition.cost import BatchCounts
+    from sven.partition.scaling import Link, Machine, machine_dict, simulate
+
+    try:
+        machine = Machine(
+            compute_ms=args.compute_ms,
+            compute_us_per_event=args.compute_us_per_event,
+            intra=Link(args.bandwidth_gbs, args.latency_us),
+            inter=Link(args.inter_bandwidth_gbs, args.inter_latency_us),
+            ranks_per_node=args.ranks_per_node,
+            grad_bytes=args.grad_bytes,
+            hidden=args.hidden,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    counts = report.batches
+    events = counts.events.sum(axis=1, keepdims=True)
+    one = BatchCounts(events, *(np.zeros_like(events) for _ in range(4)))
+    return {
+        "machine": machine_dict(machine),
+        "one_rank": simulate(one, report.widths, machine).summary(),
+        "partition": simulate(counts, report.widths, machine).summary(),
+    }
 
 
 def _partition(args: argparse.Namespace, data: str) -> int:
@@ -131,6 +208,8 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     from sven.partition.cost import Access, recent_sampler, row_bytes
     from sven.partition.store import check_target, is_partition, write_partition
 
+    if args.simulate:
+        raise ConfigError("--simulate goes with 'sven partition report DATA PART_DIR'")
     if args.parts is None or args.strategy is None or args.out is None:
         raise ConfigError("sven partition DATA needs --parts, --strategy and --out")
     batch = _setting(args, "batch", {}, 600)
@@ -244,6 +323,7 @@ def _report(args: argparse.Namespace, data: str, part_dir: str) -> int:
         seed=_setting(args, "seed", meta, 0),
         widths=widths,
         access=Access.of(_model(args, meta)),
+        per_batch=args.simulate,
     )
-    _emit(args, meta, report)
+    _emit(args, meta, report, _simulate(args, report) if args.simulate else None)
     return 0

@@ -49,6 +49,7 @@ from sven.pipeline.negatives import root_keys, sample_negatives
 
 __all__ = [
     "Access",
+    "BatchCounts",
     "CostReport",
     "RowBytes",
     "SampledCost",
@@ -173,6 +174,43 @@ COUNT_FIELDS = (
 
 
 @dataclass
+class BatchCounts:
+    """Per-batch, per-rank counts of one epoch: what a synchronous step waits for.
+
+    Row b, column r is what rank r does in global batch b; summed over batches (axis
+    0) each array equals the report's epoch total of the same name.
+
+    Attributes:
+        events: (nb, P) training events rank r processes in batch b.
+        remote_reads: (nb, P) distinct remote nodes r reads in batch b (ids out, rows in).
+        remote_writes: (nb, P) distinct remote nodes r writes in batch b.
+        served_reads: (nb, P) rows r serves to other ranks in batch b (ids in, rows out).
+        received_writes: (nb, P) written rows r takes in for its vertices in batch b.
+    """
+
+    events: np.ndarray
+    remote_reads: np.ndarray
+    remote_writes: np.ndarray
+    served_reads: np.ndarray
+    received_writes: np.ndarray
+
+    @classmethod
+    def empty(cls, parts: int) -> BatchCounts:
+        """Counts of no batch: every array (0, P)."""
+        z = np.zeros((0, parts), dtype=np.int64)
+        return cls(*(z.copy() for _ in dataclasses.fields(cls)))
+
+    @classmethod
+    def concat(cls, chunks: Sequence[BatchCounts], parts: int) -> BatchCounts:
+        """The chunks' batches one after another."""
+        if not chunks:
+            return cls.empty(parts)
+        return cls(
+            *(np.concatenate([getattr(c, f.name) for c in chunks]) for f in dataclasses.fields(cls))
+        )
+
+
+@dataclass
 class CostReport:
     """Per-rank communication of one training epoch under a partition.
 
@@ -196,6 +234,8 @@ class CostReport:
         batch_max_comm: Sum over batches of the largest per-rank ``remote_reads +
             remote_writes``.
         access: The model access pattern replayed.
+        batches: Per-batch counts when asked for (``comm_cost(..., per_batch=True)``),
+            else None.
     """
 
     parts: int
@@ -215,6 +255,7 @@ class CostReport:
     batch_max_events: int = 0
     batch_max_comm: int = 0
     access: Access = Access()
+    batches: BatchCounts | None = None
 
     @property
     def comm_bytes(self) -> np.ndarray:
@@ -433,6 +474,10 @@ class _Tally:
     served_reads: np.ndarray
     received_writes: np.ndarray
     batch_comm: np.ndarray
+    batch_reads: np.ndarray
+    batch_writes: np.ndarray
+    batch_served: np.ndarray
+    batch_received: np.ndarray
 
 
 def _distinct(
@@ -449,16 +494,19 @@ def _distinct(
         nb: Batches in this pass.
 
     Returns:
-        ``(per_rank (P,), per_owner (P,), per_batch_rank (nb, P))`` int64.
+        ``(per_rank (P,), per_owner (P,), per_batch_rank (nb, P), per_batch_owner
+        (nb, P))`` int64.
     """
     # One int64 key per triple; (batch * P + rank) * N + node stays far below 2**63
     # for any realistic chunk.
     uniq = unique_sorted(batch_rank * num_nodes + node)
     br = uniq // num_nodes
     per_rank = np.bincount(br % parts, minlength=parts)
-    per_owner = np.bincount(owner[uniq - br * num_nodes], minlength=parts)
+    own = owner[uniq - br * num_nodes]
+    per_owner = np.bincount(own, minlength=parts)
     per_batch = np.bincount(br, minlength=nb * parts).reshape(nb, parts)
-    return per_rank, per_owner, per_batch
+    per_batch_owner = np.bincount((br // parts) * parts + own, minlength=nb * parts)
+    return per_rank, per_owner, per_batch, per_batch_owner.reshape(nb, parts)
 
 
 def count_touches(
@@ -487,8 +535,12 @@ def count_touches(
     node, r = tch.node[remote], rank[remote]
     br = batch[remote] * parts + r
     rd, wr = tch.read[remote], tch.write[remote]
-    reads, served, read_b = _distinct(node[rd], br[rd], num_nodes, parts, owner, num_batches)
-    writes, received, write_b = _distinct(node[wr], br[wr], num_nodes, parts, owner, num_batches)
+    reads, served, read_b, served_b = _distinct(
+        node[rd], br[rd], num_nodes, parts, owner, num_batches
+    )
+    writes, received, write_b, received_b = _distinct(
+        node[wr], br[wr], num_nodes, parts, owner, num_batches
+    )
     return _Tally(
         remote_reads=reads,
         remote_writes=writes,
@@ -497,6 +549,10 @@ def count_touches(
         served_reads=served,
         received_writes=received,
         batch_comm=read_b + write_b,
+        batch_reads=read_b,
+        batch_writes=write_b,
+        batch_served=served_b,
+        batch_received=received_b,
     )
 
 
@@ -528,6 +584,7 @@ def comm_cost(
     widths: RowBytes | None = None,
     chunk_events: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
+    per_batch: bool = False,
 ) -> CostReport:
     """Replays one epoch over events ``[start, stop)`` and counts cross-rank traffic.
 
@@ -557,6 +614,8 @@ def comm_cost(
         chunk_events: Events replayed at once (rounded to whole batches); memory is
             about ``chunk_events * (2 + num_neg) * (k + 1) * 40`` bytes.
         progress: Called with (events done, events total) after each chunk.
+        per_batch: Also keep the per-batch, per-rank counts (``report.batches``):
+            five (num_batches, P) int64 arrays.
 
     Returns:
         The report.
@@ -570,7 +629,7 @@ def comm_cost(
         batch_size=batch_size, k=k, num_neg=num_neg, seed=seed, epoch=epoch, start=start,
         stop=stop, candidates=candidates, sampler=sampler,
         access=access, widths=widths, chunk_events=chunk_events,
-        progress=progress,
+        progress=progress, per_batch=per_batch,
     )  # fmt: skip
     return report
 
@@ -579,7 +638,9 @@ def comm_costs(
     src: np.ndarray,
     dst: np.ndarray,
     t: np.ndarray,
-    partitions: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    partitions: Sequence[
+        tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, np.ndarray, int, int]
+    ],
     *,
     batch_size: int,
     k: int = 10,
@@ -594,6 +655,7 @@ def comm_costs(
     widths: RowBytes | None = None,
     chunk_events: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
+    per_batch: bool = False,
 ) -> list[CostReport]:
     """``comm_cost`` for several partitions of the same events, in one replay.
 
@@ -604,8 +666,11 @@ def comm_costs(
         src: (E,) source ids of all events.
         dst: (E,) destination ids.
         t: (E,) timestamps.
-        partitions: ``(owner (N,), assign (E,) or (stop - start,), P)`` per partition.
-        batch_size: See ``comm_cost``; likewise every other argument.
+        partitions: ``(owner (N,), assign (E,) or (stop - start,), P)`` per partition,
+            or ``(owner, assign, P, B)`` with a batch size of its own (weak scaling:
+            one replay for every P); the touches do not depend on the batching.
+        batch_size: See ``comm_cost``; likewise every other argument. The default
+            batch size of the partitions that give none.
         k: Neighbours per root.
         num_neg: Negatives per event.
         seed: Seed of the negatives.
@@ -618,6 +683,7 @@ def comm_costs(
         widths: Row widths.
         chunk_events: Events replayed at once.
         progress: Called with (events done, events total) after each chunk.
+        per_batch: Also keep the per-batch, per-rank counts of every report.
 
     Returns:
         One report per partition, in order.
@@ -626,10 +692,12 @@ def comm_costs(
         ValueError: On a batch size below 1 or a mis-sized ``assign``.
     """
     stop = int(src.shape[0]) if stop is None else stop
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     states = []
-    for owner, assign, parts in partitions:
+    for item in partitions:
+        owner, assign, parts = item[:3]
+        bsz = int(item[3]) if len(item) > 3 else batch_size
+        if bsz < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bsz}")
         owner = np.asarray(owner).astype(np.int64)
         if assign.shape[0] not in (stop - start, src.shape[0]):
             raise ValueError(f"assign has {assign.shape[0]} entries, expected {stop - start}")
@@ -638,53 +706,63 @@ def comm_costs(
         # A full-length assign is indexed by event, a short one from the epoch start.
         offset = 0 if assign.shape[0] == src.shape[0] else start
         states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
-                       "acc": acc, "batch_max_events": 0, "batch_max_comm": 0})  # fmt: skip
+                       "batch_size": bsz, "acc": acc, "batch_max_events": 0,
+                       "batch_max_comm": 0, "chunks": []})  # fmt: skip
     cand = _candidates(dst, candidates)
     access = Access() if access is None else access
     if sampler is None and k > 0 and access.samples:
         sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
 
     num_events = stop - start
-    num_batches = -(-num_events // batch_size)
-    per_chunk = max(1, chunk_events // batch_size)
-    for b0 in range(0, num_batches, per_chunk):
-        b1 = min(b0 + per_chunk, num_batches)
-        e0, e1 = start + b0 * batch_size, min(start + b1 * batch_size, stop)
+    # A chunk holds whole batches of every batch size: a multiple of their lcm.
+    step = int(np.lcm.reduce([st["batch_size"] for st in states])) if states else 1
+    if step > max(chunk_events, 1) * 64:
+        raise ValueError(f"batch sizes with an lcm of {step} events: replay them separately")
+    chunk = max(1, chunk_events // step) * step
+    for e0 in range(start, stop, chunk):
+        e1 = min(e0 + chunk, stop)
         idx = np.arange(e0, e1, dtype=np.int64)
-        ev_batch = (idx - start) // batch_size - b0
         tch = touches(
             src, dst, t, idx,
             candidates=cand, sampler=sampler, k=k, num_neg=num_neg, seed=seed, epoch=epoch,
             access=access,
         )  # fmt: skip
         local = tch.event - e0
-        touch_batch = ev_batch[local]
         for st in states:
-            parts, acc = st["parts"], st["acc"]
+            parts, acc, bsz = st["parts"], st["acc"], st["batch_size"]
+            nb = -(-(e1 - e0) // bsz)
+            ev_batch = (idx - e0) // bsz
             ev_rank = np.asarray(st["assign"][e0 - st["offset"] : e1 - st["offset"]])
             ev_rank = ev_rank.astype(np.int64)
-            ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=(b1 - b0) * parts)
-            ev_br = ev_br.reshape(b1 - b0, parts)
+            ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=nb * parts)
+            ev_br = ev_br.reshape(nb, parts)
             acc["events"] += ev_br.sum(axis=0)
             st["batch_max_events"] += int(ev_br.max(axis=1).sum())
-            tally = count_touches(tch, touch_batch, ev_rank[local], st["owner"], parts, b1 - b0)
+            tally = count_touches(tch, ev_batch[local], ev_rank[local], st["owner"], parts, nb)
             for name in COUNT_FIELDS[2:]:
                 acc[name] += getattr(tally, name)
             st["batch_max_comm"] += int(tally.batch_comm.max(axis=1).sum())
+            if per_batch:
+                counts = BatchCounts(
+                    ev_br.astype(np.int64), tally.batch_reads, tally.batch_writes,
+                    tally.batch_served, tally.batch_received,
+                )  # fmt: skip
+                st["chunks"].append(counts)
         if progress is not None:
             progress(e1 - start, num_events)
 
     return [
         CostReport(
             parts=st["parts"],
-            batch_size=batch_size,
+            batch_size=st["batch_size"],
             k=k,
             num_neg=num_neg,
-            num_batches=num_batches,
+            num_batches=-(-num_events // st["batch_size"]),
             widths=row_bytes() if widths is None else widths,
             batch_max_events=st["batch_max_events"],
             batch_max_comm=st["batch_max_comm"],
             access=access,
+            batches=BatchCounts.concat(st["chunks"], st["parts"]) if per_batch else None,
             **st["acc"],
         )
         for st in states

@@ -122,3 +122,32 @@ def test_unknown_strategy_is_rejected_by_the_parser(store, tmp_path, capsys):
         main(["partition", str(store), "--parts", "2", "--strategy", "nope", "--out", "x"])
     assert exc.value.code == 2
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_report_simulate_predicts_from_the_per_batch_bytes(store, tmp_path, capsys):
+    from sven.partition.api import evaluate_store
+    from sven.partition.cost import row_bytes
+    from sven.partition.scaling import Link, Machine, simulate
+
+    out = tmp_path / "p"
+    argv = ["partition", str(store), "--parts", "2", "--strategy", "hash", "--batch", "100"]
+    assert main([*argv, "--out", str(out), "--k", "4", "--quiet"]) == 0
+    capsys.readouterr()
+    flags = ["--simulate", "--compute-ms", "2", "--compute-us-per-event", "10",
+             "--bandwidth-gbs", "0.01", "--latency-us", "50", "--grad-bytes", "1000",
+             "--hidden", "0.5", "--json"]  # fmt: skip
+    assert main(["partition", "report", str(store), str(out), *flags]) == 0
+    sim = json.loads(capsys.readouterr().out)["simulate"]
+    ev = TemporalEvents.load(store)
+    report = evaluate_store(
+        ev, load_partition(out), parts=2, batch_size=100, k=4, widths=row_bytes(), per_batch=True
+    )
+    machine = Machine(2.0, 10.0, Link(0.01, 50.0), Link(25.0, 10.0), grad_bytes=1000, hidden=0.5)
+    assert sim["partition"] == simulate(report.batches, report.widths, machine).summary()
+    # One rank at the same global batch: compute only, 2 ms + 10 us per event.
+    e, nb = report.events.sum(), report.num_batches
+    assert sim["one_rank"]["step_ms"] == pytest.approx(2.0 + 0.01 * e / nb)
+    assert sim["one_rank"]["comm_ms"] == 0.0
+    assert sim["partition"]["comm_ms"] > 0.0
+    assert main([*argv, "--out", str(tmp_path / "q"), "--simulate"]) != 0
+    assert "--simulate goes with 'sven partition report" in capsys.readouterr().err

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sven.partition.cost import Access, CostReport, RowBytes, SampledCost, comm_cost, row_bytes
+from sven.partition.cost import (
+    Access,
+    CostReport,
+    RowBytes,
+    SampledCost,
+    comm_cost,
+    comm_costs,
+    row_bytes,
+)
 
 # Four nodes, four events, two ranks, batches of two events:
 #
@@ -240,3 +248,55 @@ def test_many_partitions_in_one_replay_match_one_at_a_time():
             SRC, DST, T, owner, assign, batch_size=2, k=2, parts=parts, candidates=np.array([3])
         )
         assert rep.to_dict() == one.to_dict()
+
+
+def test_per_batch_counts_by_hand_and_summing_to_the_epoch():
+    rep = _cost(per_batch=True)
+    b = rep.batches
+    # Batch 0: rank 0 reads 3 remotely, served by rank 1; no remote write (0 and 1 are
+    # rank 0's, 2 and 3 rank 1's). Batch 1: as in the hand-built test above.
+    np.testing.assert_array_equal(b.events, [[1, 1], [1, 1]])
+    np.testing.assert_array_equal(b.remote_reads, [[1, 0], [2, 2]])
+    np.testing.assert_array_equal(b.remote_writes, [[0, 0], [1, 1]])
+    np.testing.assert_array_equal(b.served_reads, [[0, 1], [2, 2]])
+    np.testing.assert_array_equal(b.received_writes, [[0, 0], [1, 1]])
+    assert _cost().batches is None
+
+
+@pytest.mark.parametrize("model", ["tgn", "apan"])
+def test_per_batch_counts_sum_to_the_epoch_totals(model: str):
+    rng = np.random.default_rng(3)
+    n, e, parts = 30, 400, 3
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 1000, e))
+    owner, assign = rng.integers(0, parts, n), rng.integers(0, parts, e)
+    rep = comm_cost(
+        src, dst, t, owner, assign, batch_size=37, k=3, parts=parts, chunk_events=100,
+        access=Access.of(model), per_batch=True,
+    )  # fmt: skip
+    b = rep.batches
+    assert b.events.shape == (rep.num_batches, parts) == (11, 3)
+    for name in ("events", "remote_reads", "remote_writes", "served_reads", "received_writes"):
+        np.testing.assert_array_equal(getattr(b, name).sum(axis=0), getattr(rep, name))
+    assert int(b.events.max(axis=1).sum()) == rep.batch_max_events
+    comm = b.remote_reads + b.remote_writes
+    assert int(comm.max(axis=1).sum()) == rep.batch_max_comm
+
+
+def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
+    rng = np.random.default_rng(5)
+    n, e = 25, 300
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 500, e))
+    parts = [(rng.integers(0, p, n), rng.integers(0, p, e), p, 20 * p) for p in (1, 2, 4)]
+    both = comm_costs(
+        src, dst, t, parts, batch_size=7, k=3, chunk_events=50, per_batch=True, stop=290
+    )
+    for (owner, assign, p, b), rep in zip(parts, both):
+        alone = comm_cost(
+            src, dst, t, owner, assign, batch_size=b, k=3, parts=p, per_batch=True, stop=290
+        )
+        assert (rep.batch_size, rep.num_batches) == (b, alone.num_batches)
+        assert rep.summary() == alone.summary()
+        for name in ("events", "remote_reads", "remote_writes", "served_reads"):
+            np.testing.assert_array_equal(getattr(rep.batches, name), getattr(alone.batches, name))
