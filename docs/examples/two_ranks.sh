@@ -16,7 +16,7 @@ PY=$(dirname "$SVEN")/python
 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m sven train \
   data.path="$OUT/store" dist.partition="$OUT/part" dist.backend=gloo train.device=cpu \
   train.epochs="${EPOCHS:-2}" train.max_batches="${MAX_BATCHES:-0}" \
-  model.memory_dim=32 model.embed_dim=32 out="$OUT/run" quiet=true
+  model.memory_dim=32 model.embed_dim=32 out="$OUT/run"
 
 # 3. Bytes per rank (naive vs redundancy-free) and the partition's balance, as PNGs.
 "$SVEN" plot "$OUT/run"
