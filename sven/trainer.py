@@ -39,7 +39,13 @@ from sven.checkpoint import Checkpointer, find_checkpoint, load_file
 from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, DataError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
-from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
+from sven.models import (
+    MemoryModel,
+    MemoryRows,
+    MemoryState,
+    MemoryUpdate,
+    model_from_config,
+)
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
     EvalNegatives,
@@ -83,25 +89,6 @@ def _atomic_write_text(text: str, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def time_gap_scale(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> float:
-    """Std of the time since a node's previous event, over the given events (JODIE's scale).
-
-    Args:
-        src: (E,) sources. dst: (E,) destinations. t: (E,) sorted times.
-
-    Returns:
-        The standard deviation, or 1.0 where it is zero or undefined.
-    """
-    nodes = np.concatenate([src, dst]).astype(np.int64)
-    times = np.concatenate([t, t]).astype(np.float64)
-    order = np.lexsort((times, nodes))
-    n, ts = nodes[order], times[order]
-    same = n[1:] == n[:-1]
-    gaps = (ts[1:] - ts[:-1])[same]
-    std = float(gaps.std()) if gaps.size else 0.0
-    return std if std > 0 and math.isfinite(std) else 1.0
 
 
 def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
@@ -164,25 +151,14 @@ class Trainer:
         self._load_data()
         self._partition()
         torch.manual_seed(tc.seed)
-        kwargs: dict[str, Any] = dict(
-            memory_dim=mc.memory_dim,
-            time_dim=mc.time_dim,
-            embed_dim=mc.embed_dim,
+        lo, hi = self.ranges["train"]
+        ev = self.events
+        self.model: MemoryModel = model_from_config(
+            mc,
             edge_dim=self.edge_dim,
             node_dim=self.node_dim,
-            message=mc.message,
-        )
-        if mc.cell:
-            kwargs["cell"] = mc.cell
-        if mc.name in ("tgn", "apan"):
-            kwargs.update(num_heads=mc.num_heads, dropout=mc.dropout)
-        if mc.name == "apan":
-            kwargs["mailbox_size"] = mc.mailbox_size
-        if mc.name in ("jodie", "apan"):
-            lo, hi = self.ranges["train"]
-            ev = self.events
-            kwargs["time_scale"] = time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
-        self.model: MemoryModel = build_model(mc.name, **kwargs).to(self.device, self.dtype)
+            train_events=(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi]),
+        ).to(self.device, self.dtype)
         self.memory = MemoryState(
             int(self.owned.numel()),
             mc.memory_dim,
