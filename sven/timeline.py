@@ -48,6 +48,11 @@ STAGES = (
 )
 
 
+# Pending CUDA events are folded into the totals (those already complete, without
+# waiting) every this many laps, so that a long epoch does not hold millions of events.
+_FOLD_EVERY = 4096
+
+
 class Timeline:
     """Per-stage times of one rank's training loop, summed over an epoch.
 
@@ -95,6 +100,8 @@ class Timeline:
         now = self._now()
         if self.cuda:
             self._pending.append((stage, self._mark, now))
+            if len(self._pending) >= _FOLD_EVERY:
+                self._fold(block=False)
         else:
             self._totals[stage] += now - self._mark
         self._mark = now
@@ -106,13 +113,24 @@ class Timeline:
         were waited for already) and reads every event pair once.
         """
         self.pause()
-        if self._pending:
-            self._pending[-1][2].synchronize()
-            for stage, start, end in self._pending:
-                self._totals[stage] += start.elapsed_time(end) / 1000.0
-            self._pending.clear()
+        self._fold(block=True)
         out, self._totals = self._totals, dict.fromkeys(STAGES, 0.0)
         return out
+
+    def _fold(self, block: bool) -> None:
+        """Adds the pending event pairs that completed (all of them with ``block``,
+        which waits for the last) to the totals and drops them."""
+        if not self._pending:
+            return
+        if block:
+            self._pending[-1][2].synchronize()
+        done = 0
+        for stage, start, end in self._pending:
+            if not block and not end.query():
+                break  # events complete in stream order: the rest are later
+            self._totals[stage] += start.elapsed_time(end) / 1000.0
+            done += 1
+        del self._pending[:done]
 
 
 def timeline_line(per_rank: torch.Tensor, epoch_s: torch.Tensor) -> dict[str, Any]:
@@ -121,7 +139,7 @@ def timeline_line(per_rank: torch.Tensor, epoch_s: torch.Tensor) -> dict[str, An
     Args:
         per_rank: (P, len(STAGES)) seconds of each rank in each stage.
         epoch_s: (P,) each rank's training time of the epoch (the wall time of the
-            ``events_per_s`` key), seconds.
+            ``events_per_s`` key; after a resume mid-epoch, this run's part), seconds.
 
     Returns:
         ``stage_<name>_s_per_rank`` (P seconds) for every stage some rank spent time

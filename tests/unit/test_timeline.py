@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -63,3 +65,51 @@ def test_line_has_per_rank_lists_of_the_stages_used() -> None:
         "timeline_stages_s_per_rank": [2.0, 3.5],
         "timeline_epoch_s_per_rank": [4.0, 4.0],
     }
+
+
+class _FakeEvent:
+    """A CUDA event on a fake device clock: recorded at ``now[0]`` ms, complete once
+    ``done[0]`` has reached that time."""
+
+    now: ClassVar[list[float]] = [0.0]
+    done: ClassVar[list[float]] = [0.0]
+    synced: ClassVar[list[float]] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t: float | None = None
+
+    def record(self) -> None:
+        self.t = self.now[0]
+
+    def query(self) -> bool:
+        return self.t <= self.done[0]
+
+    def synchronize(self) -> None:
+        self.synced.append(self.t)
+        self.done[0] = max(self.done[0], self.t)
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        assert self.query() and end.query(), "elapsed_time of an incomplete event"
+        return end.t - self.t
+
+
+def test_cuda_laps_are_events_read_without_waiting_until_the_epoch_ends(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(tlmod, "_FOLD_EVERY", 3)
+    _FakeEvent.now[0], _FakeEvent.done[0] = 0.0, 0.0
+    _FakeEvent.synced.clear()
+    tl = Timeline(torch.device("cuda", 0))
+    tl.begin()
+    for i, stage in enumerate(["sample", "compute", "sample", "compute"]):
+        _FakeEvent.now[0] = 1000.0 * (i + 1)  # ms
+        if i == 2:
+            _FakeEvent.done[0] = 2000.0  # the device has run the first two stages
+        tl.lap(stage)
+    # The third lap folded the two complete stages without a wait; two are pending.
+    assert _FakeEvent.synced == []
+    assert len(tl._pending) == 2
+    got = tl.epoch_totals()
+    assert _FakeEvent.synced == [4000.0]  # one wait, on the last event
+    assert got["sample"] == 2.0 and got["compute"] == 2.0
+    assert tl._pending == []
