@@ -1332,7 +1332,9 @@ def prepare_out(
         return
     if not out.is_dir():
         raise ConfigError(f"out={out} is a file, not a folder")
-    if not any(out.iterdir()):
+    # A multi-rank `sven train` opens <out>/logs/rank<R>.log (native stderr) on every
+    # rank before this check: the launch's own files, not an earlier run's.
+    if not any(p.name != "logs" for p in out.iterdir()):
         return
     run = is_run_folder(out)
     if overwrite:
@@ -1343,7 +1345,16 @@ def prepare_out(
             )
         import shutil
 
-        shutil.rmtree(out)
+        if not (out / "logs").exists():
+            shutil.rmtree(out)
+        # Else all but the ranks' open logs (appended to, never truncated).
+        for p in out.iterdir() if out.exists() else ():
+            if p.name == "logs":
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         log(f"train.overwrite: deleted the earlier run in {out}")
         return
     if resume:
