@@ -64,7 +64,7 @@ class Timeline:
         self.cuda = device.type == "cuda"
         self.device = device
         self._totals = dict.fromkeys(STAGES, 0.0)
-        # CUDA: (stage, start event, end event), resolved once per epoch.
+        # CUDA: (stage, start event, end event) not yet added to the totals.
         self._pending: list[tuple[str, Any, Any]] = []
         self._mark: Any = None  # the last lap's time (float) or event; None: paused
 
