@@ -17,6 +17,7 @@ without a lossy cast. Every byte sent to another rank is counted in :class:`Comm
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -155,6 +156,9 @@ class MemoryExchange:
             ]
         )
         self.counter = CommCounter()
+        #: Called with "id_exchange" when a fetch's ids reached their owners
+        #: (``sven.timeline.Timeline.lap``; the trainer sets it).
+        self.lap: Callable[[str], None] = lambda stage: None
 
     # -------------------------------------------------------------- collectives
     def _exchange(
@@ -191,6 +195,7 @@ class MemoryExchange:
         send_ids = nodes[order]
         send_counts = torch.bincount(own, minlength=self.world_size)
         recv_ids, recv_counts = self._exchange(send_ids, send_counts)
+        self.lap("id_exchange")
         local = self.local[recv_ids]
         rows = self.shard.gather(local)
         cols = [rows.memory, rows.last_update, rows.mail, rows.mail_ts, rows.mail_valid]

@@ -226,6 +226,17 @@ class LogConfig:
     tensorboard: bool = False
     """Also write each epoch's metrics as TensorBoard events under ``<out>/tb`` (rank 0;
     needs ``pip install 'sven[tensorboard]'``)."""
+    profile_start: int = 10
+    """With ``profile=true``: the first profiled training step of the first epoch run
+    (0-based; moved earlier where the epoch is too short to hold the window)."""
+    profile_steps: int = 10
+    """With ``profile=true``: how many training steps the trace records."""
+
+    def __post_init__(self) -> None:
+        if self.profile_start < 0:
+            raise ConfigError(f"log.profile_start must be >= 0, got {self.profile_start}")
+        if self.profile_steps < 1:
+            raise ConfigError(f"log.profile_steps must be >= 1, got {self.profile_steps}")
 
 
 @dataclass(kw_only=True)
@@ -242,6 +253,12 @@ class Config:
     """Output directory (metrics, summary, checkpoints)."""
     quiet: bool = False
     """No progress bar."""
+    profile: bool = False
+    """Write a Chrome trace of a few training steps per rank (``torch.profiler``) to
+    ``<out>/traces/rank<R>.json``: steps ``log.profile_start`` to ``log.profile_start +
+    log.profile_steps - 1`` of the first epoch; open it in ``chrome://tracing`` or
+    https://ui.perfetto.dev. Every run records its per-stage times anyway
+    (``stage_<name>_s_per_rank`` in ``metrics.jsonl``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A plain nested dict (JSON/YAML serialisable)."""
@@ -270,6 +287,9 @@ RESUME_MAY_CHANGE = frozenset(
         "dist.timeout_s",
         "dist.backend",
         "quiet",
+        "profile",
+        "log.profile_start",
+        "log.profile_steps",
         "out",
     }
 )

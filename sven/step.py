@@ -75,6 +75,7 @@ def train_step(
     memory: MemoryState,
     batch: Batch,
     num_predictions: float | torch.Tensor,
+    lap: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
     """One optimisation step on one process: read, forward, backward, step, write back.
 
@@ -85,18 +86,31 @@ def train_step(
         batch: The batch; padded events (``batch.valid``) count for nothing.
         num_predictions: Predictions of the batch's real events, B * (1 + n); a float
             or a 0-d device tensor.
+        lap: Called with the name of each stage as it ends (``row_fetch``,
+            ``compute``, ``optimizer``, ``write_back``; :class:`sven.timeline.Timeline`);
+            None inside a captured graph, which a lap would break.
 
     Returns:
         () the batch's mean loss, detached, on the device (not read back).
     """
+    lap = lap or _no_lap
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    out = model(batch, memory.gather(batch.nodes))
+    rows = memory.gather(batch.nodes)
+    lap("row_fetch")
+    out = model(batch, rows)
     loss = masked_bce(out, batch.valid) / num_predictions
     loss.backward()
+    lap("compute")
     optimizer.step()
+    lap("optimizer")
     memory.commit_dense(out.dense)
+    lap("write_back")
     return loss.detach()
+
+
+def _no_lap(stage: str) -> None:
+    pass
 
 
 @torch.no_grad()

@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from sven.config import load_config
-    from sven.dist import DistError, detect_launcher, native_stderr_to, node_name
+    from sven.distributed.collectives import DistError
+    from sven.distributed.launch import detect_launcher, native_stderr_to
+    from sven.distributed.liveness import node_name
 
     overrides = list(args.overrides)
     if args.quiet:

@@ -39,7 +39,13 @@ from sven.checkpoint import Checkpointer, find_checkpoint, load_file
 from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, DataError, Stopped, SvenError
 from sven.metrics import average_precision, link_metrics, mrr
-from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, build_model
+from sven.models import (
+    MemoryModel,
+    MemoryRows,
+    MemoryState,
+    MemoryUpdate,
+    model_from_config,
+)
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
     EvalNegatives,
@@ -49,6 +55,7 @@ from sven.pipeline.eval_negatives import (
 )
 from sven.pipeline.negatives import sample_negatives
 from sven.tblog import EpochLog
+from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
 # run and every epoch evaluates against the same negatives.
@@ -83,25 +90,6 @@ def _atomic_write_text(text: str, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def time_gap_scale(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> float:
-    """Std of the time since a node's previous event, over the given events (JODIE's scale).
-
-    Args:
-        src: (E,) sources. dst: (E,) destinations. t: (E,) sorted times.
-
-    Returns:
-        The standard deviation, or 1.0 where it is zero or undefined.
-    """
-    nodes = np.concatenate([src, dst]).astype(np.int64)
-    times = np.concatenate([t, t]).astype(np.float64)
-    order = np.lexsort((times, nodes))
-    n, ts = nodes[order], times[order]
-    same = n[1:] == n[:-1]
-    gaps = (ts[1:] - ts[:-1])[same]
-    std = float(gaps.std()) if gaps.size else 0.0
-    return std if std > 0 and math.isfinite(std) else 1.0
 
 
 def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
@@ -164,25 +152,14 @@ class Trainer:
         self._load_data()
         self._partition()
         torch.manual_seed(tc.seed)
-        kwargs: dict[str, Any] = dict(
-            memory_dim=mc.memory_dim,
-            time_dim=mc.time_dim,
-            embed_dim=mc.embed_dim,
+        lo, hi = self.ranges["train"]
+        ev = self.events
+        self.model: MemoryModel = model_from_config(
+            mc,
             edge_dim=self.edge_dim,
             node_dim=self.node_dim,
-            message=mc.message,
-        )
-        if mc.cell:
-            kwargs["cell"] = mc.cell
-        if mc.name in ("tgn", "apan"):
-            kwargs.update(num_heads=mc.num_heads, dropout=mc.dropout)
-        if mc.name == "apan":
-            kwargs["mailbox_size"] = mc.mailbox_size
-        if mc.name in ("jodie", "apan"):
-            lo, hi = self.ranges["train"]
-            ev = self.events
-            kwargs["time_scale"] = time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
-        self.model: MemoryModel = build_model(mc.name, **kwargs).to(self.device, self.dtype)
+            train_events=(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi]),
+        ).to(self.device, self.dtype)
         self.memory = MemoryState(
             int(self.owned.numel()),
             mc.memory_dim,
@@ -236,6 +213,16 @@ class Trainer:
             "before_step": [],
             "after_step": [],
         }
+        # Per-stage times of each epoch (sven.timeline); the exchange laps its id
+        # exchange, and a trace of a few steps where profile=true.
+        self.timeline = Timeline(self.device)
+        if self.exchange is not None:
+            self.exchange.lap = self.timeline.lap
+        self.profiler: StepProfiler | None = None
+        if cfg.profile:
+            trace = self.out / "traces" / f"rank{self.rank}.json"
+            lc = cfg.log
+            self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
         self.single: _SingleProcessStep | None = None
         if self.world_size == 1:
             self.single = _SingleProcessStep(self)
@@ -434,6 +421,7 @@ class Trainer:
             pos = torch.cat([pos, batch.nbr_pos[batch.block.mask]])
         occ = torch.bincount(pos, minlength=batch.nodes.numel())
         rows = self.exchange.fetch(batch.nodes, occ)
+        self.timeline.lap("row_fetch")
         if rows.node_feat is not None:
             batch.node_feat = rows.node_feat
         return rows
@@ -533,10 +521,14 @@ class Trainer:
             loss.backward()
             loss_sum = loss.detach().to(torch.float64)
             update = out.update
+        self.timeline.lap("compute")
         if self.world_size > 1:
             loss_sum = self._allreduce_grads(loss_sum)
+            self.timeline.lap("grad_allreduce")
         self.optimizer.step()
+        self.timeline.lap("optimizer")
         self._commit(update, batch)
+        self.timeline.lap("write_back")
         return float(loss_sum)
 
     def _allreduce_grads(self, loss: torch.Tensor) -> torch.Tensor:
@@ -987,21 +979,31 @@ class Trainer:
                 leave=False,
                 dynamic_ncols=True,
             )
+            tl, prof = self.timeline, self.profiler
+            if prof is not None:
+                prof.fit(start_batch, last)
             ep_t0, paused = time.perf_counter(), 0.0
+            tl.begin()
             for i in range(start_batch, last):
                 self._where = f"epoch {epoch} batch {i}"
                 self.ctx.set_step(progress["global_step"])
                 g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
                 for fn in self._hooks["before_step"]:
                     fn(self)
+                tl.lap("wait")
+                if prof is not None:
+                    prof.before(i)
                 if self.single is not None:
                     # Nothing is read back: the loss accumulates on the device.
                     self.single.train_batch(epoch, g_lo, g_hi)
                 else:
                     batch = self._batch(self._event_index(g_lo, g_hi), g_lo, epoch, tc.num_neg)
+                    tl.lap("sample")
                     loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
                     progress["epoch_loss"] += loss
                     bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                if prof is not None:
+                    prof.after(i)
                 for fn in self._hooks["after_step"]:
                     fn(self)
                 progress["epoch_batches"] += 1
@@ -1014,6 +1016,7 @@ class Trainer:
                     tc.checkpoint_every and (i + 1) % tc.checkpoint_every == 0 and i + 1 < last
                 )
                 if at_ckpt or stop:
+                    tl.pause()  # the checkpoint is no stage of the epoch's training
                     t_save = time.perf_counter()
                     self._flush_step(progress)
                     if at_ckpt:
@@ -1024,19 +1027,24 @@ class Trainer:
                         )
                         saved = True
                     paused += time.perf_counter() - t_save
+                    tl.begin()
                 if stop:
                     bar.close()
                     raise self._stop(stop, epoch, i + 1, last, progress, saved)
             self._flush_step(progress)
+            tl.lap("wait")
             # Wall time of the epoch's training, device work included (the steps run
             # asynchronously; _flush_step waited for them), checkpoints excluded.
             dt = time.perf_counter() - ep_t0 - paused
+            if prof is not None:
+                prof.close()
             progress["epoch_time"] += dt
             progress["train_time"] += dt
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
             comm = self._comm_line()
+            stages = self._timeline_line(dt)
             self._where = f"epoch {epoch} validation"
             val = self.split_metrics("val", self.evaluate("val"))
             line = {
@@ -1047,6 +1055,7 @@ class Trainer:
                 "events_per_s": epoch_events / max(progress["epoch_time"], 1e-9),
                 **{k: v for k, v in val.items() if k not in ("val_ap", "val_auc")},
                 **comm,
+                **stages,
             }
             line = _finite_or_none(line)
             progress["history"].append(line)
@@ -1206,6 +1215,22 @@ class Trainer:
         if self.exchange is None:
             return {}
         return dataclasses.asdict(self.exchange.counter)
+
+    def _timeline_line(self, epoch_s: float) -> dict[str, Any]:
+        """This epoch's per-stage times of every rank (:mod:`sven.timeline`).
+
+        The timeline's events are read once here; the totals travel as one host
+        tensor (the group carries gloo for host tensors under NCCL too).
+        """
+        totals = self.timeline.epoch_totals()
+        mine = torch.tensor([*(totals[s] for s in STAGES), epoch_s], dtype=torch.float64)
+        if self.world_size > 1:
+            allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(allr, mine)
+            per = torch.stack(allr)
+        else:
+            per = mine[None]
+        return timeline_line(per[:, :-1], per[:, -1])
 
     def _comm_line(self) -> dict[str, Any]:
         """Per-rank bytes of this epoch's training, gathered on every rank."""
@@ -1525,7 +1550,13 @@ class _SingleProcessStep:
         tr = self.tr
         with torch_determinism_off(self.fixed):
             batch = self._batch(tr.cfg.train.num_neg)
-            loss = train_step(self.model, tr.optimizer, tr.memory, batch, self.inp["npred"])
+            # Eager (CPU): a lap per stage; a captured graph is timed as one "step".
+            lap = None if self.fixed else tr.timeline.lap
+            if lap is not None:
+                lap("sample")
+            loss = train_step(
+                self.model, tr.optimizer, tr.memory, batch, self.inp["npred"], lap=lap
+            )
             self.loss_sum += loss
 
     def _eval(self) -> None:
@@ -1547,6 +1578,8 @@ class _SingleProcessStep:
         npred = (hi - lo) * (1 + self.tr.cfg.train.num_neg)
         self._set(start=lo, stop=hi, stream=epoch, npred=float(npred))
         self.train_graph()
+        if self.fixed:
+            self.tr.timeline.lap("step")
 
     def take_loss(self) -> float:
         """The summed mean losses of the steps since the last call (waits for them)."""

@@ -19,6 +19,7 @@ are mostly long-silent nodes, that made test AP (0.54-0.57) fall far under val A
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,6 +28,9 @@ from sven import kernels
 from sven.models.base import MemoryModel, ModelOutput, endpoint_keys, keyed_dropout
 from sven.models.memory import MemoryRows, TimeEncoding
 from sven.pipeline.batch import Batch
+
+if TYPE_CHECKING:
+    from sven.config import ModelConfig
 
 
 class APAN(MemoryModel):
@@ -45,6 +49,18 @@ class APAN(MemoryModel):
     sample_roots = "positive"
     read_neighbors = False
     deliver_to_neighbors = True
+
+    @classmethod
+    def config_kwargs(cls, model_cfg: ModelConfig, **facts: Any) -> dict[str, Any]:
+        """The base class's keyword arguments, heads, dropout, mailbox size, time scale."""
+        kwargs = super().config_kwargs(model_cfg, **facts)
+        kwargs.update(
+            num_heads=model_cfg.num_heads,
+            dropout=model_cfg.dropout,
+            mailbox_size=model_cfg.mailbox_size,
+            time_scale=cls._time_scale(facts.get("train_events")),
+        )
+        return kwargs
 
     def __init__(
         self,

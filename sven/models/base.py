@@ -14,8 +14,11 @@ Models never call collectives and never keep state between calls.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,6 +26,12 @@ from sven.kernels.reference import take_rows
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
 from sven.pipeline.batch import Batch
 from sven.pipeline.negatives import uniform_from_keys
+
+if TYPE_CHECKING:
+    from sven.config import ModelConfig
+
+#: The training events a model may derive a hyperparameter from: (src, dst, t), each (E,).
+TrainEvents = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def keyed_dropout(
@@ -105,6 +114,25 @@ class LinkDecoder(nn.Module):
         return self.lin_out(torch.relu(self.lin_src(h_src) + self.lin_dst(h_dst))).squeeze(-1)
 
 
+def time_gap_scale(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> float:
+    """Std of the time since a node's previous event, over the given events (JODIE's scale).
+
+    Args:
+        src: (E,) sources. dst: (E,) destinations. t: (E,) sorted times.
+
+    Returns:
+        The standard deviation, or 1.0 where it is zero or undefined.
+    """
+    nodes = np.concatenate([src, dst]).astype(np.int64)
+    times = np.concatenate([t, t]).astype(np.float64)
+    order = np.lexsort((times, nodes))
+    n, ts = nodes[order], times[order]
+    same = n[1:] == n[:-1]
+    gaps = (ts[1:] - ts[:-1])[same]
+    std = float(gaps.std()) if gaps.size else 0.0
+    return std if std > 0 and math.isfinite(std) else 1.0
+
+
 class MemoryModel(nn.Module):
     """Base class: memory updater, decoder and write-back; subclasses define ``embed``.
 
@@ -127,6 +155,68 @@ class MemoryModel(nn.Module):
     mailbox_size: int = 1
     #: Whether mail also goes to the sampled neighbours of the events' endpoints.
     deliver_to_neighbors: bool = False
+
+    @classmethod
+    def from_config(
+        cls,
+        model_cfg: ModelConfig,
+        *,
+        edge_dim: int = 0,
+        node_dim: int = 0,
+        train_events: TrainEvents | None = None,
+    ) -> MemoryModel:
+        """The model that ``model_cfg`` describes, for data with these facts.
+
+        Each model reads the config fields it uses (:meth:`config_kwargs`); the data
+        facts are what the config cannot know.
+
+        Args:
+            model_cfg: The ``model`` section of the config.
+            edge_dim: d_e of the event features (0 without).
+            node_dim: d_n of the node features (0 without).
+            train_events: (src, dst, t) of the training events, each (E,), for models
+                that scale time by the data's time gaps (JODIE, APAN); None: scale 1.
+
+        Returns:
+            The model, on the CPU in the default dtype (parameters drawn from torch's
+            global generator, as the constructor draws them).
+        """
+        return cls(
+            **cls.config_kwargs(
+                model_cfg, edge_dim=edge_dim, node_dim=node_dim, train_events=train_events
+            )
+        )
+
+    @classmethod
+    def config_kwargs(
+        cls,
+        model_cfg: ModelConfig,
+        *,
+        edge_dim: int = 0,
+        node_dim: int = 0,
+        train_events: TrainEvents | None = None,
+    ) -> dict[str, Any]:
+        """The constructor's keyword arguments from the config and the data facts.
+
+        The shared ones here; a subclass adds the fields of its own (see
+        :meth:`from_config` for the arguments).
+        """
+        kwargs: dict[str, Any] = dict(
+            memory_dim=model_cfg.memory_dim,
+            time_dim=model_cfg.time_dim,
+            embed_dim=model_cfg.embed_dim,
+            edge_dim=edge_dim,
+            node_dim=node_dim,
+            message=model_cfg.message,
+        )
+        if model_cfg.cell:
+            kwargs["cell"] = model_cfg.cell
+        return kwargs
+
+    @staticmethod
+    def _time_scale(train_events: TrainEvents | None) -> float:
+        """:func:`time_gap_scale` of the training events (1.0 without them)."""
+        return 1.0 if train_events is None else time_gap_scale(*train_events)
 
     def __init__(
         self,

@@ -7,11 +7,16 @@ the node's memory was last updated (scaled by the training data's time-gap std).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import nn
 
 from sven.models.base import MemoryModel, take_rows
 from sven.pipeline.batch import Batch
+
+if TYPE_CHECKING:
+    from sven.config import ModelConfig
 
 
 class JODIE(MemoryModel):
@@ -22,6 +27,13 @@ class JODIE(MemoryModel):
             O(1) inputs whatever the time unit.
         **kwargs: See :class:`~sven.models.base.MemoryModel`.
     """
+
+    @classmethod
+    def config_kwargs(cls, model_cfg: ModelConfig, **facts: Any) -> dict[str, Any]:
+        """The base class's keyword arguments and the time scale of the training events."""
+        kwargs = super().config_kwargs(model_cfg, **facts)
+        kwargs["time_scale"] = cls._time_scale(facts.get("train_events"))
+        return kwargs
 
     def __init__(self, *, time_scale: float = 1.0, **kwargs) -> None:
         kwargs.setdefault("cell", "rnn")

@@ -7,10 +7,15 @@ attention over the K most recent neighbours as the embedding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from sven.models.base import MemoryModel, TemporalAttentionLayer
 from sven.pipeline.batch import Batch
+
+if TYPE_CHECKING:
+    from sven.config import ModelConfig
 
 
 class TGN(MemoryModel):
@@ -24,6 +29,13 @@ class TGN(MemoryModel):
 
     sample_roots = "all"
     read_neighbors = True
+
+    @classmethod
+    def config_kwargs(cls, model_cfg: ModelConfig, **facts: Any) -> dict[str, Any]:
+        """The base class's keyword arguments, and the attention's heads and dropout."""
+        kwargs = super().config_kwargs(model_cfg, **facts)
+        kwargs.update(num_heads=model_cfg.num_heads, dropout=model_cfg.dropout)
+        return kwargs
 
     def __init__(self, *, num_heads: int = 2, dropout: float = 0.1, **kwargs) -> None:
         kwargs.setdefault("cell", "gru")

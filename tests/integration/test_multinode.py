@@ -233,7 +233,8 @@ def test_torchrun_two_agents_match_one_node(tiny_store, reference, tmp_path) -> 
         cmd = [str(VENV_BIN / "torchrun"), "--nnodes", "2", "--node-rank", str(node)]
         cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
         cmd += ["--rdzv-id", f"sven-{os.getpid()}", "-m", "sven.cli", "train"]
-        cmd += tiny_overrides(tiny_store, f"out={tmp_path / 'run'}")
+        # quiet=false: quiet=true writes nothing but errors, and the launch line is checked.
+        cmd += [*tiny_overrides(tiny_store, f"out={tmp_path / 'run'}"), "quiet=false"]
         logs.append(tmp_path / f"agent{node}.log")
         with open(logs[-1], "w") as f:
             procs.append(subprocess.Popen(cmd, env=sven_env(), stdout=f, stderr=subprocess.STDOUT))
@@ -269,8 +270,10 @@ def test_mpirun_two_host_hostfile_matches_one_node(tiny_store, reference, tmp_pa
     ssh.chmod(0o755)
     cmd = ["mpirun", "--allow-run-as-root", "--hostfile", str(hostfile), "-n", "2"]
     cmd += ["--mca", "plm_rsh_agent", str(ssh), "-x", "PATH", "-x", "OMP_NUM_THREADS"]
-    cmd += [str(VENV_BIN / "sven"), "train", *tiny_overrides(tiny_store, f"out={tmp_path}")]
+    # Its own out (tmp_path holds the hostfile), and the launch line printed.
+    out = f"out={tmp_path / 'run'}"
+    cmd += [str(VENV_BIN / "sven"), "train", *tiny_overrides(tiny_store, out), "quiet=false"]
     done = run_checked(cmd)
     assert done.stderr.count("launcher=mpi backend=gloo world_size=2 device=cpu") == 1, done.stderr
     assert "(rank 0's address, probed)" in done.stderr, done.stderr
-    assert metrics(tmp_path) == reference.metrics
+    assert metrics(tmp_path / "run") == reference.metrics

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from sven import kernels
-from sven.models import MODELS, MemoryState, build_model
+from sven.config import ModelConfig
+from sven.models import MODELS, MemoryState, build_model, model_from_config, time_gap_scale
 from sven.pipeline.batch import last_occurrence, make_batch
 from sven.pipeline.sampler import TCSR, TemporalSampler
 
@@ -206,3 +208,49 @@ def test_attention_masked_rows_are_zero() -> None:
     assert torch.equal(out[1], torch.zeros(8))
     # One valid neighbour: attention is all on it.
     assert torch.allclose(out[2], k[2, 0].reshape(-1))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("cell", ["", "rnn"])
+def test_from_config_builds_what_the_constructor_builds(name: str, cell: str) -> None:
+    # The arguments the trainer passed before Model.from_config existed, written out.
+    mc = ModelConfig(
+        name=name, memory_dim=6, time_dim=4, embed_dim=9, num_heads=3, dropout=0.2,
+        cell=cell, message="mlp", mailbox_size=4,
+    )  # fmt: skip
+    src, dst, t = SRC.numpy(), DST.numpy(), T.numpy()
+    kw = dict(memory_dim=6, time_dim=4, embed_dim=9, edge_dim=2, node_dim=3, message="mlp")
+    if cell:
+        kw["cell"] = cell
+    if name in ("tgn", "apan"):
+        kw.update(num_heads=3, dropout=0.2)
+    if name == "apan":
+        kw["mailbox_size"] = 4
+    if name in ("jodie", "apan"):
+        kw["time_scale"] = time_gap_scale(src, dst, t)
+    torch.manual_seed(7)
+    want = build_model(name, **kw)
+    torch.manual_seed(7)
+    got = MODELS[name].from_config(mc, edge_dim=2, node_dim=3, train_events=(src, dst, t))
+    torch.manual_seed(7)
+    by_name = model_from_config(mc, edge_dim=2, node_dim=3, train_events=(src, dst, t))
+    for model in (got, by_name):
+        assert type(model) is type(want)
+        assert model.mailbox_size == want.mailbox_size
+        assert getattr(model, "time_scale", None) == getattr(want, "time_scale", None)
+        a, b = want.state_dict(), model.state_dict()
+        assert list(a) == list(b)
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    if name in ("jodie", "apan"):
+        # The scale comes from the events' gaps, which are not all equal here.
+        assert got.time_scale != 1.0
+
+
+def test_time_gap_scale_by_hand() -> None:
+    # Node 0 at t = 0, 2, 6; node 1 at 0, 2 (dst of the first two events); node 2 at 6:
+    # gaps 2, 4 (node 0) and 2 (node 1): std of (2, 4, 2) = sqrt(8/9).
+    src, dst, t = np.array([0, 0, 0]), np.array([1, 1, 2]), np.array([0.0, 2.0, 6.0])
+    assert time_gap_scale(src, dst, t) == pytest.approx((8 / 9) ** 0.5)
+    # No node seen twice: no gap, the scale is 1.
+    assert time_gap_scale(np.array([0]), np.array([1]), np.array([3.0])) == 1.0

@@ -69,3 +69,20 @@ def test_prepare_out(tmp_path) -> None:
     prepare_out(run, resume=False, overwrite=False, log=said.append)
     with pytest.raises(ConfigError, match="is a file"):
         prepare_out(mine / "x", resume=False, overwrite=False, log=said.append)
+
+
+def test_prepare_out_ignores_the_launchs_own_logs(tmp_path) -> None:
+    # Every rank of `sven train` opens <out>/logs/rank<R>.log before rank 0 checks out.
+    fresh = tmp_path / "fresh"
+    (fresh / "logs").mkdir(parents=True)
+    (fresh / "logs" / "rank1.log").write_text("== header\n")
+    prepare_out(fresh, resume=False, overwrite=False)
+    prepare_out(fresh, resume=True, overwrite=False)
+    # Overwriting a run keeps the logs the ranks have open, and deletes the rest.
+    run = tmp_path / "run"
+    _run_folder(run)
+    (run / "logs").mkdir()
+    (run / "logs" / "rank0.log").write_text("== header\n")
+    prepare_out(run, resume=False, overwrite=True, log=lambda msg: None)
+    assert [p.name for p in run.iterdir()] == ["logs"]
+    assert (run / "logs" / "rank0.log").read_text() == "== header\n"
