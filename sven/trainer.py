@@ -178,7 +178,9 @@ class Trainer:
             kwargs.update(num_heads=mc.num_heads, dropout=mc.dropout)
         if mc.name == "apan":
             kwargs["mailbox_size"] = mc.mailbox_size
-        if mc.name in ("jodie", "apan"):
+        if mc.name == "dyrep":
+            kwargs["time_projection"] = mc.time_projection
+        if mc.name in ("jodie", "apan") or mc.time_projection:
             lo, hi = self.ranges["train"]
             ev = self.events
             kwargs["time_scale"] = time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
