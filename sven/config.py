@@ -64,6 +64,10 @@ class ModelConfig:
     """Message function: identity or mlp."""
     mailbox_size: int = 10
     """Mails per node for APAN (the others use 1)."""
+    time_projection: bool = False
+    """DyRep: embed as the memory projected by the time since its last update,
+    m (1 + w dt), as JODIE and APAN always do (not in the DyRep paper; see
+    docs/accuracy.md). Not available for TGN."""
 
     def __post_init__(self) -> None:
         self.name = self.name.lower()
@@ -80,6 +84,8 @@ class ModelConfig:
             raise ConfigError(f"model.cell must be gru or rnn, got {self.cell!r}")
         if self.message not in ("identity", "mlp"):
             raise ConfigError(f"model.message must be identity or mlp, got {self.message!r}")
+        if self.time_projection and self.name == "tgn":
+            raise ConfigError("model.time_projection: not available for tgn")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
 

@@ -25,7 +25,13 @@ import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.base import MemoryModel, ModelOutput, endpoint_keys, keyed_dropout
+from sven.models.base import (
+    MemoryModel,
+    ModelOutput,
+    TimeProjection,
+    endpoint_keys,
+    keyed_dropout,
+)
 from sven.models.memory import MemoryRows, TimeEncoding
 from sven.pipeline.batch import Batch
 
@@ -75,8 +81,6 @@ class APAN(MemoryModel):
         d = self.memory_dim
         if d % num_heads:
             raise ValueError(f"memory dim {d} not divisible by {num_heads} heads")
-        if time_scale <= 0:
-            raise ValueError(f"time_scale must be positive, got {time_scale}")
         self.mailbox_size = mailbox_size
         self.num_heads = num_heads
         # The mailbox attention replaces the recurrent cell of the base class.
@@ -87,10 +91,7 @@ class APAN(MemoryModel):
         self.norm = nn.LayerNorm(d)
         self.mlp = nn.Linear(d, d)
         self.dropout = nn.Dropout(dropout)
-        self.time_scale = float(time_scale)
-        self.time_proj = nn.Linear(1, d)
-        nn.init.normal_(self.time_proj.weight, 0.0, 1.0 / d**0.5)
-        nn.init.zeros_(self.time_proj.bias)
+        self.time_proj = TimeProjection(d, time_scale)
         self.out = nn.Identity() if self.embed_dim == d else nn.Linear(d, self.embed_dim)
 
     def forward(self, batch: Batch, rows: MemoryRows) -> ModelOutput:
@@ -152,8 +153,7 @@ class APAN(MemoryModel):
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
         """Memory projected by the time since the newest mail, h = m (1 + w dt); (R, embed_dim)."""
         z = self.out(self.node_state(batch, memory)[batch.root_pos])
-        dt = (batch.root_t - last_update[batch.root_pos]) / self.time_scale
-        return z * (1 + self.time_proj(dt.to(z.dtype)[:, None]))
+        return self.time_proj.project(z, batch.root_t - last_update[batch.root_pos])
 
     def mail_receivers(
         self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor

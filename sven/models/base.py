@@ -350,6 +350,32 @@ class MemoryModel(nn.Module):
         return ModelOutput(pos=pos, neg=neg, dense=self.write_back(batch, memory, last_update))
 
 
+class TimeProjection(nn.Linear):
+    """JODIE's time projection of an embedding: h = z (1 + W dt / scale + b).
+
+    A ``Linear(1, d)`` (its parameters keep the names ``weight`` and ``bias``), with
+    W ~ N(0, 1/d) and b = 0 so that it starts near the identity.
+
+    Args:
+        dim: Width d of the projected embeddings.
+        time_scale: Divides dt first, so that the layer sees O(1) inputs whatever the
+            time unit (the trainer passes the training data's time-gap std).
+    """
+
+    def __init__(self, dim: int, time_scale: float = 1.0) -> None:
+        super().__init__(1, dim)
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
+        self.time_scale = float(time_scale)
+        nn.init.normal_(self.weight, 0.0, 1.0 / dim**0.5)
+        nn.init.zeros_(self.bias)
+
+    def project(self, z: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        """Projects (R, d) embeddings by (R,) time differences (any float dtype)."""
+        x = (dt / self.time_scale).to(z.dtype)[:, None]
+        return z * (1 + self(x))
+
+
 class TemporalAttentionLayer(nn.Module):
     """One layer of temporal graph attention over sampled neighbours (TGAT/TGN).
 

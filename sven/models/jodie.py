@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from sven.models.base import MemoryModel, take_rows
+from sven.models.base import MemoryModel, TimeProjection, take_rows
 from sven.pipeline.batch import Batch
 
 if TYPE_CHECKING:
@@ -38,12 +38,7 @@ class JODIE(MemoryModel):
     def __init__(self, *, time_scale: float = 1.0, **kwargs) -> None:
         kwargs.setdefault("cell", "rnn")
         super().__init__(**kwargs)
-        if time_scale <= 0:
-            raise ValueError(f"time_scale must be positive, got {time_scale}")
-        self.time_scale = float(time_scale)
-        self.time_proj = nn.Linear(1, self.memory_dim)
-        nn.init.normal_(self.time_proj.weight, 0.0, 1.0 / self.memory_dim**0.5)
-        nn.init.zeros_(self.time_proj.bias)
+        self.time_proj = TimeProjection(self.memory_dim, time_scale)
         self.out = (
             nn.Identity()
             if self.embed_dim == self.memory_dim
@@ -53,5 +48,4 @@ class JODIE(MemoryModel):
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:
         """Time-projected memory of every root; (R, embed_dim)."""
         z = take_rows(self.node_state(batch, memory), batch.root_pos)
-        dt = (batch.root_t - last_update[batch.root_pos]) / self.time_scale
-        return self.out(z * (1 + self.time_proj(dt.to(z.dtype)[:, None])))
+        return self.out(self.time_proj.project(z, batch.root_t - last_update[batch.root_pos]))

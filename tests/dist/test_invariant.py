@@ -28,7 +28,10 @@ METRICS = ("val_ap", "val_auc", "test_ap", "test_auc", "test_ap_inductive", "tes
 
 
 def _overrides(store: str, out: str, model: str, strategy: str) -> list[str]:
+    # DyRep as its preset runs it (time-projected embedding).
+    extra = ["model.time_projection=true"] if model == "dyrep" else []
     return [
+        *extra,
         f"data.path={store}",
         f"out={out}",
         f"model.name={model}",

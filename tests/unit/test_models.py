@@ -182,6 +182,63 @@ def test_apan_tells_a_silent_node_from_an_active_one() -> None:
     assert not torch.allclose(later, same)
 
 
+def _dyrep_scores_at(t: float, last_update: torch.Tensor, projection: bool) -> torch.Tensor:
+    """DyRep's logits of event 5 (3 -> 0) against negative 4 at time ``t``; every node
+    holds the same memory and no mail; only the last-update times (N,) differ."""
+    torch.manual_seed(3)
+    model = build_model(
+        "dyrep", memory_dim=4, time_dim=3, embed_dim=4, time_projection=projection
+    ).double()
+    mem = MemoryState(N, 4, model.mail_dim, 1, dtype=torch.float64)
+    mem.memory[:] = torch.randn(4, dtype=torch.float64)
+    mem.last_update[:] = last_update
+    batch = _batch(model, 5, 6, torch.tensor([[4]]))
+    batch.t = torch.full_like(batch.t, t)
+    batch.root_t = torch.full_like(batch.root_t, t)
+    out = model(batch, mem.gather(batch.nodes))
+    return torch.cat([out.pos, out.neg[:, 0]])
+
+
+def test_dyrep_time_projection_tells_a_silent_node_from_an_active_one() -> None:
+    """DyRep's embedding is its memory: blind to how long a node has been silent (the
+    CollegeMsg val/test gap). With ``time_projection`` it is m (1 + w dt)."""
+    recent = torch.full((N,), 9.0, dtype=torch.float64)
+    stale = recent.clone()
+    stale[4] = 1.0  # the negative has been silent since t=1
+    # Without the projection a stale negative scores like the positive, at any time.
+    plain = _dyrep_scores_at(10.0, stale, projection=False)
+    assert torch.equal(plain[0], plain[1])
+    assert torch.equal(_dyrep_scores_at(50.0, stale, projection=False), plain)
+    same = _dyrep_scores_at(10.0, recent, projection=True)
+    assert torch.equal(same[0], same[1])
+    differ = _dyrep_scores_at(10.0, stale, projection=True)
+    assert torch.equal(differ[0], same[0])  # the positive pair is untouched
+    assert not torch.allclose(differ[1], same[1])
+    assert not torch.allclose(_dyrep_scores_at(50.0, recent, projection=True), same)
+
+
+def test_time_projection_is_h_times_one_plus_w_dt() -> None:
+    from sven.models.base import TimeProjection
+
+    proj = TimeProjection(3, time_scale=2.0).double()
+    with torch.no_grad():
+        proj.weight.copy_(torch.tensor([[1.0], [0.0], [-0.5]]))
+        proj.bias.copy_(torch.tensor([0.0, 1.0, 0.0]))
+    z = torch.tensor([[1.0, 2.0, 4.0]], dtype=torch.float64)
+    out = proj.project(z, torch.tensor([4.0], dtype=torch.float64))  # dt / scale = 2
+    assert out.tolist() == [[3.0, 4.0, 0.0]]
+    with pytest.raises(ValueError, match="time_scale"):
+        TimeProjection(3, time_scale=0.0)
+
+
+def test_time_projection_config() -> None:
+    from sven.config import ConfigError, ModelConfig
+
+    assert ModelConfig(name="dyrep", time_projection=True).time_projection
+    with pytest.raises(ConfigError, match="time_projection"):
+        ModelConfig(name="tgn", time_projection=True)
+
+
 def test_last_occurrence() -> None:
     nodes = torch.tensor([5, 3, 5, 1, 3, 5])
     key = torch.tensor([0, 1, 9, 3, 2, 4])
@@ -237,14 +294,20 @@ def test_from_config_builds_what_the_constructor_builds(name: str, cell: str) ->
     for model in (got, by_name):
         assert type(model) is type(want)
         assert model.mailbox_size == want.mailbox_size
-        assert getattr(model, "time_scale", None) == getattr(want, "time_scale", None)
+        assert _time_scale(model) == _time_scale(want)
         a, b = want.state_dict(), model.state_dict()
         assert list(a) == list(b)
         for key in a:
             assert torch.equal(a[key], b[key]), key
     if name in ("jodie", "apan"):
         # The scale comes from the events' gaps, which are not all equal here.
-        assert got.time_scale != 1.0
+        assert _time_scale(got) != 1.0
+
+
+def _time_scale(model) -> float | None:
+    """The time scale of a model's time projection (JODIE, APAN, DyRep's option)."""
+    proj = getattr(model, "time_proj", None)
+    return None if proj is None else proj.time_scale
 
 
 def test_time_gap_scale_by_hand() -> None:
