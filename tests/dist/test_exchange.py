@@ -25,7 +25,7 @@ def _exchange(rank: int, world_size: int):
     # Every row holds its global id, so that a fetched row says where it came from.
     shard.memory[:] = owned[:, None].to(torch.float64) + torch.arange(D) / 10
     feat = owned[:, None].to(torch.float64) * torch.ones(1, 2)
-    return MemoryExchange(owner, rank, world_size, shard, node_feat=feat), owned
+    return MemoryExchange(owner, rank, world_size, shard, node_feat=feat)
 
 
 def _update(nodes: torch.Tensor, base: int):
@@ -46,7 +46,7 @@ def _update(nodes: torch.Tensor, base: int):
 
 
 def _split_main(rank: int, world_size: int) -> dict:
-    ex, owned = _exchange(rank, world_size)
+    ex = _exchange(rank, world_size)
     side = dist.new_group(list(range(world_size)))
     nodes = torch.tensor([0, 3, 5, 7, 10, 11]) if rank == 0 else torch.tensor([1, 2, 3, 8, 11])
     occ = torch.arange(nodes.numel()) + 1
