@@ -165,6 +165,10 @@ class MemoryExchange:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """all_to_all of rows grouped by destination; returns received rows and counts."""
         group = self.group if group is None else group
+        if send.is_cuda and dist.get_backend(group) == "gloo":
+            # A host-side group (the prefetch thread's id plans beside NCCL).
+            recv, counts = self._exchange(send.cpu(), send_counts.cpu(), group)
+            return recv.to(send.device), counts.to(send.device)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=group)
         sc, rc = send_counts.tolist(), recv_counts.tolist()

@@ -245,9 +245,13 @@ class Trainer:
 
             # The prefetch thread's id exchanges get a group of their own: collectives of
             # two threads must never interleave on one group. Made here, in the same order
-            # on every rank.
+            # on every rank. gloo even beside NCCL: the ids are small, their counts go to
+            # the host anyway, and two NCCL communicators driven from two threads can
+            # deadlock on the device.
             plan_group = dist.new_group(
-                list(range(self.world_size)), timeout=timedelta(seconds=cfg.dist.timeout_s)
+                list(range(self.world_size)),
+                timeout=timedelta(seconds=cfg.dist.timeout_s),
+                backend="gloo",
             )
             self.rank_step = RankStep(self, plan_group)
         self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
