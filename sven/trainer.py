@@ -1333,7 +1333,9 @@ def prepare_out(
         return
     if not out.is_dir():
         raise ConfigError(f"out={out} is a file, not a folder")
-    if not any(out.iterdir()):
+    # logs/ alone: the per-rank native-stderr logs that `sven train` opens on several
+    # ranks before the trainer claims out (sven.train_cli); they belong to this run.
+    if not any(p.name != "logs" for p in out.iterdir()):
         return
     run = is_run_folder(out)
     if overwrite:
