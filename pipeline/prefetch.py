@@ -76,6 +76,7 @@ class Prefetcher(Generic[D, T]):
         self._cond = threading.Condition()
         self._taken = 0
         self._closing = False
+        self._abort = False
         #: Most items held at once (prepared and not yet taken), for tests and logs.
         self.high_water = 0
         self._thread: threading.Thread | None = None
@@ -93,7 +94,7 @@ class Prefetcher(Generic[D, T]):
                     # the items that were allowed before it.
                     while k >= self._taken + self.depth and not self._closing:
                         self._cond.wait()
-                    if k >= self._taken + self.depth:
+                    if k >= self._taken + self.depth or self._abort:
                         return
                 try:
                     desc = next(self._source)
@@ -143,11 +144,19 @@ class Prefetcher(Generic[D, T]):
         """Items the consumer has taken."""
         return self._taken
 
-    def close(self) -> None:
-        """Stops the thread after the items it may start (see the module docstring), and
-        drops every prepared item. Idempotent; safe after an exception."""
+    def close(self, finish: bool = True) -> None:
+        """Stops the thread and drops every prepared item. Idempotent; safe after an
+        exception.
+
+        Args:
+            finish: Let the thread finish the items it may start (see the module
+                docstring), so that their collectives match the other ranks'. False
+                (a peer is gone): start no further item; one already running ends when
+                its collectives do (at their timeout at worst).
+        """
         with self._cond:
             self._closing = True
+            self._abort = self._abort or not finish
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(self._join_timeout_s)

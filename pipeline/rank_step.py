@@ -200,11 +200,11 @@ class RankStep:
             join_timeout_s=self.tr.cfg.dist.timeout_s + 10.0,
         )
 
-    def close(self) -> None:
+    def close(self, finish: bool = True) -> None:
         """Stops the prefetch thread (see :meth:`Prefetcher.close`); idempotent."""
         if self._prefetch is not None:
             pf, self._prefetch = self._prefetch, None
-            pf.close()
+            pf.close(finish)
 
     @property
     def prefetcher(self) -> Prefetcher | None:

@@ -815,6 +815,7 @@ class Trainer:
             DistError: A rank died or hung; the message names it (exit code 4).
         """
         restore = self._catch_stop_signals()
+        peer_lost = False
         try:
             return self._fit()
         except RuntimeError as exc:
@@ -822,6 +823,7 @@ class Trainer:
                 raise
             from sven.dist import DistError
 
+            peer_lost = True
             # A peer died or hung inside a collective; gloo/NCCL then raise a bare
             # RuntimeError that does not say which. The heartbeats do (sven.dist).
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -848,12 +850,15 @@ class Trainer:
             try:
                 if self.rank_step is not None:
                     # Before the teardown: the prefetch thread may use the plan group.
-                    self.rank_step.close()
-                self.ctx.teardown()
+                    # Its last id exchanges match the peers' unless a peer is gone.
+                    self.rank_step.close(finish=not peer_lost)
             finally:
-                # After the teardown: a SIGTERM that srun sends once another rank has
-                # exited must not kill this one halfway through.
-                restore()
+                try:
+                    self.ctx.teardown()
+                finally:
+                    # After the teardown: a SIGTERM that srun sends once another rank
+                    # has exited must not kill this one halfway through.
+                    restore()
 
     def _catch_stop_signals(self) -> Callable[[], None]:
         """Makes SIGTERM/SIGUSR1 set a flag; returns what puts the old handlers back.

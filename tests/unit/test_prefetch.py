@@ -91,3 +91,19 @@ def test_an_exception_in_a_stage_is_raised_at_its_item(depth: int) -> None:
 def test_negative_depth_is_refused() -> None:
     with pytest.raises(ValueError, match="depth"):
         Prefetcher(range(3), lambda i: i, -1)
+
+
+def test_close_without_finishing_starts_no_further_item() -> None:
+    gate, started = threading.Event(), []
+
+    def stage(i: int) -> int:
+        started.append(i)
+        gate.wait(30)
+        return i
+
+    pf = Prefetcher(range(10), stage, 3)
+    _wait_for(lambda: started == [0])
+    # A peer is gone: item 0 (already in its collective, say) ends, 1 and 2 never start.
+    threading.Timer(0.1, gate.set).start()
+    pf.close(finish=False)
+    assert started == [0]
