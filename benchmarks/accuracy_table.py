@@ -130,16 +130,18 @@ def train_one(
         cmd.append(f"train.epochs={args.max_epochs}")
     if args.threads:
         cmd.append(f"train.threads={args.threads}")
-    if out.exists():
+    if (out / "config.json").exists():
         # A run killed mid-way: resume from its checkpoint rather than start over.
         cmd.append("train.resume=true")
     cmd += args.override
-    out.mkdir(parents=True, exist_ok=True)
+    # The log sits beside the run folder: sven train refuses an out holding other files.
+    log_path = out.with_name(out.name + ".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with open(out / "train.log", "a") as log:
+    with open(log_path, "a") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        return {"error": f"exit {proc.returncode}; see {out / 'train.log'}", "cmd": cmd}
+        return {"error": f"exit {proc.returncode}; see {log_path}", "cmd": cmd}
     summary = json.loads((out / "summary.json").read_text())
     summary.update(seed=seed, dataset_key=dataset, wall_s_outer=time.time() - t0, cmd=cmd)
     return summary

@@ -38,11 +38,17 @@ def run_one(
     batch: int,
     extra: list[str],
     workdir: Path,
+    python: str = sys.executable,
+    tag: str = "",
 ) -> dict[str, Any]:
-    """Runs one distributed epoch and returns its summary."""
-    out = workdir / f"{Path(store).name}-{model}-p{ranks}-{strategy}"
+    """Runs one distributed epoch and returns its summary.
+
+    ``python`` runs it (another checkout's interpreter, to compare versions); ``tag``
+    names the run folder apart from others of the same grid point.
+    """
+    out = workdir / f"{Path(store).name}-{model}-p{ranks}-{strategy}{tag}"
     cmd = [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node",

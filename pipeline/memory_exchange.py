@@ -162,14 +162,22 @@ class MemoryExchange:
 
     # -------------------------------------------------------------- collectives
     def _exchange(
-        self, send: torch.Tensor, send_counts: torch.Tensor
+        self,
+        send: torch.Tensor,
+        send_counts: torch.Tensor,
+        group: dist.ProcessGroup | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """all_to_all of rows grouped by destination; returns received rows and counts."""
+        group = self.group if group is None else group
+        if send.is_cuda and dist.get_backend(group) == "gloo":
+            # A host-side group (the prefetch thread's id plans beside NCCL).
+            recv, counts = self._exchange(send.cpu(), send_counts.cpu(), group)
+            return recv.to(send.device), counts.to(send.device)
         recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        dist.all_to_all_single(recv_counts, send_counts, group=group)
         sc, rc = send_counts.tolist(), recv_counts.tolist()
         recv = send.new_empty((sum(rc), *send.shape[1:]))
-        dist.all_to_all_single(recv, send, rc, sc, group=self.group)
+        dist.all_to_all_single(recv, send, rc, sc, group=group)
         return recv, recv_counts
 
     def _remote_bytes(self, counts: torch.Tensor, row_bytes: int) -> int:
@@ -178,58 +186,112 @@ class MemoryExchange:
         return int(c.sum()) * row_bytes
 
     # -------------------------------------------------------------------- fetch
-    def fetch(self, nodes: torch.Tensor, occurrences: torch.Tensor | None = None) -> MemoryRows:
-        """Reads the rows of ``nodes`` from their owners, each node once.
+    def plan(
+        self,
+        nodes: torch.Tensor,
+        occurrences: torch.Tensor | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> Plan:
+        """Sends the ids of ``nodes`` to their owners (the id ``all_to_all``), each once.
+
+        Depends only on the ids and the ownership, never on memory values, so it can run
+        batches ahead (:mod:`sven.pipeline.prefetch`); its bytes are counted when the
+        plan is fetched, so a plan made ahead and never used counts nothing.
 
         Args:
             nodes: (U,) int64 unique node ids.
             occurrences: (U,) how often each node occurs in the batch (for the naive
                 volume); None counts each once.
+            group: Process group of the id exchange (None: the exchange's group). A
+                plan made in a background thread must use a group of its own, so that
+                its collectives never interleave with the main thread's.
 
         Returns:
-            The rows, aligned with ``nodes`` (with ``node_feat`` when the exchange
-            holds node features).
+            The plan, for :meth:`fetch`.
         """
         own = self.owner[nodes]
         order = torch.argsort(own, stable=True)
-        send_ids = nodes[order]
         send_counts = torch.bincount(own, minlength=self.world_size)
-        recv_ids, recv_counts = self._exchange(send_ids, send_counts)
+        recv_ids, recv_counts = self._exchange(
+            nodes[order], send_counts, self.group if group is None else group
+        )
+        naive = 0
+        if occurrences is not None:
+            naive = int(occurrences[own != self.rank].sum()) * (
+                ID_BYTES + self.read_codec.row_bytes
+            )
         self.lap("id_exchange")
-        local = self.local[recv_ids]
+        return Plan(nodes, order, send_counts, recv_counts, recv_ids, naive)
+
+    def fetch(
+        self,
+        nodes: torch.Tensor | Plan,
+        occurrences: torch.Tensor | None = None,
+        async_op: bool = False,
+    ) -> MemoryRows | FetchHandle:
+        """Reads the rows of a plan's nodes from their owners, each node once.
+
+        Every rank serves the requests its plan received from the current shard (the
+        rows are gathered when this is called), so all ranks must call it for the
+        same batch.
+
+        Args:
+            nodes: A :class:`Plan`, or (U,) int64 unique node ids (then planned here,
+                on the exchange's group).
+            occurrences: With node ids: (U,) occurrences for the naive volume.
+            async_op: Return a :class:`FetchHandle` whose ``wait()`` gives the rows,
+                so that the row transfer overlaps other work.
+
+        Returns:
+            The rows, aligned with the plan's nodes (with ``node_feat`` when the
+            exchange holds node features), or a handle to them.
+        """
+        plan = nodes if isinstance(nodes, Plan) else self.plan(nodes, occurrences)
+        local = self.local[plan.recv_ids]
         rows = self.shard.gather(local)
         cols = [rows.memory, rows.last_update, rows.mail, rows.mail_ts, rows.mail_valid]
         if self.node_feat is not None:
             cols.append(self.node_feat[local])
         packed = self.read_codec.pack(cols)
-        # Replies go back in the order the requests came, so the requester's counts
-        # are the split sizes on both sides.
-        back, _ = self._exchange(packed, recv_counts)
-        self.counter.ids += self._remote_bytes(send_counts, ID_BYTES)
-        self.counter.read_rows += self._remote_bytes(recv_counts, self.read_codec.row_bytes)
-        if occurrences is not None:
-            remote = own != self.rank
-            self.counter.naive += int(occurrences[remote].sum()) * (
-                ID_BYTES + self.read_codec.row_bytes
-            )
+        # Replies go back in the order the requests came, so the plan's counts are the
+        # split sizes on both sides (no count exchange).
+        sc, rc = plan.recv_counts.tolist(), plan.send_counts.tolist()
+        back = packed.new_empty((sum(rc), packed.shape[1]))
+        work = dist.all_to_all_single(back, packed, rc, sc, group=self.group, async_op=async_op)
+        self.counter.ids += self._remote_bytes(plan.send_counts, ID_BYTES)
+        self.counter.read_rows += self._remote_bytes(plan.recv_counts, self.read_codec.row_bytes)
+        self.counter.naive += plan.naive
+        handle = FetchHandle(self, plan, back, work)
+        return handle if async_op else handle.wait()
+
+    def _unpack_reply(self, plan: Plan, back: torch.Tensor) -> MemoryRows:
         out = []
         for part in self.read_codec.unpack(back):
             full = torch.empty_like(part)
-            full[order] = part
+            full[plan.order] = part
             out.append(full)
         return MemoryRows(*out)
 
     # --------------------------------------------------------------------- push
-    def push(self, update: MemoryUpdate, naive_rows: int | None = None) -> None:
+    def push(
+        self, update: MemoryUpdate, naive_rows: int | None = None, async_op: bool = False
+    ) -> PushHandle:
         """Sends each updated node to its owner once; owners keep the latest event's row.
 
         A node's new memory and new mail travel in one row with one id, whether it gets
-        both (an endpoint) or only a mail (an APAN neighbour).
+        both (an endpoint) or only a mail (an APAN neighbour). The owners' shards change
+        only in the handle's ``wait()``; every rank must wait for its push before it
+        serves a fetch that must see the update.
 
         Args:
             update: This rank's write-back (node ids global).
             naive_rows: Rows a scheme without per-batch de-duplication would send (one
                 per remote positive occurrence), for the counter.
+            async_op: Send the ids and rows asynchronously; None of the shard changes
+                until ``wait()``. False: the push is complete (committed) on return.
+
+        Returns:
+            The handle (already waited for unless ``async_op``).
         """
         nodes = torch.unique(torch.cat([update.nodes, update.mail_nodes]))
         w = nodes.numel()
@@ -261,16 +323,32 @@ class MemoryExchange:
         own = self.owner[nodes]
         order = torch.argsort(own, stable=True)
         counts = torch.bincount(own, minlength=self.world_size)
-        ids, _ = self._exchange(nodes[order], counts)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)
+        sc, rc = counts.tolist(), recv_counts.tolist()
         cols = [memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail]
-        rows, _ = self._exchange(self.write_codec.pack([c[order] for c in cols]), counts)
-        memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = (
-            self.write_codec.unpack(rows)
-        )
+        send_ids = nodes[order]
+        send_rows = self.write_codec.pack([c[order] for c in cols])
+        ids = send_ids.new_empty(sum(rc))
+        rows = send_rows.new_empty((sum(rc), send_rows.shape[1]))
+        works = [
+            dist.all_to_all_single(ids, send_ids, rc, sc, group=self.group, async_op=async_op),
+            dist.all_to_all_single(rows, send_rows, rc, sc, group=self.group, async_op=async_op),
+        ]
         self.counter.ids += self._remote_bytes(counts, ID_BYTES)
         self.counter.write_rows += self._remote_bytes(counts, self.write_codec.row_bytes)
         if naive_rows is not None:
             self.counter.naive += naive_rows * (ID_BYTES + self.write_codec.row_bytes)
+        handle = PushHandle(self, ids, rows, works)
+        if not async_op:
+            handle.wait()
+        return handle
+
+    def _commit_received(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Commits the write rows this rank received as an owner."""
+        memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = (
+            self.write_codec.unpack(rows)
+        )
         # Several ranks may update one node: keep the row of the latest event.
         u, p = last_occurrence(ids[has_mem], key[has_mem])
         mu, mp = last_occurrence(ids[has_mail], mail_key[has_mail])
@@ -286,3 +364,64 @@ class MemoryExchange:
                 mail_key=mail_key[has_mail][mp],
             )
         )
+
+
+@dataclass
+class Plan:
+    """Where a batch's nodes are read from: the outcome of the id exchange.
+
+    Attributes:
+        nodes: (U,) int64 the requested node ids.
+        order: (U,) position in ``nodes`` of each request, grouped by owner.
+        send_counts: (P,) requests sent to each owner.
+        recv_counts: (P,) requests received from each rank.
+        recv_ids: (sum(recv_counts),) int64 global ids this rank serves, by requester.
+        naive: Bytes a scheme without de-duplication would move for this read.
+    """
+
+    nodes: torch.Tensor
+    order: torch.Tensor
+    send_counts: torch.Tensor
+    recv_counts: torch.Tensor
+    recv_ids: torch.Tensor
+    naive: int = 0
+
+
+class FetchHandle:
+    """A row fetch in flight; ``wait()`` returns the :class:`MemoryRows`."""
+
+    def __init__(
+        self, exchange: MemoryExchange, plan: Plan, back: torch.Tensor, work: object
+    ) -> None:
+        self._exchange, self._plan, self._back, self._work = exchange, plan, back, work
+        self._rows: MemoryRows | None = None
+
+    def wait(self) -> MemoryRows:
+        """Waits for the rows (once) and returns them aligned with the plan's nodes."""
+        if self._rows is None:
+            if self._work is not None:
+                self._work.wait()
+            self._rows = self._exchange._unpack_reply(self._plan, self._back)
+            self._back = None
+        return self._rows
+
+
+class PushHandle:
+    """A write-back in flight; ``wait()`` commits what this rank received as an owner."""
+
+    def __init__(
+        self, exchange: MemoryExchange, ids: torch.Tensor, rows: torch.Tensor, works: list
+    ) -> None:
+        self._exchange, self._ids, self._rows, self._works = exchange, ids, rows, works
+        self.done = False
+
+    def wait(self) -> None:
+        """Waits for the transfer and commits the received rows into the shard (once)."""
+        if self.done:
+            return
+        for w in self._works:
+            if w is not None:
+                w.wait()
+        self.done = True
+        self._exchange._commit_received(self._ids, self._rows)
+        self._ids = self._rows = None

@@ -226,6 +226,42 @@ class DistConfig:
 
 
 @dataclass(kw_only=True)
+class PipelineConfig:
+    """The step pipeline on several ranks: prefetch, micro-batches, asynchronous
+    write-back (one process runs its own fixed-shape step and ignores this section)."""
+
+    prefetch: int = 2
+    """D: how many batches ahead a background thread builds the next batches (negatives,
+    neighbour sampling, de-duplication) and exchanges their node ids with the owners
+    (the id plan, on a process group of its own). None of it depends on memory or
+    parameters, so any D gives the same result; 0 builds each batch when it is trained.
+    Memory held: at most D prepared batches."""
+    micro_batches: str = "1"
+    """m: 1, 2, 4 or auto. Each rank's share of a batch is split into m micro-batches
+    that all read the memory as it was before the batch (each node is fetched once, by
+    the first micro-batch that reads it); the row fetch of micro-batch j + 1 runs while
+    j computes. Gradients are summed and the whole batch's write-back is one push, so
+    every m gives the result of m = 1. auto: time a few steps with each m at start (the
+    state is restored afterwards), keep the fastest and log the profile."""
+    staleness: int = 0
+    """0 or 1. The write-back (push) of batch i is sent asynchronously and overlaps the
+    gradient all-reduce and optimizer step of batch i. 0: batch i + 1 reads memory only
+    after batch i's write-back is committed (results equal the synchronous run). 1:
+    batch i + 1 reads before it, so rows written by batch i are seen one batch late;
+    this changes the results (the push then also overlaps batch i + 1's reads)."""
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 0:
+            raise ConfigError(f"pipeline.prefetch must be >= 0, got {self.prefetch}")
+        if self.micro_batches not in ("1", "2", "4", "auto"):
+            raise ConfigError(
+                f"pipeline.micro_batches must be 1, 2, 4 or auto, got {self.micro_batches!r}"
+            )
+        if self.staleness not in (0, 1):
+            raise ConfigError(f"pipeline.staleness must be 0 or 1, got {self.staleness}")
+
+
+@dataclass(kw_only=True)
 class LogConfig:
     """What a run writes besides ``metrics.jsonl`` and ``summary.json``."""
 
@@ -254,6 +290,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     log: LogConfig = field(default_factory=LogConfig)
     out: str = "runs/default"
     """Output directory (metrics, summary, checkpoints)."""
@@ -292,6 +329,8 @@ RESUME_MAY_CHANGE = frozenset(
         "data.verify",
         "dist.timeout_s",
         "dist.backend",
+        "pipeline.prefetch",
+        "pipeline.micro_batches",
         "quiet",
         "profile",
         "log.profile_start",

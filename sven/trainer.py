@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from sven.checkpoint import Checkpointer, find_checkpoint, load_file
@@ -54,6 +53,7 @@ from sven.pipeline.eval_negatives import (
     protocol_order,
 )
 from sven.pipeline.negatives import sample_negatives
+from sven.pipeline.rank_step import RankStep, link_loss, naive_writes, read_occurrences
 from sven.tblog import EpochLog
 from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
 
@@ -217,15 +217,32 @@ class Trainer:
         # exchange, and a trace of a few steps where profile=true.
         self.timeline = Timeline(self.device)
         if self.exchange is not None:
-            self.exchange.lap = self.timeline.lap
+            # The id plans of prefetched batches run in the prefetch thread; a lap is
+            # taken on the training thread only (the timeline is not thread-safe).
+            self.exchange.lap = _main_thread_only(self.timeline.lap)
         self.profiler: StepProfiler | None = None
         if cfg.profile:
             trace = self.out / "traces" / f"rank{self.rank}.json"
             lc = cfg.log
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
         self.single: _SingleProcessStep | None = None
+        self.rank_step: RankStep | None = None
         if self.world_size == 1:
             self.single = _SingleProcessStep(self)
+        else:
+            from datetime import timedelta
+
+            # The prefetch thread's id exchanges get a group of their own: collectives of
+            # two threads must never interleave on one group. Made here, in the same order
+            # on every rank. gloo even beside NCCL: the ids are small, their counts go to
+            # the host anyway, and two NCCL communicators driven from two threads can
+            # deadlock on the device.
+            plan_group = dist.new_group(
+                list(range(self.world_size)),
+                timeout=timedelta(seconds=cfg.dist.timeout_s),
+                backend="gloo",
+            )
+            self.rank_step = RankStep(self, plan_group)
         self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
         self.best = Checkpointer(self.out / "best", 1)
         self._log(self.ctx.describe() if self.world_size > 1 else "single process")
@@ -416,11 +433,7 @@ class Trainer:
         """
         if self.exchange is None:
             return self.memory.gather(batch.nodes)
-        pos = batch.root_pos
-        if batch.nbr_pos is not None:
-            pos = torch.cat([pos, batch.nbr_pos[batch.block.mask]])
-        occ = torch.bincount(pos, minlength=batch.nodes.numel())
-        rows = self.exchange.fetch(batch.nodes, occ)
+        rows = self.exchange.fetch(batch.nodes, read_occurrences(batch))
         self.timeline.lap("row_fetch")
         if rows.node_feat is not None:
             batch.node_feat = rows.node_feat
@@ -431,14 +444,7 @@ class Trainer:
         if self.exchange is None:
             self.memory.commit(update)
             return
-        # Naive: one row per occurrence of a remote node among the written endpoints
-        # (and, for mail delivered to neighbours, the neighbour slots).
-        written = [batch.src, batch.dst]
-        if self.model.deliver_to_neighbors and batch.block is not None:
-            b = batch.size
-            written.append(batch.block.nbr[: 2 * b][batch.block.mask[: 2 * b]])
-        naive = int((self.owner[torch.cat(written)] != self.rank).sum())
-        self.exchange.push(update, naive)
+        self.exchange.push(update, naive_writes(self, batch))
 
     def _event_index(self, lo: int, hi: int) -> torch.Tensor:
         """Global indices of this rank's events in [lo, hi)."""
@@ -510,14 +516,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         if batch.size > 0:
             out = self.model(batch, rows)
-            loss = (
-                F.binary_cross_entropy_with_logits(
-                    out.pos, torch.ones_like(out.pos), reduction="sum"
-                )
-                + F.binary_cross_entropy_with_logits(
-                    out.neg, torch.zeros_like(out.neg), reduction="sum"
-                )
-            ) / num_predictions
+            loss = link_loss(out, num_predictions)
             loss.backward()
             loss_sum = loss.detach().to(torch.float64)
             update = out.update
@@ -810,6 +809,7 @@ class Trainer:
             DistError: A rank died or hung; the message names it (exit code 4).
         """
         restore = self._catch_stop_signals()
+        peer_lost = False
         try:
             return self._fit()
         except RuntimeError as exc:
@@ -817,6 +817,7 @@ class Trainer:
                 raise
             from sven.dist import DistError
 
+            peer_lost = True
             # A peer died or hung inside a collective; gloo/NCCL then raise a bare
             # RuntimeError that does not say which. The heartbeats do (sven.dist).
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -841,11 +842,17 @@ class Trainer:
                 # A bar left open by an error would run into the error's one line.
                 self._bar.close()
             try:
-                self.ctx.teardown()
+                if self.rank_step is not None:
+                    # Before the teardown: the prefetch thread may use the plan group.
+                    # Its last id exchanges match the peers' unless a peer is gone.
+                    self.rank_step.close(finish=not peer_lost)
             finally:
-                # After the teardown: a SIGTERM that srun sends once another rank has
-                # exited must not kill this one halfway through.
-                restore()
+                try:
+                    self.ctx.teardown()
+                finally:
+                    # After the teardown: a SIGTERM that srun sends once another rank
+                    # has exited must not kill this one halfway through.
+                    restore()
 
     def _catch_stop_signals(self) -> Callable[[], None]:
         """Makes SIGTERM/SIGUSR1 set a flag; returns what puts the old handlers back.
@@ -982,6 +989,11 @@ class Trainer:
             tl, prof = self.timeline, self.profiler
             if prof is not None:
                 prof.fit(start_batch, last)
+            rs = self.rank_step
+            if rs is not None:
+                if rs.auto and rs.profile is None:
+                    rs.choose_micro_batches(epoch, start_batch, last)
+                rs.start_epoch(epoch, start_batch, last)
             ep_t0, paused = time.perf_counter(), 0.0
             tl.begin()
             for i in range(start_batch, last):
@@ -997,11 +1009,12 @@ class Trainer:
                     # Nothing is read back: the loss accumulates on the device.
                     self.single.train_batch(epoch, g_lo, g_hi)
                 else:
-                    batch = self._batch(self._event_index(g_lo, g_hi), g_lo, epoch, tc.num_neg)
-                    tl.lap("sample")
-                    loss = self.train_step(batch, (g_hi - g_lo) * (1 + tc.num_neg))
+                    loss = rs.step(i)
                     progress["epoch_loss"] += loss
                     bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                    if self._hooks["after_step"] and rs.staleness == 0:
+                        # Observers see the step's write-back committed.
+                        rs.drain()
                 if prof is not None:
                     prof.after(i)
                 for fn in self._hooks["after_step"]:
@@ -1033,6 +1046,8 @@ class Trainer:
                     raise self._stop(stop, epoch, i + 1, last, progress, saved)
             self._flush_step(progress)
             tl.lap("wait")
+            if rs is not None:
+                rs.close()
             # Wall time of the epoch's training, device work included (the steps run
             # asynchronously; _flush_step waited for them), checkpoints excluded.
             dt = time.perf_counter() - ep_t0 - paused
@@ -1107,6 +1122,17 @@ class Trainer:
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
         }
+        if self.rank_step is not None:
+            rs = self.rank_step
+            summary.update(
+                pipeline_prefetch=rs.depth,
+                pipeline_micro_batches=rs.micro_batches,
+                pipeline_staleness=rs.staleness,
+            )
+            if rs.profile:
+                summary["pipeline_micro_batches_profile_s"] = {
+                    str(m): t for m, t in rs.profile.items()
+                }
         for key in (
             "comm_bytes",
             "comm_bytes_naive",
@@ -1139,7 +1165,13 @@ class Trainer:
         return summary
 
     def _flush_step(self, progress: dict[str, Any]) -> None:
-        """Waits for the queued steps and moves the device-side loss into ``progress``."""
+        """Waits for the queued steps and moves the device-side loss into ``progress``.
+
+        On several ranks the pending write-back is committed, so that a checkpoint or
+        an evaluation sees it.
+        """
+        if self.rank_step is not None:
+            self.rank_step.drain()
         if self.single is not None:
             progress["epoch_loss"] += self.single.take_loss()
         elif self.device.type == "cuda":
@@ -1650,3 +1682,13 @@ class _SingleProcessStep:
             valid,
             {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
         )
+
+
+def _main_thread_only(fn: Callable[[str], None]) -> Callable[[str], None]:
+    """``fn`` when called from the main thread, a no-op elsewhere."""
+
+    def call(stage: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            fn(stage)
+
+    return call

@@ -27,11 +27,11 @@ STRATEGIES = ("hash", "minmax")
 METRICS = ("val_ap", "val_auc", "test_ap", "test_auc", "test_ap_inductive", "test_auc_inductive")
 
 
-def _overrides(store: str, out: str, model: str, strategy: str) -> list[str]:
+def _overrides(store: str, out: str, model: str, strategy: str, *extra: str) -> list[str]:
     # DyRep as its preset runs it (time-projected embedding).
-    extra = ["model.time_projection=true"] if model == "dyrep" else []
+    if model == "dyrep":
+        extra = ("model.time_projection=true", *extra)
     return [
-        *extra,
         f"data.path={store}",
         f"out={out}",
         f"model.name={model}",
@@ -51,6 +51,7 @@ def _overrides(store: str, out: str, model: str, strategy: str) -> list[str]:
         "train.lr=0.0001",
         "dist.timeout_s=60",
         "train.threads=1",
+        *extra,
     ]
 
 
@@ -74,8 +75,8 @@ def _full_memory(tr: sven.Trainer) -> dict[str, torch.Tensor]:
     return full
 
 
-def _train(store: str, out: str, model: str, strategy: str) -> tuple[list, dict]:
-    tr = sven.Trainer(None, _overrides(store, out, model, strategy))
+def _train(store: str, out: str, model: str, strategy: str, *extra: str) -> tuple[list, dict]:
+    tr = sven.Trainer(None, _overrides(store, out, model, strategy, *extra))
     tr.add_hook("after_step", _record)
     assert tr.model.node_proj is not None, "the store's node features are not used"
     if tr.world_size > 1:
@@ -127,10 +128,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.all((a - b).abs() <= 1e-6 * torch.clamp(b.abs(), min=1.0)))
 
 
-def _check(ref: tuple[list, dict], got: tuple[list, dict], label: str) -> None:
+def _check(ref: tuple[list, dict], got: tuple[list, dict], label: str, batches: int = 24) -> None:
     ref_rec, ref_sum = ref
     rec, summ = got
-    assert len(rec) == len(ref_rec) == 24, label
+    assert len(rec) == len(ref_rec) == batches, label
     for i, ((p, mem), (rp, rmem)) in enumerate(zip(rec, ref_rec)):
         assert _close(p, rp), f"{label}: parameters differ after batch {i}"
         for k in rmem:
