@@ -86,6 +86,27 @@ class EvalResult:
     protocol_neg: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def _eval_result(
+    scores: torch.Tensor,
+    protocols: list[str],
+    protocol_cols: int,
+    mrr: int,
+    mrr_valid: torch.Tensor | None,
+) -> EvalResult:
+    """Splits (n, 1 + protocol_cols + mrr) scores into an :class:`EvalResult`.
+
+    Columns: the positive, one negative per protocol column (the first is
+    ``eval.negatives``; ``protocols`` names the scored ones), then the MRR negatives.
+    """
+    return EvalResult(
+        scores[:, 0],
+        scores[:, 1],
+        scores[:, 1 + protocol_cols :] if mrr else None,
+        mrr_valid,
+        {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
+    )
+
+
 def _atomic_write_text(text: str, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
@@ -637,13 +658,7 @@ class Trainer:
             valid = filtered_mrr_negatives(
                 self.src, self.dst, self.t, idx_s, mrr_neg, self.num_nodes
             ).cpu()
-        return EvalResult(
-            scores[:, 0],
-            scores[:, 1],
-            scores[:, 1 + n_neg :] if q else None,
-            valid,
-            {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
-        )
+        return _eval_result(scores, protocols, n_neg, q, valid)
 
     def _eval_negatives(self) -> EvalNegatives:
         """The evaluation negative sampler (historical/inductive pair table), built once."""
@@ -1675,13 +1690,7 @@ class _SingleProcessStep:
             valid = filtered_mrr_negatives(tr.src, tr.dst, tr.t, idx, mrr_neg, tr.num_nodes)
             valid = valid.cpu()
         protocols = self.protocols if split == "test" else self.protocols[:1]
-        return EvalResult(
-            scores[:, 0],
-            scores[:, 1],
-            scores[:, 1 + n_p :] if q else None,
-            valid,
-            {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
-        )
+        return _eval_result(scores, protocols, n_p, q, valid)
 
 
 def _main_thread_only(fn: Callable[[str], None]) -> Callable[[str], None]:
