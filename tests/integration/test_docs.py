@@ -199,9 +199,12 @@ def test_two_rank_example_and_its_figures(tmp_path) -> None:
     done = _run(["bash", str(REPO / "docs" / "examples" / "two_ranks.sh")], REPO, **env)
     assert "launcher=torchrun backend=gloo world_size=2" in done.stderr
     pngs = [Path(p) for p in done.stdout.split() if p.endswith(".png")]
-    assert sorted(p.name for p in pngs) == ["comm_per_rank.png", "partition.png", "training.png"]
+    # The run records per-rank stage times (the timeline), so their figure comes too.
+    names = ["comm_per_rank.png", "partition.png", "stage_times.png", "training.png"]
+    assert sorted(p.name for p in pngs) == names
     for png in pngs:
-        assert_png(png, colour=None if png.name == "training.png" else BAR_BLUE)
+        bars = png.name in ("comm_per_rank.png", "partition.png")
+        assert_png(png, colour=BAR_BLUE if bars else None)
     # The figure shows what the run measured: both byte counts, per rank.
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(line["comm_bytes_exchange_per_rank"]) == 2
