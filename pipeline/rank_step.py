@@ -31,34 +31,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from sven.models.memory import DenseUpdate, MemoryRows
 from sven.pipeline.prefetch import Prefetcher, SideStream
+from sven.step import masked_bce
 
 if TYPE_CHECKING:
-    from sven.models.base import ModelOutput
     from sven.pipeline.batch import Batch
     from sven.pipeline.memory_exchange import Plan, PushHandle
     from sven.trainer import Trainer
 
-__all__ = ["RankStep", "StepInput", "link_loss", "naive_writes", "read_occurrences"]
+__all__ = ["RankStep", "StepInput", "naive_writes", "read_occurrences"]
 
 #: The micro-batch counts ``pipeline.micro_batches=auto`` chooses from.
 AUTO_CANDIDATES = (1, 2, 4)
 #: Steps timed per candidate.
 AUTO_STEPS = 3
-
-
-def link_loss(out: ModelOutput, num_predictions: int) -> torch.Tensor:
-    """BCE sum over the batch's positive and negative scores / the global prediction count.
-
-    Dividing by the count of the whole global batch (not this share's) makes the sum of
-    the ranks' (and micro-batches') gradients the one-process gradient.
-    """
-    pos = F.binary_cross_entropy_with_logits(out.pos, torch.ones_like(out.pos), reduction="sum")
-    neg = F.binary_cross_entropy_with_logits(out.neg, torch.zeros_like(out.neg), reduction="sum")
-    return (pos + neg) / num_predictions
 
 
 def read_occurrences(batch: Batch) -> torch.Tensor:
@@ -253,7 +241,9 @@ class RankStep:
             if rows.node_feat is not None:
                 mb.node_feat = rows.node_feat
             out = tr.model(mb, rows)
-            loss = link_loss(out, item.num_predictions)
+            # Divided by the whole global batch's count, so that the ranks' and the
+            # micro-batches' gradients sum to the one-process gradient.
+            loss = masked_bce(out, mb.valid) / item.num_predictions
             loss.backward()
             loss_sum = loss_sum + loss.detach().to(torch.float64)
             dense.append(out.dense)

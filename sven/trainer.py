@@ -53,7 +53,7 @@ from sven.pipeline.eval_negatives import (
     protocol_order,
 )
 from sven.pipeline.negatives import sample_negatives
-from sven.pipeline.rank_step import RankStep, link_loss, naive_writes, read_occurrences
+from sven.pipeline.rank_step import RankStep, naive_writes, read_occurrences
 from sven.tblog import EpochLog
 from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
 
@@ -518,39 +518,6 @@ class Trainer:
         )
 
     # -------------------------------------------------------------- training
-    def train_step(self, batch: Batch, num_predictions: int) -> float:
-        """One optimisation step on this rank's part of a global batch.
-
-        Args:
-            batch: This rank's events of the global batch (possibly none).
-            num_predictions: Predictions in the whole global batch (B * (1 + n)); the loss
-                is the BCE sum divided by it, so that summing gradients over ranks gives
-                the one-process gradient.
-
-        Returns:
-            The global batch's mean loss.
-        """
-        self.model.train()
-        rows = self._read(batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        update = self._empty_update()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        if batch.size > 0:
-            out = self.model(batch, rows)
-            loss = link_loss(out, num_predictions)
-            loss.backward()
-            loss_sum = loss.detach().to(torch.float64)
-            update = out.update
-        self.timeline.lap("compute")
-        if self.world_size > 1:
-            loss_sum = self._allreduce_grads(loss_sum)
-            self.timeline.lap("grad_allreduce")
-        self.optimizer.step()
-        self.timeline.lap("optimizer")
-        self._commit(update, batch)
-        self.timeline.lap("write_back")
-        return float(loss_sum)
-
     def _allreduce_grads(self, loss: torch.Tensor) -> torch.Tensor:
         """Sums gradients (and the loss) over ranks in one flat all-reduce.
 
