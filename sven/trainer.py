@@ -1439,7 +1439,11 @@ def _is_comm_failure(exc: BaseException) -> bool:
     if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
         return True
     text = str(exc).lower()
-    return any(s in text for s in ("gloo", "nccl", "connection reset", "timed out", "broken pipe"))
+    # gloo's wording varies with where the peer stopped: a dead peer resets the
+    # connection, a hung one trips the application timeout ("... caused pair closure").
+    marks = ("gloo", "nccl", "connection reset", "connection closed", "timed out", "timeout",
+             "broken pipe", "pair closure")
+    return any(s in text for s in marks)
 
 
 def _finite_or_none(d: dict[str, Any]) -> dict[str, Any]:

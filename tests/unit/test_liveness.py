@@ -240,3 +240,20 @@ def test_watchdog_spares_ranks_that_are_slow_together_or_progress(store) -> None
     fake.now += 0.31
     assert lv._check_stall(progress, lambda: lv.diagnose(failed=False))
     assert named == [(2,)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Application timeout caused pair closure", True),  # gloo, hung peer
+        ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer", True),
+        ("Connection reset by peer", True),
+        ("NCCL communicator was aborted", True),
+        ("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)", False),
+        ("CUDA out of memory", False),
+    ],
+)
+def test_comm_failures_are_told_from_other_errors(text: str, expected: bool) -> None:
+    from sven.trainer import _is_comm_failure
+
+    assert _is_comm_failure(RuntimeError(text)) is expected
