@@ -37,6 +37,7 @@ __all__ = [
     "reset_backend",
     "rnn_cell",
     "temporal_attention",
+    "temporal_attention_factored",
     "temporal_attention_fused",
 ]
 
@@ -117,5 +118,8 @@ def _dispatch(name: str) -> Callable[..., torch.Tensor]:
 
 temporal_attention = _dispatch("temporal_attention")
 temporal_attention_fused = _dispatch("temporal_attention_fused")
+# The CPU form of the fused attention (fewer multiply-adds, no Triton kernel): the
+# reference itself, tested against ``temporal_attention_fused``.
+temporal_attention_factored = reference.temporal_attention_factored
 gru_cell = _dispatch("gru_cell")
 rnn_cell = _dispatch("rnn_cell")

@@ -452,12 +452,8 @@ class TemporalAttentionLayer(nn.Module):
         h_root = take_rows(z, root_pos)
         zero = self.time_enc(torch.zeros(r, device=z.device, dtype=dtype)).to(dtype)
         q = self.w_q(torch.cat([h_root, zero], dim=1))
-        kv_edge = None
-        if self.w_kv_edge is not None:
-            kv_edge = self.w_kv_edge(edge_feat.to(dtype))
-        # The neighbour gather, the time encoding of dt and its projection happen inside
-        # the attention kernel (on CUDA); the node block is projected once per unique node.
-        out = kernels.temporal_attention_fused(
+        w_edge = None if self.w_kv_edge is None else self.w_kv_edge.weight
+        args = (
             q.view(r, self.num_heads, -1),
             self.w_kv_node(z),
             nbr_pos,
@@ -466,8 +462,19 @@ class TemporalAttentionLayer(nn.Module):
             self.time_enc.weight,
             self.time_enc.bias,
             self.w_kv_time.weight,
-            kv_edge,
         )
+        if z.is_cuda or kernels.backend_for(z) == "triton":
+            # The neighbour gather, the time encoding of dt and its projection happen
+            # inside the attention kernel (Triton), or in the reference whose few large
+            # GEMMs were measured fastest in the captured CUDA step (docs/performance.md).
+            kv_edge = None if w_edge is None else nn.functional.linear(edge_feat.to(dtype), w_edge)
+            out = kernels.temporal_attention_fused(*args, kv_edge)
+        else:
+            # On CPU FLOPs are the cost: the factored form projects queries and
+            # attention-weighted sums instead of every neighbour slot (2.2x faster
+            # forward and backward for TGN's dims, docs/performance.md).
+            feat = None if w_edge is None else edge_feat.to(dtype)
+            out = kernels.temporal_attention_factored(*args, feat, w_edge)
         out = self.w_out(torch.cat([out, h_root], dim=1))
         out = keyed_dropout(torch.relu(out), self.dropout.p, row_key, self.training)
         return self.norm(out)
