@@ -112,23 +112,25 @@ def temporal_attention_factored(
     """
     r, h, d = q.shape
     o, k = h * d, nbr_pos.shape[1]
-    te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b).to(kv_node.dtype)
+    dt = dt.to(time_w.dtype)[..., None]
+    te = torch.cos(torch.addcmul(time_b, dt, time_w)).to(kv_node.dtype)
     slots = [(te, w_kv_time)]
     if edge_feat is not None and w_kv_edge is not None:
         slots.append((edge_feat.to(kv_node.dtype), w_kv_edge))
-    # Keys and values gathered apart: slicing one gathered (R, K, 2 O) tensor would cost
-    # a full-size zero fill per slice in the backward.
-    k_node = take_rows(kv_node[:, :o], nbr_pos).view(r, k, h, d)
-    v_node = take_rows(kv_node[:, o:], nbr_pos).view(r, k, h, d)
-    # Broadcast products rather than einsum: with K and D this small, the batched
-    # matmuls einsum picks spend more on layout copies than on arithmetic.
-    scores = (q[:, None] * k_node).sum(-1).transpose(1, 2)
+    # Keys and values gathered per (root, head) as (R, H, K, D), so that the scores and
+    # the weighted sums are plain batched matmuls without layout copies; gathered apart,
+    # because slicing one gathered (R, K, 2 O) tensor costs a full-size fill per slice
+    # in the backward.
+    rows = (nbr_pos[:, None, :] * h + torch.arange(h, device=nbr_pos.device)[:, None]).reshape(-1)
+    k_node = kv_node[:, :o].reshape(-1, d).index_select(0, rows).view(r, h, k, d)
+    v_node = kv_node[:, o:].reshape(-1, d).index_select(0, rows).view(r, h, k, d)
+    scores = torch.matmul(q[:, :, None, :], k_node.transpose(-1, -2)).squeeze(2)
     for f, w in slots:
         # (R, H, F): each query carried back through the key block of W.
         qf = torch.einsum("rhd,hdf->rhf", q, w[:o].view(h, d, -1))
         scores = scores + torch.einsum("rhf,rkf->rhk", qf, f)
     attn, has_any = _masked_softmax(scores / (d**0.5), mask)
-    out = (attn.transpose(1, 2)[..., None] * v_node).sum(1)
+    out = torch.matmul(attn[:, :, None, :], v_node).squeeze(2)
     for f, w in slots:
         # The attention-weighted slot features, then the value block of W once per root.
         fa = torch.einsum("rhk,rkf->rhf", attn, f)
