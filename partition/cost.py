@@ -61,6 +61,7 @@ __all__ = [
     "recent_sampler",
     "row_bytes",
     "touches",
+    "wire_bytes",
 ]
 
 
@@ -210,6 +211,27 @@ class BatchCounts:
         )
 
 
+def wire_bytes(
+    remote_reads: np.ndarray,
+    remote_writes: np.ndarray,
+    served_reads: np.ndarray,
+    received_writes: np.ndarray,
+    widths: RowBytes,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes a rank sends and receives in the exchange, from its counts (any shape).
+
+    Sent: the ids of its remote reads, the rows it serves, its remote writes (id and
+    row). Received: the ids it serves, the rows it reads, the writes to its vertices.
+
+    Returns:
+        ``(sent, received)``, each the shape of the counts.
+    """
+    w = widths
+    sent = remote_reads * w.id + served_reads * w.read + remote_writes * (w.id + w.write)
+    recv = served_reads * w.id + remote_reads * w.read + received_writes * (w.id + w.write)
+    return sent, recv
+
+
 @dataclass
 class CostReport:
     """Per-rank communication of one training epoch under a partition.
@@ -233,6 +255,9 @@ class CostReport:
             event load on the critical path when every batch waits for its slowest rank.
         batch_max_comm: Sum over batches of the largest per-rank ``remote_reads +
             remote_writes``.
+        batch_max_sent: Sum over batches of the largest per-rank exchange bytes sent
+            (``bytes_sent`` of that batch).
+        batch_max_recv: The same for the bytes received (``bytes_recv``).
         access: The model access pattern replayed.
         batches: Per-batch counts when asked for (``comm_cost(..., per_batch=True)``),
             else None.
@@ -254,6 +279,8 @@ class CostReport:
     received_writes: np.ndarray
     batch_max_events: int = 0
     batch_max_comm: int = 0
+    batch_max_sent: int = 0
+    batch_max_recv: int = 0
     access: Access = Access()
     batches: BatchCounts | None = None
 
@@ -272,21 +299,20 @@ class CostReport:
     @property
     def bytes_sent(self) -> np.ndarray:
         """(P,) bytes rank r puts on the wire: its read ids, the rows it serves, its writes."""
-        b = self.widths
-        return (
-            self.remote_reads * b.id
-            + self.served_reads * b.read
-            + self.remote_writes * (b.id + b.write)
-        )
+        return self._wire()[0]
 
     @property
     def bytes_recv(self) -> np.ndarray:
         """(P,) bytes rank r takes off the wire: ids to serve, its rows, writes to it."""
-        b = self.widths
-        return (
-            self.served_reads * b.id
-            + self.remote_reads * b.read
-            + self.received_writes * (b.id + b.write)
+        return self._wire()[1]
+
+    def _wire(self) -> tuple[np.ndarray, np.ndarray]:
+        return wire_bytes(
+            self.remote_reads,
+            self.remote_writes,
+            self.served_reads,
+            self.received_writes,
+            self.widths,
         )
 
     def metrics(self) -> dict[str, np.ndarray]:
@@ -314,6 +340,7 @@ class CostReport:
             }
         total_events = int(self.events.sum())
         naive = int(self.naive_bytes.sum())
+        sent, recv = int(self.bytes_sent.sum()), int(self.bytes_recv.sum())
         return {
             "parts": self.parts,
             "batch_size": self.batch_size,
@@ -327,6 +354,10 @@ class CostReport:
                 self.batch_max_events * self.parts / total_events if total_events else 1.0
             ),
             "batch_max_comm": int(self.batch_max_comm),
+            # Per batch, the slowest rank's bytes over the mean rank's, summed over
+            # batches: what a synchronous exchange waits for.
+            "batch_sent_imbalance": self.batch_max_sent * self.parts / sent if sent else 1.0,
+            "batch_recv_imbalance": self.batch_max_recv * self.parts / recv if recv else 1.0,
             "redundancy_saving": 1.0 - int(self.comm_bytes.sum()) / naive if naive else 0.0,
         }
 
@@ -707,9 +738,11 @@ def comm_costs(
         offset = 0 if assign.shape[0] == src.shape[0] else start
         states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
                        "batch_size": bsz, "acc": acc, "batch_max_events": 0,
-                       "batch_max_comm": 0, "chunks": []})  # fmt: skip
+                       "batch_max_comm": 0, "batch_max_sent": 0, "batch_max_recv": 0,
+                       "chunks": []})  # fmt: skip
     cand = _candidates(dst, candidates)
     access = Access() if access is None else access
+    widths = row_bytes() if widths is None else widths
     if sampler is None and k > 0 and access.samples:
         sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
 
@@ -742,6 +775,12 @@ def comm_costs(
             for name in COUNT_FIELDS[2:]:
                 acc[name] += getattr(tally, name)
             st["batch_max_comm"] += int(tally.batch_comm.max(axis=1).sum())
+            sent, recv = wire_bytes(
+                tally.batch_reads, tally.batch_writes, tally.batch_served,
+                tally.batch_received, widths,
+            )  # fmt: skip
+            st["batch_max_sent"] += int(sent.max(axis=1).sum())
+            st["batch_max_recv"] += int(recv.max(axis=1).sum())
             if per_batch:
                 counts = BatchCounts(
                     ev_br.astype(np.int64), tally.batch_reads, tally.batch_writes,
@@ -758,9 +797,11 @@ def comm_costs(
             k=k,
             num_neg=num_neg,
             num_batches=-(-num_events // st["batch_size"]),
-            widths=row_bytes() if widths is None else widths,
+            widths=widths,
             batch_max_events=st["batch_max_events"],
             batch_max_comm=st["batch_max_comm"],
+            batch_max_sent=st["batch_max_sent"],
+            batch_max_recv=st["batch_max_recv"],
             access=access,
             batches=BatchCounts.concat(st["chunks"], st["parts"]) if per_batch else None,
             **st["acc"],
@@ -824,6 +865,7 @@ class SampledCost:
         )
         self.batch = np.repeat(np.arange(chosen.shape[0], dtype=np.int64), lengths)
         self.num_batches = int(chosen.shape[0])
+        self.batch_size = int(batch_size)
         self.fraction = self.events.shape[0] / max(stop, 1)
         self.widths = row_bytes() if widths is None else widths
         access = Access() if access is None else access
@@ -913,8 +955,9 @@ def format_report(report: CostReport) -> str:
     s = report.summary()
     lines.append(
         f"batches {report.num_batches} of {report.batch_size}, k={report.k}, "
-        f"negatives {report.num_neg}; per-batch event imbalance "
-        f"{s['batch_event_imbalance']:.3f}; redundancy-free saves "
+        f"negatives {report.num_neg}; per-batch max/mean: events "
+        f"{s['batch_event_imbalance']:.3f}, bytes sent {s['batch_sent_imbalance']:.3f}, "
+        f"received {s['batch_recv_imbalance']:.3f}; redundancy-free saves "
         f"{100 * s['redundancy_saving']:.1f}% of the naive bytes"
     )
     return "\n".join(lines)
