@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from sven.partition.graph import unique_sorted
-from sven.pipeline.negatives import root_keys, sample_negatives
+from sven.pipeline.batch import root_layout
+from sven.pipeline.negatives import sample_negatives
 
 __all__ = [
     "Access",
@@ -457,26 +458,32 @@ def touches(
         The touches, roots first (all src, all dst, each negative draw), then the
         used neighbour slots in root order.
     """
-    n = events.shape[0]
-    width = 2 + num_neg
-    s = np.asarray(src[events]).astype(np.int64)
-    d = np.asarray(dst[events]).astype(np.int64)
-    neg = sample_negatives(seed, epoch, torch.from_numpy(events), candidates, num_neg).numpy()
-    roots = np.concatenate((s, d, neg.T.reshape(-1)))
-    root_ev = np.tile(events, width)
+    index = torch.from_numpy(events)
+    neg = sample_negatives(seed, epoch, index, candidates, num_neg)
+    # The batch builder's own layout of the roots (which are sampled, which written).
+    layout = root_layout(
+        index,
+        torch.from_numpy(np.asarray(src[events]).astype(np.int64)),
+        torch.from_numpy(np.asarray(dst[events]).astype(np.int64)),
+        torch.from_numpy(np.asarray(t[events])),
+        neg,
+        sample_roots=access.sample_roots,
+        rng=(seed, epoch),
+    )
+    roots = layout.nodes.numpy()
+    root_ev = np.tile(events, 2 + num_neg)
     root_rd = np.ones(roots.shape[0], dtype=bool)
     root_wr = np.zeros(roots.shape[0], dtype=bool)
-    root_wr[: 2 * n] = True
+    root_wr[: layout.num_written] = True
     if k == 0 or sampler is None or not access.samples:
         return Touches(root_ev, roots, root_rd, root_wr)
-    # Positive roots come first, so "positive" sampling is a prefix of the roots.
-    m = roots.shape[0] if access.sample_roots == "all" else 2 * n
-    times = np.tile(np.asarray(t[events]), width)[:m]
+    m = layout.num_sampled
+    times = layout.times.numpy()[:m]
     # Touches are a multiset, so the roots can be sampled in any order: sorted by node,
     # the sampler's binary searches and gathers walk its index nearly sequentially,
     # which on a large T-CSR is several times faster than in event order.
     order = np.argsort(roots[:m])
-    keys = root_keys(seed, epoch, torch.from_numpy(events), width)[:m]
+    keys = layout.keys[:m]
     nbr_t, mask_t = sampler(
         torch.from_numpy(roots[order]), torch.from_numpy(times[order]), keys[order]
     )

@@ -14,6 +14,7 @@ from sven.partition.cost import (
     comm_costs,
     row_bytes,
 )
+from sven.partition.scaling import exchange_bytes
 
 # Four nodes, four events, two ranks, batches of two events:
 #
@@ -260,6 +261,12 @@ def test_per_batch_counts_by_hand_and_summing_to_the_epoch():
     np.testing.assert_array_equal(b.remote_writes, [[0, 0], [1, 1]])
     np.testing.assert_array_equal(b.served_reads, [[0, 1], [2, 2]])
     np.testing.assert_array_equal(b.received_writes, [[0, 0], [1, 1]])
+    # Sent = reads * 8 + served * 100 + writes * 58: batch 0 (8, 100), batch 1 (274,
+    # 274). Received = served * 8 + reads * 100 + received * 58: (100, 8), (274, 274).
+    # Each epoch total is 656 bytes, 328 per rank; the slowest ranks sum to 374.
+    assert rep.batch_max_sent == 374 and rep.batch_max_recv == 374
+    summ = rep.summary()
+    assert summ["batch_sent_imbalance"] == summ["batch_recv_imbalance"] == 374 / 328
     assert _cost().batches is None
 
 
@@ -281,6 +288,17 @@ def test_per_batch_counts_sum_to_the_epoch_totals(model: str):
     assert int(b.events.max(axis=1).sum()) == rep.batch_max_events
     comm = b.remote_reads + b.remote_writes
     assert int(comm.max(axis=1).sum()) == rep.batch_max_comm
+    # Per-batch bytes: the slowest rank's sent (received) bytes of each batch, summed,
+    # over the mean rank's epoch bytes.
+    sent, recv = exchange_bytes(b, rep.widths)
+    np.testing.assert_array_equal(sent.sum(axis=0), rep.bytes_sent)
+    np.testing.assert_array_equal(recv.sum(axis=0), rep.bytes_recv)
+    summ = rep.summary()
+    want_sent = sent.max(axis=1).sum() * parts / rep.bytes_sent.sum()
+    want_recv = recv.max(axis=1).sum() * parts / rep.bytes_recv.sum()
+    assert summ["batch_sent_imbalance"] == pytest.approx(want_sent, rel=1e-12)
+    assert summ["batch_recv_imbalance"] == pytest.approx(want_recv, rel=1e-12)
+    assert summ["batch_sent_imbalance"] > 1.0
 
 
 def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
