@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from sven.partition.cost import (
     Access,
@@ -13,6 +14,7 @@ from sven.partition.cost import (
     comm_cost,
     comm_costs,
     row_bytes,
+    touches,
 )
 from sven.partition.scaling import exchange_bytes
 
@@ -318,3 +320,48 @@ def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
         assert rep.summary() == alone.summary()
         for name in ("events", "remote_reads", "remote_writes", "served_reads"):
             np.testing.assert_array_equal(getattr(rep.batches, name), getattr(alone.batches, name))
+
+
+@pytest.mark.parametrize("model", ["tgn", "jodie", "dyrep", "apan"])
+def test_touches_are_what_the_batch_builder_reads_and_writes(model: str):
+    # The replay and make_batch share the root layout: the same roots, the same
+    # sampled roots and keys (uniform draws), the same written nodes.
+    from sven.pipeline.batch import make_batch
+    from sven.pipeline.negatives import sample_negatives
+    from sven.pipeline.sampler import TCSR, TemporalSampler
+
+    rng = np.random.default_rng(7)
+    n, e, k, num_neg, seed = 20, 120, 3, 2, 1
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 500, e))
+    access = Access.of(model)
+    sampler = TemporalSampler(TCSR.from_events(src, dst, t, n, "cpu"), [k], "uniform")
+
+    def neighbours(nodes, times, keys):
+        block = sampler.sample(nodes, times, keys=keys)[0]
+        return block.nbr, block.mask
+
+    cand = torch.arange(n)
+    idx = np.arange(40, 80)
+    tch = touches(
+        src, dst, t, idx, candidates=cand, sampler=neighbours, k=k, num_neg=num_neg,
+        seed=seed, epoch=0, access=access,
+    )  # fmt: skip
+    index = torch.from_numpy(idx)
+    batch = make_batch(
+        index, torch.from_numpy(src[idx]), torch.from_numpy(dst[idx]), torch.from_numpy(t[idx]),
+        sample_negatives(seed, 0, index, cand, num_neg),
+        sampler=sampler if access.sample_roots != "none" else None,
+        sample_roots=access.sample_roots, read_neighbors=access.read_neighbors,
+        rng=(seed, 0, 40),
+    )  # fmt: skip
+    block, b = batch.block, batch.size
+    read = [batch.roots]
+    written = [batch.src, batch.dst]
+    if block is not None and access.read_neighbors:
+        read.append(block.nbr[block.mask])
+    if block is not None and access.deliver_to_neighbors:
+        written.append(block.nbr[: 2 * b][block.mask[: 2 * b]])
+    np.testing.assert_array_equal(np.sort(tch.node[tch.read]), np.sort(torch.cat(read).numpy()))
+    np.testing.assert_array_equal(np.sort(tch.node[tch.write]), np.sort(torch.cat(written).numpy()))
+    assert (block is None) == (model == "jodie")

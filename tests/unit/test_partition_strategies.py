@@ -334,8 +334,14 @@ def test_minmax_refinement_never_raises_the_max_and_matches_the_cost_model():
 def test_minmax_has_the_lowest_max_comm_on_communities(seed):
     src, dst, t = community_events(num_events=4000, seed=seed)
     maxes = {}
+    # The epoch-only cap: minmax's objective. With the per-batch cap (62 events per rank
+    # and batch here) every strategy's assignment is constrained alike, and minmax's
+    # lead shrinks to within range's on seed 1 (docs/partition.md).
     for strategy in STRATEGIES:
-        res = partition_arrays(src, dst, t, 120, 4, strategy, batch_size=250, k=3, train_stop=2800)
+        res = partition_arrays(
+            src, dst, t, 120, 4, strategy, batch_size=250, k=3, train_stop=2800,
+            batch_balance=False,
+        )  # fmt: skip
         rep = comm_cost(src, dst, t, res.owner, res.assign, batch_size=250, k=3, parts=4, stop=2800)
         maxes[strategy] = rep.comm_bytes.max()
     assert maxes["minmax"] == min(maxes.values())
