@@ -17,9 +17,11 @@ Per-batch balance (``batch_size``): a synchronous step waits for the slowest ran
 each global batch, so the cap can also be applied per batch window (events
 ``[i * B, (i + 1) * B)``): first each (batch, rank) above ``balance`` times the batch's
 mean hands its weakest cut events to their other endpoint's rank where that rank has
-room in the same batch, then the epoch cap is met as above, preferring moves that keep
-every batch within its cap. A batch whose events have both endpoints on one rank has
-nothing to move and stays unbalanced (``batch_balance_stats`` counts such batches).
+room in the same batch (through a chain of full ranks where needed), then the epoch
+cap is met as above, preferring moves that keep every batch within its cap. A batch
+stays over its cap only where no assignment meets it: some set of ranks holds more
+events with both endpoints' owners among them than the set's cap, most simply a rank
+whose own internal events exceed it (``batch_balance_stats`` counts both).
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ def assign_events(
             np.repeat(_cap(win_events, parts, balance), parts),
         )
         del parts_win
-        _balance_windows(choice, a, b, pref, windows, parts, max_rounds)
+        _balance_windows(choice, a, b, pref, windows, max_rounds)
     out[cut] = _rebalance(choice, a, b, pref, fixed, cap, parts, max_rounds, windows)
     return out
 
@@ -231,7 +233,6 @@ def _balance_windows(
     b: np.ndarray,
     pref: np.ndarray,
     win: _Windows,
-    parts: int,
     max_rounds: int,
     max_depth: int = 4,
 ) -> np.ndarray:
@@ -253,7 +254,6 @@ def _balance_windows(
         b: (m,) int64 destination owner.
         pref: (m,) preference for ``a``.
         win: The windows.
-        parts: P.
         max_rounds: Rounds at most.
         max_depth: Longest chain of full ranks a chain round looks through.
 
