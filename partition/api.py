@@ -15,7 +15,12 @@ import numpy as np
 
 from sven.errors import ConfigError
 from sven.partition import STRATEGIES
-from sven.partition.assign import affinity_table, assign_events, endpoint_preference
+from sven.partition.assign import (
+    affinity_table,
+    assign_events,
+    batch_balance_stats,
+    endpoint_preference,
+)
 from sven.partition.cost import (
     Access,
     CostReport,
@@ -60,11 +65,14 @@ class PartitionResult:
         owner: (N,) int32 owner per vertex.
         assign: (E,) int32 rank per event.
         timings: Seconds per phase (graph, owner, assign).
+        batch_stats: How the training events' batch windows meet the per-batch cap
+            (``assign.batch_balance_stats``), whether or not it was applied.
     """
 
     owner: np.ndarray
     assign: np.ndarray
     timings: dict[str, float] = field(default_factory=dict)
+    batch_stats: dict[str, Any] = field(default_factory=dict)
 
 
 def _check(parts: int, strategy: str, batch_size: int, balance: float) -> None:
@@ -96,6 +104,7 @@ def partition_arrays(
     sampler: NeighbourFn | None = None,
     access: Access | None = None,
     sample_events: int = 1 << 19,
+    batch_balance: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> PartitionResult:
     """Computes owners from the training events and assigns every event to a rank.
@@ -123,10 +132,14 @@ def partition_arrays(
         access: The model's access pattern in the cost model (``Access.of(name)``);
             None means TGN's.
         sample_events: Training events (whole batches) ``minmax`` replays per round.
+        batch_balance: Also cap each global batch's events per rank (windows of
+            ``batch_size`` events from the start of the training events, and from
+            ``train_stop`` for the rest), moving cut events within their batch
+            (``assign.assign_events``); False caps only the whole split.
         log: Called with a short line after each phase.
 
     Returns:
-        Owners, assignment and timings.
+        Owners, assignment, timings and the per-batch statistics of the training events.
 
     Raises:
         ConfigError: On an unknown strategy or out-of-range settings.
@@ -167,7 +180,10 @@ def partition_arrays(
         say(f"minmax: sampled {cost.events.shape[0]} events ({timings['sample_s']:.1f}s)")
         # Event counts as a second start: recent-k sampling follows event frequency.
         counts = interaction_graph(tr_src, tr_dst, num_nodes)
-        res = minmax_owner(graph, parts, cost, starts=[counts], balance=balance, seed=seed, log=say)
+        res = minmax_owner(
+            graph, parts, cost, starts=[counts], balance=balance, seed=seed,
+            batch_balance=batch_balance, log=say,
+        )  # fmt: skip
         del counts
         owner, prices = res.owner, res.prices
         del cost
@@ -186,11 +202,18 @@ def partition_arrays(
         if hi > lo:
             assign[lo:hi] = assign_events(
                 src[lo:hi], dst[lo:hi], owner64, parts, balance=balance, preference=preference,
-                seed=seed, index_offset=lo,
+                seed=seed, index_offset=lo, batch_size=batch_size if batch_balance else None,
             )  # fmt: skip
     timings["assign_s"] = time.perf_counter() - t0
-    say(f"assign: {timings['assign_s']:.1f}s")
-    return PartitionResult(owner=owner, assign=assign, timings=timings)
+    stats = batch_balance_stats(
+        src[:stop], dst[:stop], owner64, assign[:stop], parts, batch_size, balance=balance
+    )
+    say(
+        f"assign: {timings['assign_s']:.1f}s; per-batch event max/mean "
+        f"{stats['event_imbalance']:.3f}, {stats['over_cap']} of {stats['batches']} batches "
+        f"over the cap ({stats['forced']} by events with both endpoints on one rank)"
+    )
+    return PartitionResult(owner=owner, assign=assign, timings=timings, batch_stats=stats)
 
 
 def store_info(events: EventsLike) -> dict[str, Any]:
@@ -217,6 +240,7 @@ def partition_store(
     num_neg: int = 1,
     sampler: NeighbourFn | None = None,
     access: Access | None = None,
+    batch_balance: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> PartitionResult:
     """``partition_arrays`` over a store's events, training split as the objective.
@@ -232,6 +256,7 @@ def partition_store(
         num_neg: Negatives per event in the cost model.
         sampler: Neighbour function to reuse.
         access: The model's access pattern; None means TGN's.
+        batch_balance: Also cap each global batch's events per rank.
         log: Progress lines.
 
     Returns:
@@ -253,6 +278,7 @@ def partition_store(
         num_neg=num_neg,
         sampler=sampler,
         access=access,
+        batch_balance=batch_balance,
         log=log,
     )
 

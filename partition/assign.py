@@ -12,18 +12,29 @@ expected share of x's sampled neighbours that r holds). Each cut event goes to i
 preferred side; then, while a rank exceeds the event cap ``balance * mean``, its cut
 events with the weakest preference move to their other endpoint's rank where that rank
 has room. Everything is vectorized; the loop is over rebalancing rounds.
+
+Per-batch balance (``batch_size``): a synchronous step waits for the slowest rank of
+each global batch, so the cap can also be applied per batch window (events
+``[i * B, (i + 1) * B)``): first each (batch, rank) above ``balance`` times the batch's
+mean hands its weakest cut events to their other endpoint's rank where that rank has
+room in the same batch (through a chain of full ranks where needed), then the epoch
+cap is met as above, preferring moves that keep every batch within its cap. A batch
+stays over its cap only where no assignment meets it: some set of ranks holds more
+events with both endpoints' owners among them than the set's cap, most simply a rank
+whose own internal events exceed it (``batch_balance_stats`` counts both).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from sven.partition.graph import InteractionGraph
 
-__all__ = ["affinity_table", "assign_events", "endpoint_preference"]
+__all__ = ["affinity_table", "assign_events", "batch_balance_stats", "endpoint_preference"]
 
 
 def affinity_table(graph: InteractionGraph, owner: np.ndarray, parts: int) -> np.ndarray:
@@ -88,6 +99,7 @@ def assign_events(
     index_offset: int = 0,
     chunk: int = 1 << 22,
     max_rounds: int = 64,
+    batch_size: int | None = None,
 ) -> np.ndarray:
     """Assigns each event to the owner of its source or of its destination.
 
@@ -110,7 +122,10 @@ def assign_events(
             ``index_offset + (0..E-1)``.
         index_offset: Global index of the first event when ``event_index`` is None.
         chunk: Events read at once.
-        max_rounds: Rebalancing rounds at most.
+        max_rounds: Rebalancing rounds at most (per phase).
+        batch_size: B: also cap every batch window's events per rank (see module
+            doc). Event ``e`` (global index ``idx``) is in window ``(idx -
+            index_offset) // B``; None caps only the epoch.
 
     Returns:
         (E,) int32 rank per event.
@@ -118,7 +133,18 @@ def assign_events(
     num = int(src.shape[0])
     out = np.empty(num, dtype=np.int32)
     fixed = np.zeros(parts, dtype=np.int64)
-    parts_idx, parts_a, parts_b, parts_pref = [], [], [], []
+    parts_idx, parts_a, parts_b, parts_pref, parts_win = [], [], [], [], []
+    windows = None
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        last = num - 1
+        if event_index is not None:
+            last = int(np.max(event_index, initial=index_offset)) - index_offset
+        nw = max(last, 0) // batch_size + 1
+        # Per window: events in it (for its cap) and each rank's events without choice.
+        win_events = np.zeros(nw, dtype=np.int64)
+        win_fixed = np.zeros(nw * parts, dtype=np.int64)
     for lo in range(0, num, chunk):
         hi = min(lo + chunk, num)
         s = np.asarray(src[lo:hi]).astype(np.int64)
@@ -137,9 +163,16 @@ def assign_events(
         # Exact ties (no preference at all) alternate by a hash of the event index, so
         # that neither endpoint role is favoured systematically.
         if event_index is None:
-            idx = index_offset + lo + c
+            every = index_offset + lo + np.arange(hi - lo, dtype=np.int64)
         else:
-            idx = np.asarray(event_index[lo:hi])[c]
+            every = np.asarray(event_index[lo:hi]).astype(np.int64)
+        idx = every[c]
+        if batch_size is not None:
+            win = (every - index_offset) // batch_size
+            win_events += np.bincount(win, minlength=nw)
+            uncut = a == b
+            win_fixed += np.bincount(win[uncut] * parts + a[uncut], minlength=nw * parts)
+            parts_win.append(win[c])
         coin = ((idx * 0x9E3779B1 + seed * 0x85EBCA77) >> 7) & 1
         pref = np.where(pref == 0.0, np.where(coin == 1, 1e-12, -1e-12), pref)
         parts_idx.append(lo + c)
@@ -153,10 +186,146 @@ def assign_events(
     b = np.concatenate(parts_b)
     pref = np.concatenate(parts_pref)
     del parts_idx, parts_a, parts_b, parts_pref
-    cap = max(int(np.floor(balance * num / parts)), -(-num // parts))
+    cap = _cap(num, parts, balance)
     choice = np.where(pref > 0, a, b)
-    out[cut] = _rebalance(choice, a, b, pref, fixed, cap, parts, max_rounds)
+    if batch_size is not None:
+        windows = _Windows(
+            np.concatenate(parts_win) * parts,
+            win_fixed,
+            np.repeat(_cap(win_events, parts, balance), parts),
+        )
+        del parts_win
+        _balance_windows(choice, a, b, pref, windows, max_rounds)
+    out[cut] = _rebalance(choice, a, b, pref, fixed, cap, parts, max_rounds, windows)
     return out
+
+
+def _cap(events: np.ndarray | int, parts: int, balance: float) -> np.ndarray | int:
+    """Events per rank at most: ``balance`` times the mean, never below the ceiling."""
+    if isinstance(events, int):
+        return max(int(np.floor(balance * events / parts)), -(-events // parts))
+    return np.maximum(np.floor(balance * events / parts).astype(np.int64), -(-events // parts))
+
+
+@dataclass
+class _Windows:
+    """Batch windows of the cut events and what else each (window, rank) holds.
+
+    Attributes:
+        base: (m,) int64 ``window * P`` of each cut event; ``base + rank`` is its
+            (window, rank) group.
+        fixed: (W * P,) events without choice per (window, rank).
+        cap: (W * P,) events per (window, rank) at most.
+    """
+
+    base: np.ndarray
+    fixed: np.ndarray
+    cap: np.ndarray
+
+    def room(self, choice: np.ndarray) -> np.ndarray:
+        """(W * P,) ``cap - events`` per (window, rank) under ``choice``."""
+        return self.cap - self.fixed - np.bincount(self.base + choice, minlength=self.cap.shape[0])
+
+
+def _balance_windows(
+    choice: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    pref: np.ndarray,
+    win: _Windows,
+    max_rounds: int,
+    max_depth: int = 4,
+) -> np.ndarray:
+    """Moves cut events within their batch window until no (window, rank) is over cap.
+
+    Direct rounds: every over-cap (window, rank) hands up to its excess of cut events,
+    weakest preference first, to their other endpoint's rank where that rank has room
+    in the same window (at most the room of each receiving group). A group is either
+    over or has room, never both, so a round never overfills a group, and every round
+    that moves an event lowers the total excess.
+
+    When no direct move is left, the excess often still fits: the over rank's partners
+    are full, but one of them has a cut event whose other rank has room. A chain round
+    makes that room (``_make_room``), and the next direct round uses it.
+
+    Args:
+        choice: (m,) int64 current rank of each cut event, updated in place.
+        a: (m,) int64 source owner.
+        b: (m,) int64 destination owner.
+        pref: (m,) preference for ``a``.
+        win: The windows.
+        max_rounds: Rounds at most.
+        max_depth: Longest chain of full ranks a chain round looks through.
+
+    Returns:
+        ``choice``.
+    """
+    for _ in range(max_rounds):
+        room = win.room(choice)
+        if room.min() >= 0:
+            break
+        here = win.base + choice
+        alt = a + b - choice
+        there = win.base + alt
+        movable = np.flatnonzero((room[here] < 0) & (room[there] > 0))
+        if movable.shape[0] == 0:
+            if not _make_room(choice, a, pref, here, alt, there, room, max_depth):
+                break
+            continue
+        keep = _take_per_group(movable, here[movable], _loss(movable, choice, a, pref), -room)
+        keep = _take_per_group(keep, there[keep], _loss(keep, choice, a, pref), room)
+        choice[keep] = alt[keep]
+    return choice
+
+
+def _make_room(
+    choice: np.ndarray,
+    a: np.ndarray,
+    pref: np.ndarray,
+    here: np.ndarray,
+    alt: np.ndarray,
+    there: np.ndarray,
+    room: np.ndarray,
+    max_depth: int,
+) -> int:
+    """One step of the chains that carry a window's excess through full ranks.
+
+    Breadth-first over (window, rank) groups, all windows at once: level 0 are the
+    full groups (room 0) that events of over-cap groups could move to; level d + 1
+    the full groups that events of level d could move to. At the first level where
+    some of its events can move to a group with room, those move (at most as many
+    per group as events want in, at most the room of each receiver). Room then opens
+    one level closer to the over-cap group; later rounds carry it the rest of the way.
+
+    Args:
+        choice: (m,) current rank of each cut event, updated in place.
+        a: (m,) source owner.
+        pref: (m,) preference for ``a``.
+        here: (m,) current group ``window * P + choice``.
+        alt: (m,) the other endpoint's rank.
+        there: (m,) the group ``window * P + alt``.
+        room: (G,) ``cap - events`` per group.
+        max_depth: Levels at most.
+
+    Returns:
+        Events moved.
+    """
+    seen = room < 0
+    asking = room[here] < 0
+    for _ in range(max_depth):
+        ask = asking & (room[there] == 0) & ~seen[there]
+        wanted = np.bincount(there[ask], minlength=room.shape[0])
+        if not wanted.any():
+            return 0
+        seen |= wanted > 0
+        free = np.flatnonzero((wanted[here] > 0) & (room[there] > 0))
+        if free.shape[0]:
+            keep = _take_per_group(free, here[free], _loss(free, choice, a, pref), wanted)
+            keep = _take_per_group(keep, there[keep], _loss(keep, choice, a, pref), room)
+            choice[keep] = alt[keep]
+            return int(keep.shape[0])
+        asking = wanted[here] > 0
+    return 0
 
 
 def _rebalance(
@@ -168,14 +337,17 @@ def _rebalance(
     cap: int,
     parts: int,
     max_rounds: int,
+    windows: _Windows | None = None,
 ) -> np.ndarray:
     """Moves cut events between their two ranks until no rank exceeds ``cap``.
 
     Direct moves go from an over-full rank to the other endpoint's rank where it has
-    room, weakest preference first. When no direct move is left but a rank is still
-    over, the excess travels along the shortest chain of ranks (breadth-first on the
-    P x P graph of movable events) to a rank with room, one hop at a time; events moved
-    on a chain are frozen so that chains cannot undo each other.
+    room, weakest preference first; with ``windows``, moves that keep the event's
+    batch window within its cap go first, the others only when none is left. When no
+    direct move is left but a rank is still over, the excess travels along the
+    shortest chain of ranks (breadth-first on the P x P graph of movable events) to a
+    rank with room, one hop at a time; events moved on a chain are frozen so that
+    chains cannot undo each other.
 
     Args:
         choice: (m,) int64 current rank of each cut event, updated in place.
@@ -186,6 +358,7 @@ def _rebalance(
         cap: Events per rank at most.
         parts: P.
         max_rounds: Rounds at most.
+        windows: Batch windows to keep within their caps where possible.
 
     Returns:
         ``choice``.
@@ -199,6 +372,16 @@ def _rebalance(
         room = cap - counts
         alt = a + b - choice
         movable = np.flatnonzero(~frozen & (excess[choice] > 0) & (room[alt] > 0))
+        if windows is not None and movable.shape[0]:
+            win_room = windows.room(choice)
+            there = windows.base[movable] + alt[movable]
+            kind = movable[win_room[there] > 0]
+            if kind.shape[0]:
+                # At most each receiving window's room, so no batch goes over its cap.
+                kind = _take_per_group(
+                    kind, windows.base[kind] + alt[kind], _loss(kind, choice, a, pref), win_room
+                )
+                movable = kind
         if movable.shape[0]:
             loss = _loss(movable, choice, a, pref)
             keep = _take_per_group(movable, choice[movable], loss, excess)
@@ -274,3 +457,61 @@ def _take_per_group(
     first = np.searchsorted(g, g, side="left")
     pos = np.arange(g.shape[0]) - first
     return items[order][pos < quota[g]]
+
+
+def batch_balance_stats(
+    src: np.ndarray,
+    dst: np.ndarray,
+    owner: np.ndarray,
+    assign: np.ndarray,
+    parts: int,
+    batch_size: int,
+    *,
+    balance: float = 1.05,
+    chunk: int = 1 << 22,
+) -> dict[str, float | int]:
+    """How far each batch window of an assignment is from the per-batch cap.
+
+    Windows are events ``[i * B, (i + 1) * B)`` of the given arrays; the cap of a
+    window of n events is ``max(floor(balance * n / P), ceil(n / P))`` per rank.
+
+    Args:
+        src: (E,) source ids (a memory map is fine).
+        dst: (E,) destination ids.
+        owner: (N,) owners.
+        assign: (E,) rank per event.
+        parts: P.
+        batch_size: B.
+        balance: The cap as a multiple of the batch's mean.
+        chunk: Events read at once (rounded to whole windows).
+
+    Returns:
+        ``batches``; ``over_cap``: windows where some rank is above the cap;
+        ``forced``: windows where some rank's events with both endpoints on it alone
+        exceed the cap, which no assignment can repair; ``event_imbalance``: the sum
+        over windows of the largest rank's events over the sum of the means.
+    """
+    num = int(src.shape[0])
+    step = max(1, chunk // batch_size) * batch_size
+    batches = over = forced = worst = 0
+    for lo in range(0, num, step):
+        hi = min(lo + step, num)
+        s = owner[np.asarray(src[lo:hi])]
+        d = owner[np.asarray(dst[lo:hi])]
+        r = np.asarray(assign[lo:hi]).astype(np.int64)
+        win = np.arange(hi - lo, dtype=np.int64) // batch_size
+        nw = int(win[-1]) + 1
+        counts = np.bincount(win * parts + r, minlength=nw * parts).reshape(nw, parts)
+        uncut = s == d
+        fixed = np.bincount(win[uncut] * parts + r[uncut], minlength=nw * parts)
+        cap = _cap(counts.sum(axis=1), parts, balance)[:, None]
+        batches += nw
+        over += int((counts > cap).any(axis=1).sum())
+        forced += int((fixed.reshape(nw, parts) > cap).any(axis=1).sum())
+        worst += int(counts.max(axis=1).sum())
+    return {
+        "batches": batches,
+        "over_cap": over,
+        "forced": forced,
+        "event_imbalance": worst * parts / num if num else 1.0,
+    }

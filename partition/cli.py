@@ -3,7 +3,8 @@
 ::
 
     sven partition DATA --parts P --strategy S --out DIR [--model M] [--batch B] [--k K]
-                   [--num-neg N] [--balance 1.05] [--seed S] [--json] [--overwrite]
+                   [--num-neg N] [--balance 1.05] [--no-batch-balance] [--seed S] [--json]
+                   [--overwrite]
     sven partition report DATA PART_DIR [--model M] [--batch B] [--k K] [--num-neg N] [--json]
                           [--simulate [--compute-ms A] [--compute-us-per-event B]
                            [--bandwidth-gbs BW] [--latency-us L] [--inter-bandwidth-gbs BW]
@@ -17,6 +18,11 @@ them without reading them.
 
 Both print the cost report (per-rank events, vertices, remote reads and writes, bytes,
 naive bytes; max, mean and max/mean) as a table, or as JSON with ``--json``.
+The event cap (``--balance``) applies to the epoch and, unless ``--no-batch-balance``,
+to every global batch of ``--batch`` events: a synchronous step waits for the rank with
+the most events of each batch. The partition's meta.json records the setting and how
+many batches stay over the cap (``batch_stats``).
+
 ``report --simulate`` adds the scaling model's step time and events/s for this
 partition (``sven.partition.scaling``; docs/scaling.md), synchronous and pipelined,
 against one rank at the same global batch.
@@ -69,6 +75,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, help="neighbours per root (10; report: as built)")
     p.add_argument("--num-neg", type=int, help="negatives per event (1; report: as built)")
     p.add_argument("--balance", type=float, default=1.05, help="event cap as max/mean (1.05)")
+    p.add_argument(
+        "--batch-balance",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also cap every global batch's events per rank at --balance (default: on)",
+    )
     p.add_argument("--seed", type=int, help="seed of the strategy and the negatives (0)")
     p.add_argument("--memory-dim", type=int, default=100, help="memory width for bytes (100)")
     p.add_argument(
@@ -155,7 +167,8 @@ def _emit(
         return
     print(
         f"partition {meta.get('strategy')} into {meta['parts']} ranks "
-        f"(balance {meta.get('balance')}, seed {meta.get('seed')}; "
+        f"(balance {meta.get('balance')}{' per batch' if meta.get('batch_balance') else ''}, "
+        f"seed {meta.get('seed')}; "
         f"cost model of {_model(args, meta)})"
     )
     print(format_report(report))
@@ -253,6 +266,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
         num_neg=num_neg,
         sampler=sampler,
         access=access,
+        batch_balance=args.batch_balance,
         log=lambda m: _say(args, m),
     )
     t1 = time.perf_counter()
@@ -271,6 +285,8 @@ def _partition(args: argparse.Namespace, data: str) -> int:
         "k": k,
         "num_neg": num_neg,
         "balance": args.balance,
+        "batch_balance": bool(args.batch_balance),
+        "batch_stats": res.batch_stats,
         "seed": seed,
         "num_train_events": int(train_stop),
         "store": {"path": str(events.path), **store_info(events)},

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from sven.partition.graph import unique_sorted
-from sven.pipeline.negatives import root_keys, sample_negatives
+from sven.pipeline.batch import root_layout
+from sven.pipeline.negatives import sample_negatives
 
 __all__ = [
     "Access",
@@ -61,6 +62,7 @@ __all__ = [
     "recent_sampler",
     "row_bytes",
     "touches",
+    "wire_bytes",
 ]
 
 
@@ -210,6 +212,27 @@ class BatchCounts:
         )
 
 
+def wire_bytes(
+    remote_reads: np.ndarray,
+    remote_writes: np.ndarray,
+    served_reads: np.ndarray,
+    received_writes: np.ndarray,
+    widths: RowBytes,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes a rank sends and receives in the exchange, from its counts (any shape).
+
+    Sent: the ids of its remote reads, the rows it serves, its remote writes (id and
+    row). Received: the ids it serves, the rows it reads, the writes to its vertices.
+
+    Returns:
+        ``(sent, received)``, each the shape of the counts.
+    """
+    w = widths
+    sent = remote_reads * w.id + served_reads * w.read + remote_writes * (w.id + w.write)
+    recv = served_reads * w.id + remote_reads * w.read + received_writes * (w.id + w.write)
+    return sent, recv
+
+
 @dataclass
 class CostReport:
     """Per-rank communication of one training epoch under a partition.
@@ -233,6 +256,9 @@ class CostReport:
             event load on the critical path when every batch waits for its slowest rank.
         batch_max_comm: Sum over batches of the largest per-rank ``remote_reads +
             remote_writes``.
+        batch_max_sent: Sum over batches of the largest per-rank exchange bytes sent
+            (``bytes_sent`` of that batch).
+        batch_max_recv: The same for the bytes received (``bytes_recv``).
         access: The model access pattern replayed.
         batches: Per-batch counts when asked for (``comm_cost(..., per_batch=True)``),
             else None.
@@ -254,6 +280,8 @@ class CostReport:
     received_writes: np.ndarray
     batch_max_events: int = 0
     batch_max_comm: int = 0
+    batch_max_sent: int = 0
+    batch_max_recv: int = 0
     access: Access = Access()
     batches: BatchCounts | None = None
 
@@ -272,21 +300,20 @@ class CostReport:
     @property
     def bytes_sent(self) -> np.ndarray:
         """(P,) bytes rank r puts on the wire: its read ids, the rows it serves, its writes."""
-        b = self.widths
-        return (
-            self.remote_reads * b.id
-            + self.served_reads * b.read
-            + self.remote_writes * (b.id + b.write)
-        )
+        return self._wire()[0]
 
     @property
     def bytes_recv(self) -> np.ndarray:
         """(P,) bytes rank r takes off the wire: ids to serve, its rows, writes to it."""
-        b = self.widths
-        return (
-            self.served_reads * b.id
-            + self.remote_reads * b.read
-            + self.received_writes * (b.id + b.write)
+        return self._wire()[1]
+
+    def _wire(self) -> tuple[np.ndarray, np.ndarray]:
+        return wire_bytes(
+            self.remote_reads,
+            self.remote_writes,
+            self.served_reads,
+            self.received_writes,
+            self.widths,
         )
 
     def metrics(self) -> dict[str, np.ndarray]:
@@ -314,6 +341,7 @@ class CostReport:
             }
         total_events = int(self.events.sum())
         naive = int(self.naive_bytes.sum())
+        sent, recv = int(self.bytes_sent.sum()), int(self.bytes_recv.sum())
         return {
             "parts": self.parts,
             "batch_size": self.batch_size,
@@ -327,6 +355,10 @@ class CostReport:
                 self.batch_max_events * self.parts / total_events if total_events else 1.0
             ),
             "batch_max_comm": int(self.batch_max_comm),
+            # Per batch, the slowest rank's bytes over the mean rank's, summed over
+            # batches: what a synchronous exchange waits for.
+            "batch_sent_imbalance": self.batch_max_sent * self.parts / sent if sent else 1.0,
+            "batch_recv_imbalance": self.batch_max_recv * self.parts / recv if recv else 1.0,
             "redundancy_saving": 1.0 - int(self.comm_bytes.sum()) / naive if naive else 0.0,
         }
 
@@ -426,26 +458,32 @@ def touches(
         The touches, roots first (all src, all dst, each negative draw), then the
         used neighbour slots in root order.
     """
-    n = events.shape[0]
-    width = 2 + num_neg
-    s = np.asarray(src[events]).astype(np.int64)
-    d = np.asarray(dst[events]).astype(np.int64)
-    neg = sample_negatives(seed, epoch, torch.from_numpy(events), candidates, num_neg).numpy()
-    roots = np.concatenate((s, d, neg.T.reshape(-1)))
-    root_ev = np.tile(events, width)
+    index = torch.from_numpy(events)
+    neg = sample_negatives(seed, epoch, index, candidates, num_neg)
+    # The batch builder's own layout of the roots (which are sampled, which written).
+    layout = root_layout(
+        index,
+        torch.from_numpy(np.asarray(src[events]).astype(np.int64)),
+        torch.from_numpy(np.asarray(dst[events]).astype(np.int64)),
+        torch.from_numpy(np.asarray(t[events])),
+        neg,
+        sample_roots=access.sample_roots,
+        rng=(seed, epoch),
+    )
+    roots = layout.nodes.numpy()
+    root_ev = np.tile(events, 2 + num_neg)
     root_rd = np.ones(roots.shape[0], dtype=bool)
     root_wr = np.zeros(roots.shape[0], dtype=bool)
-    root_wr[: 2 * n] = True
+    root_wr[: layout.num_written] = True
     if k == 0 or sampler is None or not access.samples:
         return Touches(root_ev, roots, root_rd, root_wr)
-    # Positive roots come first, so "positive" sampling is a prefix of the roots.
-    m = roots.shape[0] if access.sample_roots == "all" else 2 * n
-    times = np.tile(np.asarray(t[events]), width)[:m]
+    m = layout.num_sampled
+    times = layout.times.numpy()[:m]
     # Touches are a multiset, so the roots can be sampled in any order: sorted by node,
     # the sampler's binary searches and gathers walk its index nearly sequentially,
     # which on a large T-CSR is several times faster than in event order.
     order = np.argsort(roots[:m])
-    keys = root_keys(seed, epoch, torch.from_numpy(events), width)[:m]
+    keys = layout.keys[:m]
     nbr_t, mask_t = sampler(
         torch.from_numpy(roots[order]), torch.from_numpy(times[order]), keys[order]
     )
@@ -707,9 +745,11 @@ def comm_costs(
         offset = 0 if assign.shape[0] == src.shape[0] else start
         states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
                        "batch_size": bsz, "acc": acc, "batch_max_events": 0,
-                       "batch_max_comm": 0, "chunks": []})  # fmt: skip
+                       "batch_max_comm": 0, "batch_max_sent": 0, "batch_max_recv": 0,
+                       "chunks": []})  # fmt: skip
     cand = _candidates(dst, candidates)
     access = Access() if access is None else access
+    widths = row_bytes() if widths is None else widths
     if sampler is None and k > 0 and access.samples:
         sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
 
@@ -742,6 +782,12 @@ def comm_costs(
             for name in COUNT_FIELDS[2:]:
                 acc[name] += getattr(tally, name)
             st["batch_max_comm"] += int(tally.batch_comm.max(axis=1).sum())
+            sent, recv = wire_bytes(
+                tally.batch_reads, tally.batch_writes, tally.batch_served,
+                tally.batch_received, widths,
+            )  # fmt: skip
+            st["batch_max_sent"] += int(sent.max(axis=1).sum())
+            st["batch_max_recv"] += int(recv.max(axis=1).sum())
             if per_batch:
                 counts = BatchCounts(
                     ev_br.astype(np.int64), tally.batch_reads, tally.batch_writes,
@@ -758,9 +804,11 @@ def comm_costs(
             k=k,
             num_neg=num_neg,
             num_batches=-(-num_events // st["batch_size"]),
-            widths=row_bytes() if widths is None else widths,
+            widths=widths,
             batch_max_events=st["batch_max_events"],
             batch_max_comm=st["batch_max_comm"],
+            batch_max_sent=st["batch_max_sent"],
+            batch_max_recv=st["batch_max_recv"],
             access=access,
             batches=BatchCounts.concat(st["chunks"], st["parts"]) if per_batch else None,
             **st["acc"],
@@ -824,6 +872,7 @@ class SampledCost:
         )
         self.batch = np.repeat(np.arange(chosen.shape[0], dtype=np.int64), lengths)
         self.num_batches = int(chosen.shape[0])
+        self.batch_size = int(batch_size)
         self.fraction = self.events.shape[0] / max(stop, 1)
         self.widths = row_bytes() if widths is None else widths
         access = Access() if access is None else access
@@ -913,8 +962,9 @@ def format_report(report: CostReport) -> str:
     s = report.summary()
     lines.append(
         f"batches {report.num_batches} of {report.batch_size}, k={report.k}, "
-        f"negatives {report.num_neg}; per-batch event imbalance "
-        f"{s['batch_event_imbalance']:.3f}; redundancy-free saves "
+        f"negatives {report.num_neg}; per-batch max/mean: events "
+        f"{s['batch_event_imbalance']:.3f}, bytes sent {s['batch_sent_imbalance']:.3f}, "
+        f"received {s['batch_recv_imbalance']:.3f}; redundancy-free saves "
         f"{100 * s['redundancy_saving']:.1f}% of the naive bytes"
     )
     return "\n".join(lines)

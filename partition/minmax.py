@@ -129,8 +129,12 @@ class _Refiner:
         cost: SampledCost,
         balance: float,
         seed: int,
+        batch_balance: bool = False,
     ) -> None:
         self.graph = graph
+        # The sampled events are whole batches indexed from the epoch start, so their
+        # global indices give the batch windows of the per-batch cap.
+        self.batch_size = cost.batch_size if batch_balance else None
         self.seed = seed
         self.parts = parts
         self.cost = cost
@@ -155,7 +159,7 @@ class _Refiner:
         assign = assign_events(
             c.src, c.dst, self.owner, self.parts,
             balance=self.balance, preference=pref + prices[a] - prices[b], seed=self.seed,
-            event_index=c.events,
+            event_index=c.events, batch_size=self.batch_size,
         )  # fmt: skip
         if np.bincount(assign, minlength=self.parts).max() > self.cap:
             return None
@@ -208,9 +212,10 @@ def _refine(
     seed: int,
     max_rounds: int,
     patience: int,
+    batch_balance: bool = False,
 ) -> MinMaxResult:
     """Min-max refinement rounds from ``owner`` (see ``minmax_owner``)."""
-    ref = _Refiner(graph, owner, parts, cost, balance, seed)
+    ref = _Refiner(graph, owner, parts, cost, balance, seed, batch_balance)
     comm = ref.evaluate(ref.prices)
     if comm is None:
         # The start's internal events alone exceed the cap somewhere; no assignment can
@@ -269,6 +274,7 @@ def minmax_owner(
     seed: int = 0,
     max_rounds: int = 60,
     patience: int = 6,
+    batch_balance: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> MinMaxResult:
     """Recursive flexible bisection followed by min-max refinement.
@@ -297,6 +303,9 @@ def minmax_owner(
         seed: METIS seed of the top-level cuts (deeper cuts derive theirs).
         max_rounds: Refinement rounds at most, per start.
         patience: Rounds without progress before stopping.
+        batch_balance: Score proposals under the per-batch cap of the assignment
+            (``assign_events(batch_size=cost.batch_size)``), as the final assignment
+            will be made.
         log: Progress lines.
 
     Returns:
@@ -309,7 +318,7 @@ def minmax_owner(
         _bisect_recursive(g, np.arange(g.num_nodes, dtype=np.int64), 0, parts, balance, seed, owner)
         if parts == 1:
             return MinMaxResult(owner.astype(np.int32), np.zeros(1))
-        res = _refine(graph, owner, parts, cost, balance, seed, max_rounds, patience)
+        res = _refine(graph, owner, parts, cost, balance, seed, max_rounds, patience, batch_balance)
         if not res.history:
             continue
         say(

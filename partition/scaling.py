@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sven.partition.cost import BatchCounts, RowBytes
+from sven.partition.cost import BatchCounts, RowBytes, wire_bytes
 
 __all__ = [
     "Link",
@@ -267,10 +267,8 @@ def exchange_bytes(counts: BatchCounts, widths: RowBytes) -> tuple[np.ndarray, n
 
     The per-batch form of ``CostReport.bytes_sent`` and ``bytes_recv``.
     """
-    c, w = counts, widths
-    sent = c.remote_reads * w.id + c.served_reads * w.read + c.remote_writes * (w.id + w.write)
-    recv = c.served_reads * w.id + c.remote_reads * w.read + c.received_writes * (w.id + w.write)
-    return sent, recv
+    c = counts
+    return wire_bytes(c.remote_reads, c.remote_writes, c.served_reads, c.received_writes, widths)
 
 
 def fit_compute(batch_sizes: list[int], step_ms: list[float]) -> tuple[float, float]:

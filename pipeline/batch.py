@@ -78,6 +78,65 @@ class Batch:
         return self.nodes[self.root_pos]
 
 
+@dataclass
+class RootLayout:
+    """Which nodes a batch touches at its roots, in the one layout every consumer uses.
+
+    The batch builder (``make_batch``) and the cost model's replay
+    (``sven.partition.cost.touches``) both take a batch's roots from here, so the
+    predicted reads and writes are those the runtime makes.
+
+    Attributes:
+        nodes: (R,) int64 roots ``[src (B), dst (B), neg[:, 0] (B), ...]``, R = B * (2 + n).
+        times: (R,) float64 time of each root (its event's).
+        keys: (R,) int64 random keys of the roots (``negatives.root_keys``), or None.
+        num_sampled: The first ``num_sampled`` roots have their neighbours sampled
+            (all of them, or the 2B positive ones).
+        num_written: The first ``num_written`` roots (src and dst, 2B) are written
+            back; with ``deliver_to_neighbors`` (APAN) also the sampled neighbours of
+            these roots.
+    """
+
+    nodes: torch.Tensor
+    times: torch.Tensor
+    keys: torch.Tensor | None
+    num_sampled: int
+    num_written: int
+
+
+def root_layout(
+    index: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    t: torch.Tensor,
+    neg: torch.Tensor,
+    *,
+    sample_roots: str = "all",
+    rng: tuple[int, int | torch.Tensor] | None = None,
+) -> RootLayout:
+    """The roots of a batch of events and which of them are sampled and written.
+
+    Args:
+        index: (B,) int64 global event indices.
+        src: (B,) int64.
+        dst: (B,) int64.
+        t: (B,) event times (any dtype).
+        neg: (B, n) int64 negatives.
+        sample_roots: "all" roots or only the "positive" ones (src and dst) have their
+            neighbours sampled; "none": no root.
+        rng: ``(seed, stream)`` of the roots' random keys, or None for no keys.
+
+    Returns:
+        The layout.
+    """
+    b = src.shape[0]
+    width = 2 + neg.shape[1]
+    nodes = torch.cat([src, dst, neg.t().reshape(-1)])
+    keys = None if rng is None else root_keys(rng[0], rng[1], index, width)
+    sampled = {"all": nodes.shape[0], "positive": 2 * b, "none": 0}[sample_roots]
+    return RootLayout(nodes, t.to(torch.float64).repeat(width), keys, sampled, 2 * b)
+
+
 def make_batch(
     index: torch.Tensor,
     src: torch.Tensor,
@@ -125,19 +184,16 @@ def make_batch(
     Returns:
         The batch.
     """
-    b = src.shape[0]
-    t64 = t.to(torch.float64)
-    roots = torch.cat([src, dst, neg.t().reshape(-1)])
-    root_t = t64.repeat(2 + neg.shape[1])
-    root_key = None
-    if rng is not None:
-        seed, stream, _ = rng
-        root_key = root_keys(seed, stream, index, 2 + neg.shape[1])
+    layout = root_layout(
+        index, src, dst, t, neg, sample_roots=sample_roots,
+        rng=None if rng is None else (rng[0], rng[1]),
+    )  # fmt: skip
+    roots, root_t, root_key = layout.nodes, layout.times, layout.keys
     block = None
     nbr_pos = None
     nbr_edge_feat = None
     if sampler is not None:
-        n_sample = roots.shape[0] if sample_roots == "all" else 2 * b
+        n_sample = layout.num_sampled
         keys = None if root_key is None else root_key[:n_sample]
         block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
     if pad_node is not None:
@@ -165,7 +221,7 @@ def make_batch(
         index=index,
         src=src,
         dst=dst,
-        t=t64,
+        t=t.to(torch.float64),
         neg=neg,
         edge_feat=None if edge_feat_table is None else edge_feat_table[index],
         nodes=nodes,

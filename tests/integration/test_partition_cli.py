@@ -57,10 +57,20 @@ def test_table_output(store, tmp_path, capsys):
     argv = ["partition", str(store), "--parts", "2", "--strategy", "hash", "--out", str(out)]
     assert main([*argv, "--quiet"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("partition hash into 2 ranks (balance 1.05, seed 0; cost model of tgn)")
+    assert text.startswith(
+        "partition hash into 2 ranks (balance 1.05 per batch, seed 0; cost model of tgn)"
+    )
     for word in ("rank", "remote_reads", "comm_bytes", "naive_bytes", "max/mean"):
         assert word in text
     assert "redundancy-free saves" in text
+    assert "per-batch max/mean: events " in text and ", bytes sent " in text
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["batch_balance"] is True
+    assert set(meta["batch_stats"]) == {"batches", "over_cap", "forced", "event_imbalance"}
+    # Without per-batch balance only the epoch is capped.
+    assert main([*argv, "--quiet", "--overwrite", "--no-batch-balance"]) == 0
+    assert "(balance 1.05, seed 0;" in capsys.readouterr().out
+    assert json.loads((out / "meta.json").read_text())["batch_balance"] is False
     # Different cost settings on report override those recorded.
     assert main(["partition", "report", str(store), str(out), "--batch", "50"]) == 0
     assert "of 50, k=10" in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from sven.partition.cost import (
     Access,
@@ -13,7 +14,9 @@ from sven.partition.cost import (
     comm_cost,
     comm_costs,
     row_bytes,
+    touches,
 )
+from sven.partition.scaling import exchange_bytes
 
 # Four nodes, four events, two ranks, batches of two events:
 #
@@ -260,6 +263,12 @@ def test_per_batch_counts_by_hand_and_summing_to_the_epoch():
     np.testing.assert_array_equal(b.remote_writes, [[0, 0], [1, 1]])
     np.testing.assert_array_equal(b.served_reads, [[0, 1], [2, 2]])
     np.testing.assert_array_equal(b.received_writes, [[0, 0], [1, 1]])
+    # Sent = reads * 8 + served * 100 + writes * 58: batch 0 (8, 100), batch 1 (274,
+    # 274). Received = served * 8 + reads * 100 + received * 58: (100, 8), (274, 274).
+    # Each epoch total is 656 bytes, 328 per rank; the slowest ranks sum to 374.
+    assert rep.batch_max_sent == 374 and rep.batch_max_recv == 374
+    summ = rep.summary()
+    assert summ["batch_sent_imbalance"] == summ["batch_recv_imbalance"] == 374 / 328
     assert _cost().batches is None
 
 
@@ -281,6 +290,17 @@ def test_per_batch_counts_sum_to_the_epoch_totals(model: str):
     assert int(b.events.max(axis=1).sum()) == rep.batch_max_events
     comm = b.remote_reads + b.remote_writes
     assert int(comm.max(axis=1).sum()) == rep.batch_max_comm
+    # Per-batch bytes: the slowest rank's sent (received) bytes of each batch, summed,
+    # over the mean rank's epoch bytes.
+    sent, recv = exchange_bytes(b, rep.widths)
+    np.testing.assert_array_equal(sent.sum(axis=0), rep.bytes_sent)
+    np.testing.assert_array_equal(recv.sum(axis=0), rep.bytes_recv)
+    summ = rep.summary()
+    want_sent = sent.max(axis=1).sum() * parts / rep.bytes_sent.sum()
+    want_recv = recv.max(axis=1).sum() * parts / rep.bytes_recv.sum()
+    assert summ["batch_sent_imbalance"] == pytest.approx(want_sent, rel=1e-12)
+    assert summ["batch_recv_imbalance"] == pytest.approx(want_recv, rel=1e-12)
+    assert summ["batch_sent_imbalance"] > 1.0
 
 
 def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
@@ -300,3 +320,48 @@ def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
         assert rep.summary() == alone.summary()
         for name in ("events", "remote_reads", "remote_writes", "served_reads"):
             np.testing.assert_array_equal(getattr(rep.batches, name), getattr(alone.batches, name))
+
+
+@pytest.mark.parametrize("model", ["tgn", "jodie", "dyrep", "apan"])
+def test_touches_are_what_the_batch_builder_reads_and_writes(model: str):
+    # The replay and make_batch share the root layout: the same roots, the same
+    # sampled roots and keys (uniform draws), the same written nodes.
+    from sven.pipeline.batch import make_batch
+    from sven.pipeline.negatives import sample_negatives
+    from sven.pipeline.sampler import TCSR, TemporalSampler
+
+    rng = np.random.default_rng(7)
+    n, e, k, num_neg, seed = 20, 120, 3, 2, 1
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    t = np.sort(rng.integers(0, 500, e))
+    access = Access.of(model)
+    sampler = TemporalSampler(TCSR.from_events(src, dst, t, n, "cpu"), [k], "uniform")
+
+    def neighbours(nodes, times, keys):
+        block = sampler.sample(nodes, times, keys=keys)[0]
+        return block.nbr, block.mask
+
+    cand = torch.arange(n)
+    idx = np.arange(40, 80)
+    tch = touches(
+        src, dst, t, idx, candidates=cand, sampler=neighbours, k=k, num_neg=num_neg,
+        seed=seed, epoch=0, access=access,
+    )  # fmt: skip
+    index = torch.from_numpy(idx)
+    batch = make_batch(
+        index, torch.from_numpy(src[idx]), torch.from_numpy(dst[idx]), torch.from_numpy(t[idx]),
+        sample_negatives(seed, 0, index, cand, num_neg),
+        sampler=sampler if access.sample_roots != "none" else None,
+        sample_roots=access.sample_roots, read_neighbors=access.read_neighbors,
+        rng=(seed, 0, 40),
+    )  # fmt: skip
+    block, b = batch.block, batch.size
+    read = [batch.roots]
+    written = [batch.src, batch.dst]
+    if block is not None and access.read_neighbors:
+        read.append(block.nbr[block.mask])
+    if block is not None and access.deliver_to_neighbors:
+        written.append(block.nbr[: 2 * b][block.mask[: 2 * b]])
+    np.testing.assert_array_equal(np.sort(tch.node[tch.read]), np.sort(torch.cat(read).numpy()))
+    np.testing.assert_array_equal(np.sort(tch.node[tch.write]), np.sort(torch.cat(written).numpy()))
+    assert (block is None) == (model == "jodie")
