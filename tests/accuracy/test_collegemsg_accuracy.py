@@ -51,7 +51,8 @@ def test_collegemsg_apan_test_holds_up_to_val(uci: str, tmp_path) -> None:
     # Before the time-projected embedding APAN reached val AP 0.76 and test AP 0.57
     # (docs/accuracy.md); now test AP is at or above val AP. Projecting by the age of
     # the newest mail (which neighbours' events refresh) instead of the time since the
-    # node's own last event gave test AP 0.854 here; the node's own gives 0.896 (CPU).
+    # node's own last event gave test AP 0.85; the node's own gives about 0.90 (CPU,
+    # docs/accuracy.md, session 4).
     summary = sven.Trainer(
         None,
         [
