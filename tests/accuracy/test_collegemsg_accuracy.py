@@ -49,7 +49,10 @@ def test_collegemsg_floor(uci: str, tmp_path, model: str, epochs: int, floor: fl
 
 def test_collegemsg_apan_test_holds_up_to_val(uci: str, tmp_path) -> None:
     # Before the time-projected embedding APAN reached val AP 0.76 and test AP 0.57
-    # (docs/accuracy.md); now test AP is at or above val AP.
+    # (docs/accuracy.md); now test AP is at or above val AP. Projecting by the age of
+    # the newest mail (which neighbours' events refresh) instead of the time since the
+    # node's own last event gave test AP 0.85; the node's own gives about 0.90 (CPU,
+    # docs/accuracy.md, session 4).
     summary = sven.Trainer(
         None,
         [
@@ -61,7 +64,7 @@ def test_collegemsg_apan_test_holds_up_to_val(uci: str, tmp_path) -> None:
             "quiet=true",
         ],
     ).fit()
-    assert summary["test_ap"] >= 0.78, summary
+    assert summary["test_ap"] >= 0.87, summary
     assert summary["test_ap"] >= summary["val_ap"] - 0.05, summary
 
 

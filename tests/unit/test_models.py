@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -180,6 +182,41 @@ def test_apan_tells_a_silent_node_from_an_active_one() -> None:
     # Reading the same state later changes the scores (the silence grows).
     later = _apan_scores_at(50.0, recent)
     assert not torch.allclose(later, same)
+
+
+def test_apan_projects_by_the_nodes_own_silence_not_its_newest_mail() -> None:
+    """Regression (APAN under TGN on CollegeMsg): the projection's dt was the age of the
+    newest mail, which a neighbour's event refreshes, so a node silent for a long time
+    looked active. TGL projects by the time since the node's memory was last written
+    (its own last event), and the write-back records the event's time for that.
+    """
+    torch.manual_seed(5)
+    model = _model("apan")
+    mem = MemoryState(N, 4, model.mail_dim, 3, dtype=torch.float64)
+    mem.memory[:] = torch.randn(N, 4, dtype=torch.float64)
+    mem.mail[:] = torch.randn(N, 3, model.mail_dim, dtype=torch.float64)
+    mem.mail_valid[:, 0] = True
+    mem.mail_ts[:, 0] = 4.5  # every node's newest mail: a neighbour's event at t=4.5
+    mem.last_update[:] = torch.tensor([1.0, 2.0, 0.5, 3.0, 0.0], dtype=torch.float64)
+    with torch.no_grad():
+        model.time_proj.weight.copy_(torch.linspace(0.1, 0.4, 4, dtype=torch.float64)[:, None])
+    seen: list[torch.Tensor] = []
+    model.decoder.register_forward_hook(lambda mod, args, out: seen.append(args[1]))
+    # Event 5 (3 -> 0, t=5) against negative 4.
+    batch = _batch(model, 5, 6, torch.tensor([[4]]))
+    out = model(batch, mem.gather(batch.nodes))
+    h_dst, h_neg = seen[0][0], seen[1][0, 0]
+    rows = mem.gather(torch.tensor([0, 4]))
+    z, _ = model.current_memory(
+        dataclasses.replace(batch, root_t=batch.t.repeat(2), node_key=None), rows
+    )
+    # dt = 5 - 1 for node 0 and 5 - 0 for node 4 (their own last events), not 5 - 4.5.
+    w = model.time_proj.weight[:, 0]
+    assert torch.allclose(h_dst, z[0] * (1 + 4.0 * w), atol=1e-12, rtol=0)
+    assert torch.allclose(h_neg, z[1] * (1 + 5.0 * w), atol=1e-12, rtol=0)
+    # The endpoints' memory rows are stamped with the event's time, not the mail's.
+    assert out.update.nodes.tolist() == [0, 3]
+    assert out.update.last_update.tolist() == [5.0, 5.0]
 
 
 def _dyrep_scores_at(t: float, last_update: torch.Tensor, projection: bool) -> torch.Tensor:
