@@ -16,6 +16,7 @@ without a lossy cast. Every byte sent to another rank is counted in :class:`Comm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,6 +162,21 @@ class MemoryExchange:
         self.lap: Callable[[str], None] = lambda stage: None
 
     # -------------------------------------------------------------- collectives
+    def state_dict(self) -> dict[str, int]:
+        """The byte counters of the epoch so far (:class:`CommCounter`'s fields).
+
+        The shard is a component of its own and is saved apart; plans and handles in
+        flight are not state (checkpoints are taken with the write-back drained).
+        """
+        return dataclasses.asdict(self.counter)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Sets the byte counters from :meth:`state_dict`."""
+        for k, v in state.items():
+            if not hasattr(self.counter, k):
+                raise KeyError(f"CommCounter has no counter {k!r}")
+            setattr(self.counter, k, int(v))
+
     def _exchange(
         self,
         send: torch.Tensor,
