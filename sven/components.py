@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from sven.pipeline.eval_negatives import (
 )
 from sven.pipeline.negatives import sample_negatives
 
+if TYPE_CHECKING:
+    from sven.pipeline.memory_exchange import MemoryExchange
+
 __all__ = [
     "EVAL_STREAM",
     "MRR_STREAM",
@@ -51,6 +54,7 @@ __all__ = [
     "Optimizer",
     "eval_result",
     "owned_nodes",
+    "predict_comm",
 ]
 
 # Negative streams of evaluation are fixed per split, independent of the epoch, so every
@@ -385,6 +389,66 @@ def check_splits(path: str, ranges: dict[str, tuple[int, ...]], rank: int) -> No
             file=sys.stderr,
             flush=True,
         )
+
+
+def predict_comm(
+    cfg: Any, data: Data, model: MemoryModel, exchange: MemoryExchange
+) -> dict[str, Any]:
+    """The partition cost model's prediction of epoch 0's exchange, per rank.
+
+    Computed with the runtime's own sampler, row widths and the model's access
+    pattern (which roots are sampled, whether neighbours are read or get mail), so
+    that the measured bytes of epoch 0 must equal it exactly.
+    """
+    from sven.partition.cost import Access, RowBytes, comm_cost
+    from sven.pipeline.memory_exchange import ID_BYTES
+
+    tc = cfg.train
+    lo, hi = data.ranges["train"]
+    if tc.max_batches:
+        hi = min(hi, lo + tc.max_batches * tc.batch_size)
+    sampler = None
+    if data.sampler is not None:
+        smp = data.sampler
+
+        def sampler(
+            nodes: torch.Tensor, times: torch.Tensor, keys: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            dev = data.device
+            block = smp.sample(nodes.to(dev), times.to(dev), keys=keys.to(dev))[0]
+            return block.nbr.cpu(), block.mask.cpu()
+
+    ev = data.events
+    report = comm_cost(
+        ev.src,
+        ev.dst,
+        ev.t,
+        data.owner.cpu().numpy(),
+        data.assign.cpu().numpy(),
+        batch_size=tc.batch_size,
+        k=cfg.model.num_neighbors if sampler else 0,
+        num_neg=tc.num_neg,
+        seed=tc.seed,
+        epoch=0,
+        start=lo,
+        stop=hi,
+        parts=data.world_size,
+        candidates=data.candidates.cpu().numpy(),
+        sampler=sampler,
+        access=Access.of(model),
+        widths=RowBytes(
+            read=exchange.read_codec.row_bytes,
+            write=exchange.write_codec.row_bytes,
+            id=ID_BYTES,
+        ),
+    )
+    return {
+        "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
+        "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
+        "comm_max_over_mean_predicted": float(
+            report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
+        ),
+    }
 
 
 # ----------------------------------------------------------------------- optimizer

@@ -53,6 +53,7 @@ from sven.components import (
     Optimizer,
     eval_result,
     owned_nodes,
+    predict_comm,
 )
 from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, Stopped, SvenError
@@ -220,7 +221,9 @@ class Trainer:
             agree=self._agree,
         )
         self._log(self.ctx.describe() if self.world_size > 1 else "single process")
-        self.predicted_comm = self._predict_comm() if self.world_size > 1 else None
+        self.predicted_comm = (
+            None if self.exchange is None else predict_comm(cfg, d, self.model, self.exchange)
+        )
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
         """Calls ``fn(trainer)`` before or after every training step, on every rank.
@@ -713,7 +716,7 @@ class Trainer:
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
-            comm = self._comm_line()
+            comm = {} if self.exchange is None else self.exchange.epoch_bytes()
             stages = self._timeline_line(dt)
             self._where = f"epoch {epoch} validation"
             val = self.split_metrics("val", self.evaluate("val"))
@@ -836,63 +839,6 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
     # ---------------------------------------------------------------- comm
-    def _predict_comm(self) -> dict[str, Any]:
-        """The partition cost model's prediction of epoch 0's exchange, per rank.
-
-        Computed with the runtime's own sampler, row widths and the model's access
-        pattern (which roots are sampled, whether neighbours are read or get mail), so
-        that the measured bytes of epoch 0 must equal it exactly.
-        """
-        from sven.partition.cost import Access, RowBytes, comm_cost
-        from sven.pipeline.memory_exchange import ID_BYTES
-
-        tc = self.cfg.train
-        lo, hi = self.ranges["train"]
-        if tc.max_batches:
-            hi = min(hi, lo + tc.max_batches * tc.batch_size)
-        sampler = None
-        if self.data.sampler is not None:
-            smp = self.data.sampler
-
-            def sampler(
-                nodes: torch.Tensor, times: torch.Tensor, keys: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-                dev = self.device
-                block = smp.sample(nodes.to(dev), times.to(dev), keys=keys.to(dev))[0]
-                return block.nbr.cpu(), block.mask.cpu()
-
-        ev = self.data.events
-        report = comm_cost(
-            ev.src,
-            ev.dst,
-            ev.t,
-            self.owner.cpu().numpy(),
-            self.data.assign.cpu().numpy(),
-            batch_size=tc.batch_size,
-            k=self.cfg.model.num_neighbors if sampler else 0,
-            num_neg=tc.num_neg,
-            seed=tc.seed,
-            epoch=0,
-            start=lo,
-            stop=hi,
-            parts=self.world_size,
-            candidates=self.candidates.cpu().numpy(),
-            sampler=sampler,
-            access=Access.of(self.model),
-            widths=RowBytes(
-                read=self.exchange.read_codec.row_bytes,
-                write=self.exchange.write_codec.row_bytes,
-                id=ID_BYTES,
-            ),
-        )
-        return {
-            "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
-            "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
-            "comm_max_over_mean_predicted": float(
-                report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
-            ),
-        }
-
     def _timeline_line(self, epoch_s: float) -> dict[str, Any]:
         """This epoch's per-stage times of every rank (:mod:`sven.timeline`).
 
@@ -908,33 +854,6 @@ class Trainer:
         else:
             per = mine[None]
         return timeline_line(per[:, :-1], per[:, -1])
-
-    def _comm_line(self) -> dict[str, Any]:
-        """Per-rank bytes of this epoch's training, gathered on every rank."""
-        if self.exchange is None:
-            return {}
-        c = self.exchange.counter
-        mine = torch.tensor(
-            [c.ids, c.read_rows, c.write_rows, c.grads, c.naive],
-            dtype=torch.int64,
-            device=self.device,
-        )
-        allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(allr, mine)
-        per = torch.stack(allr).cpu()
-        exch = per[:, 0] + per[:, 1] + per[:, 2]
-        total = exch + per[:, 3]
-        return {
-            "comm_bytes": int(total.sum()),
-            "comm_bytes_exchange": int(exch.sum()),
-            "comm_bytes_grads": int(per[:, 3].sum()),
-            "comm_bytes_naive": int(per[:, 4].sum()),
-            "comm_bytes_naive_per_rank": per[:, 4].tolist(),
-            "comm_bytes_per_rank": total.tolist(),
-            "comm_bytes_exchange_per_rank": exch.tolist(),
-            "comm_bytes_max_rank": int(total.max()),
-            "comm_max_over_mean": float(exch.max() / max(float(exch.float().mean()), 1.0)),
-        }
 
     # ------------------------------------------------------------- re-eval
     def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
