@@ -108,14 +108,14 @@ from torch_geometric.nn.models.tgn import (
 )
 
 import sven
+
+# Sven's fixed negative streams of evaluation, so both sides score the same val and
+# test negatives.
+from sven.components import EVAL_STREAM
 from sven.datasets.store import TemporalEvents
 from sven.metrics import average_precision
 from sven.models.base import LinkDecoder
 from sven.pipeline.negatives import sample_negatives
-
-# Sven's fixed negative streams of evaluation (the trainer's private table), so both
-# sides score the same val and test negatives.
-from sven.trainer import _EVAL_STREAM
 
 DIM = 100  # memory, time and embedding width
 BATCH = 200
@@ -339,7 +339,7 @@ class PygTGN:
         for start in range(lo, hi, BATCH):
             stop = min(start + BATCH, hi)
             idx = torch.arange(start, stop, device=ev.src.device)
-            neg = sample_negatives(seed, _EVAL_STREAM[split], idx, ev.candidates, 1)[:, 0]
+            neg = sample_negatives(seed, EVAL_STREAM[split], idx, ev.candidates, 1)[:, 0]
             pos_out, neg_out = self.scores(start, stop, neg)
             aps.append(batch_ap(pos_out, neg_out))
             self.observe(start, stop)

@@ -16,9 +16,11 @@ without a lossy cast. Every byte sent to another rank is counted in :class:`Comm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -161,6 +163,52 @@ class MemoryExchange:
         self.lap: Callable[[str], None] = lambda stage: None
 
     # -------------------------------------------------------------- collectives
+    def state_dict(self) -> dict[str, int]:
+        """The byte counters of the epoch so far (:class:`CommCounter`'s fields).
+
+        The shard is a component of its own and is saved apart; plans and handles in
+        flight are not state (checkpoints are taken with the write-back drained).
+        """
+        return dataclasses.asdict(self.counter)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Sets the byte counters from :meth:`state_dict`."""
+        for k, v in state.items():
+            if not hasattr(self.counter, k):
+                raise KeyError(f"CommCounter has no counter {k!r}")
+            setattr(self.counter, k, int(v))
+
+    def epoch_bytes(self) -> dict[str, Any]:
+        """Every rank's bytes of the epoch so far, gathered on every rank (a collective).
+
+        Returns:
+            The ``comm_*`` fields of a ``metrics.jsonl`` line: totals, per-rank lists
+            (exchange = ids + rows served + rows written; gradients apart; the naive
+            volume) and the exchange's max/mean over ranks.
+        """
+        c = self.counter
+        mine = torch.tensor(
+            [c.ids, c.read_rows, c.write_rows, c.grads, c.naive],
+            dtype=torch.int64,
+            device=self.owner.device,
+        )
+        allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(allr, mine, group=self.group)
+        per = torch.stack(allr).cpu()
+        exch = per[:, 0] + per[:, 1] + per[:, 2]
+        total = exch + per[:, 3]
+        return {
+            "comm_bytes": int(total.sum()),
+            "comm_bytes_exchange": int(exch.sum()),
+            "comm_bytes_grads": int(per[:, 3].sum()),
+            "comm_bytes_naive": int(per[:, 4].sum()),
+            "comm_bytes_naive_per_rank": per[:, 4].tolist(),
+            "comm_bytes_per_rank": total.tolist(),
+            "comm_bytes_exchange_per_rank": exch.tolist(),
+            "comm_bytes_max_rank": int(total.max()),
+            "comm_max_over_mean": float(exch.max() / max(float(exch.float().mean()), 1.0)),
+        }
+
     def _exchange(
         self,
         send: torch.Tensor,

@@ -136,9 +136,9 @@ class RankStep:
     def _prepare(self, epoch: int, i: int, g_lo: int, g_hi: int, m: int) -> StepInput:
         tr = self.tr
         num_neg = tr.cfg.train.num_neg
-        idx = tr._event_index(g_lo, g_hi)
+        idx = tr.data.event_index(g_lo, g_hi)
         micro = [
-            tr._batch(c, g_lo, epoch, num_neg) if c.numel() else None
+            tr.data.batch(c, g_lo, epoch, num_neg) if c.numel() else None
             for c in torch.tensor_split(idx, m)
         ]
         dev = tr.device
@@ -314,7 +314,7 @@ class RankStep:
             "model": {k: v.clone() for k, v in tr.model.state_dict().items()},
             "optimizer": copy.deepcopy(tr.optimizer.state_dict()),
             "memory": {k: v.clone() for k, v in tr.memory.state_dict().items()},
-            "counter": dataclasses.asdict(tr.exchange.counter),
+            "counter": tr.exchange.state_dict(),
             "rng": tr._rng_state(),
         }
 
@@ -323,8 +323,7 @@ class RankStep:
         tr.model.load_state_dict(s["model"])
         tr.optimizer.load_state_dict(copy.deepcopy(s["optimizer"]))
         tr.memory.load_state_dict(s["memory"])
-        for k, v in s["counter"].items():
-            setattr(tr.exchange.counter, k, v)
+        tr.exchange.load_state_dict(s["counter"])
         tr._set_rng_state(s["rng"])
         # The profile's gradient all-reduces carried stop votes; a signal still counts
         # at the next real step (its flag is kept).

@@ -3,8 +3,9 @@
 Layout under a root folder (``<out>/checkpoints`` or ``<out>/best``)::
 
     step-000000420/
-        state.pt            rank 0: model, optimizer, progress, cursor, owner map, config
-        memory-rank0.pt     each rank: its memory shard and its RNG states
+        state.pt            rank 0: data identity (owner map), model, optimizer,
+                            evaluator, progress, cursor, config
+        memory-rank0.pt     each rank: its memory shard, exchange counters, RNG state
         memory-rank1.pt
         meta.json           {"step": 420, "world_size": 2, "files": {name: sha256}, ...}
 
@@ -248,3 +249,120 @@ class Checkpointer:
                 "falling back to an older one"
             )
         return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The setting that is not on disk: how many checkpoints are kept.
+
+        The checkpoints themselves are the folders under :attr:`root`.
+        """
+        return {"keep_latest_k": self.keep_latest_k}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Sets what :meth:`state_dict` gave."""
+        self.keep_latest_k = int(state["keep_latest_k"])
+
+
+class RunCheckpoints:
+    """A training run's checkpoints: the latest ones and the best model, on every rank.
+
+    ``<out>/checkpoints`` keeps the newest ``keep_latest_k`` states to resume from;
+    ``<out>/best`` the best model so far (one). Each checkpoint is rank 0's ``state``
+    (with the run's config added) and one ``memory-rank{r}`` file per rank (its
+    ``shard``, with its rank and the world size added). What goes into them is the
+    trainer's (assembled from its components' state_dicts); this class writes, finds
+    and reads them, and refuses a checkpoint of another config.
+
+    Args:
+        out: The run folder.
+        keep_latest_k: Resumable checkpoints kept.
+        config: The run's :class:`~sven.config.Config`, saved with and compared to each
+            checkpoint.
+        rank: This rank.
+        world_size: Number of ranks P.
+        barrier: Synchronises the ranks (``barrier(what)``), needed when P > 1.
+        agree: Rank 0's value on every rank (a no-op on one process).
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        keep_latest_k: int,
+        *,
+        config: Any,
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Callable[[str], None] | None = None,
+        agree: Callable[[Any], Any] = lambda value: value,
+    ) -> None:
+        self.latest = Checkpointer(Path(out) / "checkpoints", keep_latest_k)
+        self.best = Checkpointer(Path(out) / "best", 1)
+        self.config = config
+        self.rank, self.world_size = rank, world_size
+        self.barrier, self.agree = barrier, agree
+
+    def save(
+        self, ck: Checkpointer, step: int, state: dict[str, Any], shard: dict[str, Any]
+    ) -> Path:
+        """Writes one checkpoint of ``ck`` (``latest`` or ``best``); every rank calls it."""
+        return ck.save(
+            step,
+            {**state, "config": self.config.to_dict()},
+            {
+                f"memory-rank{self.rank}": {
+                    **shard,
+                    "rank": self.rank,
+                    "world_size": self.world_size,
+                }
+            },
+            rank=self.rank,
+            world_size=self.world_size,
+            barrier=self.barrier,
+        )
+
+    def newest(self, ck: Checkpointer) -> int | None:
+        """The newest valid checkpoint of ``ck``, as judged by rank 0 for all ranks."""
+        return self.agree(ck.latest() if self.rank == 0 else None)
+
+    def load(
+        self, ck: Checkpointer, step: int, map_location: str | torch.device = "cpu"
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Rank 0's state and this rank's shard of a checkpoint.
+
+        Raises:
+            ConfigError: The checkpoint was written with another config.
+        """
+        state = ck.load(step, map_location=map_location)
+        check_resume_config(state, self.config, ck.path(step), self.rank)
+        shard = ck.load(step, f"memory-rank{self.rank}", map_location=map_location)
+        return state, shard
+
+    def state_dict(self) -> dict[str, Any]:
+        """The settings of both folders (the checkpoints themselves are on disk)."""
+        return {"latest": self.latest.state_dict(), "best": self.best.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Sets what :meth:`state_dict` gave."""
+        self.latest.load_state_dict(state["latest"])
+        self.best.load_state_dict(state["best"])
+
+
+def check_resume_config(state: dict[str, Any], cfg: Any, where: Path, rank: int) -> None:
+    """Stops a resume whose checkpoint was written with a different config.
+
+    Raises:
+        ConfigError: The keys that differ, quiet on ranks other than 0.
+    """
+    from sven.config import config_differences
+    from sven.errors import ConfigError
+
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        return
+    diff = config_differences(saved, cfg)
+    if diff:
+        err = ConfigError(
+            f"train.resume: {where} was written with another config; differing keys: "
+            f"{', '.join(diff)}. Resume with the same settings, or use another out"
+        )
+        err.quiet = rank != 0
+        raise err

@@ -13,16 +13,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from sven.components import EVAL_STREAM, MRR_STREAM, EvalResult, eval_result
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.pipeline.batch import Batch
+from sven.pipeline.eval_negatives import (
+    eval_negative_columns,
+    filtered_mrr_negatives,
+    protocol_order,
+)
+from sven.pipeline.negatives import sample_negatives
 
-__all__ = ["StepGraph", "eval_step", "masked_bce", "torch_determinism_off", "train_step"]
+if TYPE_CHECKING:
+    from sven.trainer import Trainer
+
+__all__ = [
+    "SingleProcessStep",
+    "StepGraph",
+    "eval_step",
+    "masked_bce",
+    "torch_determinism_off",
+    "train_step",
+]
 
 
 @contextlib.contextmanager
@@ -240,3 +257,190 @@ def _restore_optimizer(opt: torch.optim.Optimizer | None, saved: dict[int, dict[
                 v.copy_(old[k])
             else:
                 v.zero_()
+
+
+class SingleProcessStep:
+    """The one-process step: device-resident event tables, the pure step functions of
+    :mod:`sven.step`, and their CUDA-graph capture.
+
+    On CUDA every batch has the configured capacity (the last one padded) and its inputs
+    (event range, random streams, prediction count) live in 0-d device tensors refilled
+    in place, so one captured graph serves every training batch and another every
+    evaluation batch. On CPU the same functions run eagerly on exact-size batches
+    (``torch.unique`` de-duplication, which computes less than fixed slots there).
+    """
+
+    def __init__(self, tr: Trainer) -> None:
+        self.tr = tr
+        tc, dev = tr.cfg.train, tr.device
+        self.tables = tr.tables
+        self.fixed = dev.type == "cuda"
+        self.capacity = tc.batch_size if self.fixed else None
+        from sven.pipeline.stages import select_batch
+
+        self.select: Callable[..., Batch] = select_batch
+        self.model: Any = tr.model
+        if tc.compile and self.fixed:
+            # Fixed shapes: one compilation serves every batch. The batch selection
+            # stays eager: inductor cannot yet emit its 64-bit hash constants.
+            self.model = torch.compile(tr.model, dynamic=False)
+        names = ("start", "stop", "stream", "mrr_stream", "split_lo")
+        self.inp: dict[str, Any]
+        if self.fixed:
+            self.inp = {k: torch.zeros((), dtype=torch.int64, device=dev) for k in names}
+            self.inp["npred"] = torch.ones((), dtype=torch.float64, device=dev)
+        else:
+            self.inp = {**dict.fromkeys(names, 0), "npred": 1.0}
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        rows = max(hi - lo for lo, hi in tr.ranges.values()) + 1  # + a scratch row
+        # Evaluation negatives: one column per protocol (test scores them all), then the
+        # MRR negatives; drawn before each pass into a table the captured step reads, so
+        # that every split uses one graph of one width.
+        ec = tr.cfg.eval
+        self.protocols = protocol_order(ec.negatives, ec.all_protocols)
+        self.width = len(self.protocols) + tr.mrr_negatives
+        self.neg_table = torch.zeros(rows, self.width, dtype=torch.int64, device=dev)
+        self._neg_cache: dict[str, torch.Tensor] = {}
+        self.scores = torch.zeros(rows, 1 + self.width, dtype=tr.dtype, device=dev)
+
+        def memory_state() -> list[torch.Tensor]:
+            return list(tr.memory.full.values())
+
+        log = lambda msg: tr._log(msg, force=True)  # noqa: E731
+        self.train_graph = StepGraph(
+            self._train,
+            mode=tc.cuda_graph,
+            device=dev,
+            state=lambda: (
+                [p.data for p in tr.model.parameters()] + memory_state() + [self.loss_sum]
+            ),
+            optimizer=tr.optimizer,
+            log=log,
+        )
+        self.eval_graph = StepGraph(
+            self._eval,
+            mode=tc.cuda_graph,
+            device=dev,
+            state=lambda: [*memory_state(), self.scores],
+            log=log,
+        )
+
+    def _set(self, **values: float) -> None:
+        for k, v in values.items():
+            if self.fixed:
+                self.inp[k].fill_(v)
+            else:
+                self.inp[k] = v
+
+    def _batch(self, num_neg: int, neg_table: torch.Tensor | None = None) -> Batch:
+        tr, inp = self.tr, self.inp
+        return self.select(
+            self.tables,
+            inp["start"],
+            inp["stop"],
+            inp["stream"],
+            seed=tr.cfg.train.seed,
+            num_neg=num_neg,
+            sample_roots=tr.model.sample_roots,
+            read_neighbors=tr.model.read_neighbors,
+            capacity=self.capacity,
+            neg_table=neg_table,
+            table_lo=inp["split_lo"],
+        )
+
+    def _train(self) -> None:
+        tr = self.tr
+        with torch_determinism_off(self.fixed):
+            batch = self._batch(tr.cfg.train.num_neg)
+            # Eager (CPU): a lap per stage; a captured graph is timed as one "step".
+            lap = None if self.fixed else tr.timeline.lap
+            if lap is not None:
+                lap("sample")
+            loss = train_step(
+                self.model, tr.optimizer, tr.memory, batch, self.inp["npred"], lap=lap
+            )
+            self.loss_sum += loss
+
+    def _eval(self) -> None:
+        tr = self.tr
+        with torch_determinism_off(self.fixed):
+            batch = self._batch(self.width, self.neg_table)
+            out = eval_step(self.model, tr.memory, batch)
+            scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
+            rows = batch.index - self.inp["split_lo"]
+            if batch.valid is not None:
+                rows = torch.where(batch.valid, rows, self.scores.shape[0] - 1)
+            # Padded events all write the scratch row; real ones distinct rows.
+            self.scores.index_copy_(0, rows, scores)
+
+    def train_batch(self, epoch: int, lo: int, hi: int) -> None:
+        """Queues the training step of global batch [lo, hi) of ``epoch``."""
+        npred = (hi - lo) * (1 + self.tr.cfg.train.num_neg)
+        self._set(start=lo, stop=hi, stream=epoch, npred=float(npred))
+        self.train_graph()
+        if self.fixed:
+            self.tr.timeline.lap("step")
+
+    def take_loss(self) -> float:
+        """The summed mean losses of the steps since the last call (waits for them)."""
+        value = float(self.loss_sum)
+        self.loss_sum.zero_()
+        return value
+
+    def _negatives(self, split: str) -> torch.Tensor:
+        """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
+        by the seed): the protocol columns, then the MRR negatives."""
+        if split in self._neg_cache:
+            return self._neg_cache[split]
+        tr = self.tr
+        lo, hi = tr.ranges[split]
+        b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
+        protocols = self.protocols if split == "test" else self.protocols[:1]
+        sampler = tr.data.eval_negatives() if protocols != ["random"] else None
+        cols = []
+        # Historical and inductive draws depend on the global batch; random ones only
+        # on the event, so one call covers the split.
+        step = b if sampler is not None else max(hi - lo, 1)
+        for start in range(lo, hi, step):
+            idx = torch.arange(start, min(start + step, hi), device=tr.device)
+            c = eval_negative_columns(
+                protocols,
+                tr.candidates,
+                sampler,
+                seed,
+                EVAL_STREAM[split],
+                idx,
+                start,
+                min(start + step, hi),
+            )
+            # Columns of protocols this split does not score repeat the first one.
+            c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
+            if q:
+                mrr_neg = sample_negatives(seed, MRR_STREAM[split], idx, tr.candidates, q)
+                c = torch.cat([c, mrr_neg], 1)
+            cols.append(c)
+        table = torch.cat(cols) if cols else self.neg_table[:0]
+        self._neg_cache[split] = table
+        return table
+
+    def evaluate(self, split: str) -> EvalResult:
+        """Walks a split through the evaluation step; returns all scores."""
+        tr, d = self.tr, self.tr.data
+        lo, hi = d.ranges[split]
+        b, q = tr.cfg.train.batch_size, d.mrr_negatives
+        negs = self._negatives(split)
+        self.neg_table[: hi - lo].copy_(negs)
+        self._set(split_lo=lo, stream=EVAL_STREAM[split])
+        for start in range(lo, hi, b):
+            self._set(start=start, stop=min(start + b, hi))
+            self.eval_graph()
+        scores = self.scores[: hi - lo].cpu()
+        n_p = len(self.protocols)
+        valid = None
+        if q:
+            idx = torch.arange(lo, hi, device=tr.device)
+            mrr_neg = negs[:, n_p:]
+            valid = filtered_mrr_negatives(d.src, d.dst, d.t, idx, mrr_neg, d.num_nodes)
+            valid = valid.cpu()
+        protocols = self.protocols if split == "test" else self.protocols[:1]
+        return eval_result(scores, protocols, n_p, q, valid)

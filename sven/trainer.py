@@ -12,11 +12,16 @@ writes memory through :class:`~sven.pipeline.memory_exchange.MemoryExchange`, an
 normalises its loss by the global number of predictions, so that the all-reduced
 gradient is the one-process gradient ("Distributed semantics"). With P = 1 the same code
 runs with the whole memory as the only shard and no collective.
+
+The Trainer is an orchestrator: the epoch loop, early stopping, stop signals and the
+checkpoints at drained boundaries are its own; the state belongs to the components of
+:mod:`sven.components` (data, model, memory shard, exchange, optimizer, evaluator) and
+the checkpointer (:class:`~sven.checkpoint.RunCheckpoints`), and a checkpoint is their
+state_dicts (:meth:`Trainer.state_dict`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -25,97 +30,46 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sven.checkpoint import Checkpointer, find_checkpoint, load_file
+from sven.checkpoint import (
+    Checkpointer,
+    RunCheckpoints,
+    check_resume_config,
+    find_checkpoint,
+    load_file,
+)
+from sven.components import (
+    Data,
+    EvalResult,
+    Evaluator,
+    Optimizer,
+    owned_nodes,
+    predict_comm,
+)
 from sven.config import Config, dump_config, load_config
-from sven.errors import ConfigError, DataError, Stopped, SvenError
-from sven.metrics import average_precision, link_metrics, mrr
-from sven.models import (
-    MemoryModel,
-    MemoryRows,
-    MemoryState,
-    MemoryUpdate,
-    model_from_config,
-)
+from sven.errors import ConfigError, Stopped, SvenError
+from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, model_from_config
 from sven.pipeline.batch import Batch
-from sven.pipeline.eval_negatives import (
-    EvalNegatives,
-    eval_negative_columns,
-    filtered_mrr_negatives,
-    protocol_order,
-)
-from sven.pipeline.negatives import sample_negatives
 from sven.pipeline.rank_step import RankStep, naive_writes, read_occurrences
+from sven.step import SingleProcessStep
 from sven.tblog import EpochLog
 from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
 
-# Negative streams of evaluation are fixed per split, independent of the epoch, so every
-# run and every epoch evaluates against the same negatives.
-_EVAL_STREAM = {"train": (1 << 20) + 2, "val": 1 << 20, "test": (1 << 20) + 1}
-_MRR_STREAM = {"train": (1 << 21) + 2, "val": 1 << 21, "test": (1 << 21) + 1}
-_SPLITS = ("train", "val", "test")
 # Signals that stop training after the current step with a checkpoint: scancel and
 # preemption send SIGTERM; SLURM's --signal=USR1@N warns N seconds before the time limit.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-@dataclass
-class EvalResult:
-    """Scores of one evaluation pass over a split, in global event order.
-
-    Attributes:
-        pos: (n,) positive logits.
-        neg: (n,) logits of the one evaluation negative of each event (``eval.negatives``).
-        mrr_neg: (n, q) logits of the MRR negatives, or None.
-        mrr_valid: (n, q) bool, False for MRR negatives filtered out as true edges.
-        protocol_neg: Logits (n,) of the negatives of the other protocols, by name.
-    """
-
-    pos: torch.Tensor
-    neg: torch.Tensor
-    mrr_neg: torch.Tensor | None = None
-    mrr_valid: torch.Tensor | None = None
-    protocol_neg: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def _eval_result(
-    scores: torch.Tensor,
-    protocols: list[str],
-    protocol_cols: int,
-    mrr: int,
-    mrr_valid: torch.Tensor | None,
-) -> EvalResult:
-    """Splits (n, 1 + protocol_cols + mrr) scores into an :class:`EvalResult`.
-
-    Columns: the positive, one negative per protocol column (the first is
-    ``eval.negatives``; ``protocols`` names the scored ones), then the MRR negatives.
-    """
-    return EvalResult(
-        scores[:, 0],
-        scores[:, 1],
-        scores[:, 1 + protocol_cols :] if mrr else None,
-        mrr_valid,
-        {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
-    )
 
 
 def _atomic_write_text(text: str, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
-    """Global ids of the vertices ``rank`` owns, in shard row order (ascending id)."""
-    return torch.nonzero(owner == rank).flatten()
 
 
 class Trainer:
@@ -170,66 +124,50 @@ class Trainer:
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
         self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
-        self._load_data()
-        self._partition()
+        # The components (sven.components): each owns its part of the run's state.
+        self.data = Data(
+            cfg,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            dtype=self.dtype,
+            agree=self._agree,
+        )
         torch.manual_seed(tc.seed)
-        lo, hi = self.ranges["train"]
-        ev = self.events
+        d = self.data
+        lo, hi = d.ranges["train"]
         self.model: MemoryModel = model_from_config(
             mc,
-            edge_dim=self.edge_dim,
-            node_dim=self.node_dim,
-            train_events=(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi]),
+            edge_dim=d.edge_dim,
+            node_dim=d.node_dim,
+            train_events=(d.events.src[lo:hi], d.events.dst[lo:hi], d.events.t[lo:hi]),
         ).to(self.device, self.dtype)
         self.memory = MemoryState(
-            int(self.owned.numel()),
+            int(d.owned.numel()),
             mc.memory_dim,
             self.model.mail_dim,
             self.model.mailbox_size,
             self.device,
             self.dtype,
-            time_origin=float(self.t[0]) if self.t.numel() else 0.0,
+            time_origin=float(d.t[0]) if d.t.numel() else 0.0,
         )
         self.exchange = None
-        feat = self.events.node_feat
         if self.world_size > 1:
             from sven.pipeline.memory_exchange import MemoryExchange
 
-            # Only the owned rows are read from the memory-mapped table; the other
-            # ranks' rows travel with the fetched memory rows.
-            owned_feat = None
-            if feat is not None:
-                rows = np.asarray(feat[self.owned.cpu().numpy()])
-                owned_feat = torch.as_tensor(rows, device=self.device).to(self.dtype)
             self.exchange = MemoryExchange(
-                self.owner, self.rank, self.world_size, self.memory, node_feat=owned_feat
+                d.owner, self.rank, self.world_size, self.memory, node_feat=d.owned_node_feat()
             )
-        elif feat is not None:
-            self.node_feat = torch.as_tensor(np.array(feat), device=self.device).to(self.dtype)
-        self.sampler = None
-        if self.model.sample_roots != "none":
-            from sven.pipeline.sampler import TCSR, TemporalSampler
-
-            ev = self.events
-            tcsr = TCSR.from_events(ev.src, ev.dst, ev.t, self.num_nodes, device=self.device)
-            self.sampler = TemporalSampler(tcsr, [mc.num_neighbors], mc.sampling)
-        from sven.pipeline.stages import EventTables
-
-        feat = self.node_feat
-        if feat is not None:
-            # A zero row for the scratch slot of fixed-size batches.
-            feat = torch.cat([feat, feat.new_zeros(1, feat.shape[1])])
-        self.tables = EventTables(
-            src=self.src,
-            dst=self.dst,
-            t=self.t,
-            edge_feat=self.edge_feat,
-            node_feat=feat,
-            candidates=self.candidates,
-            sampler=self.sampler,
-            num_nodes=self.num_nodes,
+        d.attach(self.model)
+        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device)
+        self.evaluator = Evaluator(
+            cfg,
+            d,
+            self.model,
+            read=self._read,
+            commit=self._commit,
+            empty_update=self._empty_update,
         )
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=tc.lr, **self._adam_flags())
         self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
@@ -246,10 +184,11 @@ class Trainer:
             trace = self.out / "traces" / f"rank{self.rank}.json"
             lc = cfg.log
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
-        self.single: _SingleProcessStep | None = None
+        self.single: SingleProcessStep | None = None
         self.rank_step: RankStep | None = None
         if self.world_size == 1:
-            self.single = _SingleProcessStep(self)
+            self.single = SingleProcessStep(self)
+            self.evaluator.fast = self.single.evaluate
         else:
             from datetime import timedelta
 
@@ -264,10 +203,19 @@ class Trainer:
                 backend="gloo",
             )
             self.rank_step = RankStep(self, plan_group)
-        self.checkpointer = Checkpointer(self.out / "checkpoints", tc.keep_latest_k)
-        self.best = Checkpointer(self.out / "best", 1)
+        self.checkpoints = RunCheckpoints(
+            self.out,
+            tc.keep_latest_k,
+            config=cfg,
+            rank=self.rank,
+            world_size=self.world_size,
+            barrier=self._barrier,
+            agree=self._agree,
+        )
         self._log(self.ctx.describe() if self.world_size > 1 else "single process")
-        self.predicted_comm = self._predict_comm() if self.world_size > 1 else None
+        self.predicted_comm = (
+            None if self.exchange is None else predict_comm(cfg, d, self.model, self.exchange)
+        )
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
         """Calls ``fn(trainer)`` before or after every training step, on every rank.
@@ -284,82 +232,7 @@ class Trainer:
             raise ValueError(f"when must be one of {sorted(self._hooks)}, got {when!r}")
         self._hooks[when].append(fn)
 
-    def _adam_flags(self) -> dict[str, bool]:
-        """Adam's implementation: on CUDA the fused kernel with its step count on the
-        device, so that the optimizer step can be captured in a CUDA graph."""
-        if self.device.type == "cuda":
-            return {"fused": True, "capturable": True}
-        return {}
-
-    def _load_optimizer(self, state: dict[str, Any]) -> None:
-        """Loads optimizer state saved by any run (CPU or GPU) with this run's flags."""
-        flags = self._adam_flags()
-        for g in state.get("param_groups", []):
-            for k in ("fused", "capturable"):
-                g[k] = flags.get(k, False)
-        self.optimizer.load_state_dict(state)
-
-    # ------------------------------------------------------------------ data
-    def _load_data(self) -> None:
-        path = self.cfg.data.path
-        if not path:
-            from sven.datasets.synth import default_dataset
-
-            path = str(default_dataset())
-        if not Path(path).is_dir():
-            raise ConfigError(
-                f"data.path: no event store at {path} (create one with `sven data convert`)"
-            )
-        ev = self._open_store(path)
-        self.events = ev
-        self.dataset_name = ev.meta.get("name") or Path(path).name
-        self.num_nodes = int(ev.num_nodes)
-        dev = self.device
-        self.src = torch.as_tensor(np.asarray(ev.src, dtype=np.int64), device=dev)
-        self.dst = torch.as_tensor(np.asarray(ev.dst, dtype=np.int64), device=dev)
-        self.t = torch.as_tensor(np.array(ev.t), device=dev)
-        self.edge_feat = (
-            None
-            if ev.edge_feat is None
-            else torch.as_tensor(np.array(ev.edge_feat), device=dev).to(self.dtype)
-        )
-        # Node features are loaded once the owners are known: on several ranks each
-        # rank holds only its own vertices' rows (see __init__).
-        self.node_feat: torch.Tensor | None = None
-        self.edge_dim = 0 if self.edge_feat is None else self.edge_feat.shape[1]
-        self.node_dim = 0 if ev.node_feat is None else int(ev.node_feat.shape[1])
-        self.ranges = {s: tuple(int(x) for x in ev.split_range(s)) for s in _SPLITS}
-        _check_splits(path, self.ranges, self.rank)
-        self.candidates = torch.unique(self.dst)
-        self.inductive = {
-            s: torch.as_tensor(np.asarray(ev.inductive_mask(s)), dtype=torch.bool)
-            for s in ("val", "test")
-        }
-
-    def _open_store(self, path: str) -> Any:
-        """Loads the store (structure checked); verifies its checksums once, on rank 0.
-
-        Rank 0's verdict is shared, so that every rank stops with the same error
-        instead of the others waiting for rank 0 in a collective.
-        """
-        from sven.datasets.store import TemporalEvents, verify_checksums
-
-        ev = TemporalEvents.load(path)
-        if not self.cfg.data.verify:
-            return ev
-        problem = None
-        if self.rank == 0:
-            try:
-                verify_checksums(ev.path, ev.meta)
-            except DataError as exc:
-                problem = str(exc)
-        problem = self._agree(problem)
-        if problem is not None:
-            err = DataError(f"{problem} (set data.verify=false to train anyway)")
-            err.quiet = self.rank != 0
-            raise err
-        return ev
-
+    # ------------------------------------------------------------------ out
     def _claim_out(self) -> None:
         """Rank 0 checks ``out`` (see :func:`prepare_out`); every rank learns its verdict
         before anything is written, and all stop together on a refusal."""
@@ -384,67 +257,6 @@ class Trainer:
 
         return broadcast_object(value)
 
-    def _partition(self) -> None:
-        """owner (N,) and assign (E,): from a partition folder, computed, or all rank 0."""
-        n, e = self.num_nodes, int(self.src.numel())
-        p = self.world_size
-        if p == 1:
-            self.owner = torch.zeros(n, dtype=torch.int64, device=self.device)
-            self.assign = torch.zeros(e, dtype=torch.int64, device=self.device)
-            self.partition_meta: dict[str, Any] = {"strategy": "single", "parts": 1}
-        else:
-            dc = self.cfg.dist
-            if dc.partition:
-                from sven.partition import load_partition
-
-                part = load_partition(dc.partition)
-                owner, assign = np.asarray(part.owner), np.asarray(part.assign)
-                meta = dict(part.meta)
-                if int(meta.get("parts", p)) != p:
-                    raise ConfigError(
-                        f"dist.partition {dc.partition} has {meta.get('parts')} parts "
-                        f"but {p} ranks run"
-                    )
-                if owner.shape[0] != n or assign.shape[0] != e:
-                    raise ConfigError(
-                        f"dist.partition {dc.partition} does not match the data "
-                        f"at {self.cfg.data.path}"
-                    )
-            else:
-                owner = np.zeros(n, dtype=np.int64)
-                assign = np.zeros(e, dtype=np.int64)
-                meta = {"strategy": dc.strategy, "parts": p}
-                if self.rank == 0:
-                    from sven.partition.api import partition_arrays
-                    from sven.partition.cost import Access
-
-                    ev = self.events
-                    res = partition_arrays(
-                        ev.src,
-                        ev.dst,
-                        ev.t,
-                        n,
-                        p,
-                        dc.strategy,
-                        train_stop=self.ranges["train"][1],
-                        batch_size=self.cfg.train.batch_size,
-                        balance=dc.balance,
-                        seed=self.cfg.train.seed,
-                        k=self.cfg.model.num_neighbors,
-                        num_neg=self.cfg.train.num_neg,
-                        access=Access.of(self.cfg.model.name),
-                    )
-                    owner, assign = res.owner, res.assign
-            # Rank 0's assignment is the one every rank uses (a partitioner need not be
-            # bit-reproducible across processes for this to be exact).
-            o = torch.as_tensor(np.asarray(owner, dtype=np.int64))
-            a = torch.as_tensor(np.asarray(assign, dtype=np.int64))
-            dist.broadcast(o, 0)
-            dist.broadcast(a, 0)
-            self.owner, self.assign = o.to(self.device), a.to(self.device)
-            self.partition_meta = meta
-        self.owned = owned_nodes(self.owner, self.rank)
-
     # --------------------------------------------------------- state access
     def _read(self, batch: Batch) -> MemoryRows:
         """Memory rows of ``batch.nodes``: local on one rank, fetched from owners on many.
@@ -467,41 +279,9 @@ class Trainer:
             return
         self.exchange.push(update, naive_writes(self, batch))
 
-    def _event_index(self, lo: int, hi: int) -> torch.Tensor:
-        """Global indices of this rank's events in [lo, hi)."""
-        idx = torch.arange(lo, hi, device=self.device)
-        if self.world_size == 1:
-            return idx
-        return idx[self.assign[lo:hi] == self.rank]
-
-    def _batch(
-        self,
-        idx: torch.Tensor,
-        start: int,
-        stream: int,
-        num_neg: int,
-        mrr_stream: int | None = None,
-        neg: torch.Tensor | None = None,
-    ) -> Batch:
-        """This rank's part of the global batch that starts at event ``start``.
-
-        ``neg`` (B, n) replaces the uniform negatives (evaluation protocols).
-        """
-        from sven.pipeline.stages import events_batch
-
-        return events_batch(
-            self.tables,
-            idx,
-            stream,
-            start,
-            seed=self.cfg.train.seed,
-            num_neg=num_neg,
-            sample_roots=self.model.sample_roots,
-            read_neighbors=self.model.read_neighbors,
-            mrr_stream=mrr_stream,
-            mrr_negatives=self.mrr_negatives if mrr_stream is not None else 0,
-            neg=neg,
-        )
+    # The data component's batch builders, under the names benchmarks use.
+    _event_index = property(lambda self: self.data.event_index, doc="Data.event_index")
+    _batch = property(lambda self: self.data.batch, doc="Data.batch")
 
     def _empty_update(self) -> MemoryUpdate:
         z = torch.zeros(0, dtype=torch.int64, device=self.device)
@@ -562,148 +342,33 @@ class Trainer:
 
     def num_batches(self, split: str) -> int:
         """Number of global batches of a split at the configured batch size."""
-        lo, hi = self.ranges[split]
-        b = self.cfg.train.batch_size
-        return (hi - lo + b - 1) // b
+        return self.data.num_batches(split)
 
-    @torch.no_grad()
     def evaluate(self, split: str) -> EvalResult:
-        """Walks a split without gradients, updating memory; returns all scores."""
-        if self.single is not None:
-            return self.single.evaluate(split)
-        self.model.eval()
-        lo, hi = self.ranges[split]
-        b = self.cfg.train.batch_size
-        q = self.mrr_negatives
-        protocols = protocol_order(
-            self.cfg.eval.negatives, self.cfg.eval.all_protocols and split == "test"
-        )
-        n_neg = len(protocols)
-        idx_all, pos, neg = [], [], []
-        for start in range(lo, hi, b):
-            idx = self._event_index(start, min(start + b, hi))
-            negs = eval_negative_columns(
-                protocols,
-                self.candidates,
-                self._eval_negatives() if protocols != ["random"] else None,
-                self.cfg.train.seed,
-                _EVAL_STREAM[split],
-                idx,
-                start,
-                min(start + b, hi),
-            )
-            batch = self._batch(
-                idx, start, _EVAL_STREAM[split], 1, _MRR_STREAM[split] if q else None, neg=negs
-            )
-            rows = self._read(batch)
-            update = self._empty_update()
-            if batch.size > 0:
-                out = self.model(batch, rows)
-                update = out.update
-                idx_all.append(idx)
-                pos.append(out.pos)
-                neg.append(out.neg)
-            self._commit(update, batch)
-        idx_t = (
-            torch.cat(idx_all) if idx_all else torch.zeros(0, dtype=torch.int64, device=self.device)
-        )
-        if pos:
-            scores = torch.cat([torch.cat(pos)[:, None], torch.cat(neg)], 1)
-        else:
-            scores = torch.zeros(0, 1 + n_neg + q, dtype=self.dtype, device=self.device)
-        idx_t, scores = self._gather_rows(idx_t, scores)
-        order = torch.argsort(idx_t)
-        scores = scores[order].cpu()
-        valid = None
-        if q:
-            # The MRR negatives are a function of (seed, stream, event): redrawn here for
-            # TGB's filter rather than carried through the gather.
-            idx_s = idx_t[order]
-            mrr_neg = sample_negatives(
-                self.cfg.train.seed, _MRR_STREAM[split], idx_s, self.candidates, q
-            )
-            valid = filtered_mrr_negatives(
-                self.src, self.dst, self.t, idx_s, mrr_neg, self.num_nodes
-            ).cpu()
-        return _eval_result(scores, protocols, n_neg, q, valid)
-
-    def _eval_negatives(self) -> EvalNegatives:
-        """The evaluation negative sampler (historical/inductive pair table), built once."""
-        if getattr(self, "_eval_neg", None) is None:
-            self._eval_neg = EvalNegatives(
-                self.src, self.dst, self.num_nodes, self.ranges["train"][1], self.candidates
-            )
-        return self._eval_neg
-
-    def _gather_rows(
-        self, idx: torch.Tensor, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """All ranks' (index, row) pairs on every rank (one padded all_gather)."""
-        if self.world_size == 1:
-            return idx, rows
-        n = torch.tensor([idx.numel()], device=self.device)
-        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
-        dist.all_gather(sizes, n)
-        m = int(max(int(s) for s in sizes))
-        pad_idx = torch.full((m,), -1, dtype=torch.int64, device=self.device)
-        pad_idx[: idx.numel()] = idx
-        pad_rows = torch.zeros(m, rows.shape[1], dtype=rows.dtype, device=self.device)
-        pad_rows[: rows.shape[0]] = rows
-        gi = [torch.empty_like(pad_idx) for _ in range(self.world_size)]
-        gr = [torch.empty_like(pad_rows) for _ in range(self.world_size)]
-        dist.all_gather(gi, pad_idx)
-        dist.all_gather(gr, pad_rows)
-        gi_t, gr_t = torch.cat(gi), torch.cat(gr)
-        keep = gi_t >= 0
-        return gi_t[keep], gr_t[keep]
+        """Walks a split without gradients, updating memory; returns all scores
+        (:meth:`Evaluator.evaluate`)."""
+        return self.evaluator.evaluate(split)
 
     def split_metrics(self, split: str, res: EvalResult) -> dict[str, float]:
-        """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split."""
-        b = self.cfg.train.batch_size
-        out: dict[str, float] = {}
-        # Rank metrics on float32 scores: float64 runs on P ranks differ from one process
-        # in the last bits (reduction order), which would otherwise break exact ties (e.g.
-        # two nodes with the same memory) in a different direction and move AP.
-        res = EvalResult(
-            res.pos.float(),
-            res.neg.float(),
-            None if res.mrr_neg is None else res.mrr_neg.float(),
-            res.mrr_valid,
-            {k: v.float() for k, v in res.protocol_neg.items()},
-        )
-
-        def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
-            if pos.numel() == 0:
-                return float("nan"), float("nan")
-            aps, aucs = zip(
-                *(link_metrics(pos[i : i + b], neg[i : i + b]) for i in range(0, pos.numel(), b))
-            )
-            return float(np.mean(aps)), float(np.mean(aucs))
-
-        out[f"{split}_ap"], out[f"{split}_auc"] = per_batch(res.pos, res.neg)
-        labels = torch.cat([torch.ones_like(res.pos), torch.zeros_like(res.neg)])
-        out[f"{split}_ap_pooled"] = average_precision(torch.cat([res.pos, res.neg]), labels)
-        if split in self.inductive:
-            m = self.inductive[split]
-            out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(
-                res.pos[m], res.neg[m]
-            )
-            out[f"{split}_inductive_events"] = int(m.sum())
-        for name, neg in res.protocol_neg.items():
-            # The other evaluation protocols: test_<protocol>neg_ap[_inductive] etc.
-            p = f"{split}_{name}neg"
-            out[f"{p}_ap"], out[f"{p}_auc"] = per_batch(res.pos, neg)
-            if split in self.inductive:
-                m = self.inductive[split]
-                out[f"{p}_ap_inductive"], out[f"{p}_auc_inductive"] = per_batch(res.pos[m], neg[m])
-        if res.mrr_neg is not None:
-            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg, res.mrr_valid)
-        return out
+        """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split
+        (:meth:`Evaluator.split_metrics`)."""
+        return self.evaluator.split_metrics(split, res)
 
     @property
     def mrr_negatives(self) -> int:
         """``eval.mrr_negatives``, or its older spelling ``train.mrr_negatives``."""
-        return self.cfg.eval.mrr_negatives or self.cfg.train.mrr_negatives
+        return self.data.mrr_negatives
+
+    # The data component's facts that the step, the tests and the benchmarks read.
+    ranges = property(lambda self: self.data.ranges, doc="Split -> [lo, hi) event range.")
+    owner = property(lambda self: self.data.owner, doc="(N,) owning rank of each vertex.")
+    owned = property(lambda self: self.data.owned, doc="(N_r,) vertices this rank owns.")
+    num_nodes = property(lambda self: self.data.num_nodes, doc="Number of vertices N.")
+    candidates = property(lambda self: self.data.candidates, doc="(C,) negatives' pool.")
+    tables = property(lambda self: self.data.tables, doc="The step's event tables.")
+    node_feat = property(
+        lambda self: self.data.node_feat, doc="(N, d) node features of one process, or None."
+    )
 
     # ----------------------------------------------------------- checkpoints
     def _barrier(self, what: str) -> None:
@@ -722,57 +387,64 @@ class Trainer:
         # (on a GPU run, resume otherwise fails: "RNG state must be a torch.ByteTensor").
         torch.set_rng_state(s["torch"].cpu())
 
-    def _shard_file(self) -> dict[str, Any]:
-        return {
-            f"memory-rank{self.rank}": {
-                "memory": self.memory.state_dict(),
-                "rng": self._rng_state(),
-                "rank": self.rank,
-                "world_size": self.world_size,
-                "comm": self._counter_state(),
-            }
+    def state_dict(
+        self, epoch: int, next_batch: int, progress: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A resumable checkpoint, assembled from the components' state_dicts.
+
+        Taken at a drained boundary (no step queued, no write-back in flight).
+
+        Args:
+            epoch: The epoch to resume in.
+            next_batch: Its first batch not yet trained.
+            progress: The epoch loop's counters, history and early-stopping state.
+
+        Returns:
+            Rank 0's state (data identity, model, optimizer, evaluator, cursor,
+            progress) and this rank's shard (memory, exchange counters, RNG).
+        """
+        state = {
+            "data": self.data.state_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "evaluator": self.evaluator.state_dict(),
+            "cursor": {"epoch": epoch, "next_batch": next_batch},
+            "progress": progress,
         }
+        shard = {
+            "memory": self.memory.state_dict(),
+            "exchange": {} if self.exchange is None else self.exchange.state_dict(),
+            "rng": self._rng_state(),
+        }
+        return state, shard
 
-    def _save(self, ck: Checkpointer, step: int, state: dict[str, Any]) -> None:
-        ck.save(
-            step,
-            {
-                **state,
-                "owner": self.owner.cpu(),
-                "world_size": self.world_size,
-                "config": self.cfg.to_dict(),
-            },
-            self._shard_file(),
-            rank=self.rank,
-            world_size=self.world_size,
-            barrier=self._barrier,
-        )
+    def load_state_dict(
+        self, state: dict[str, Any], shard: dict[str, Any], where: str = "checkpoint"
+    ) -> None:
+        """Loads a checkpoint into the components (the inverse of :meth:`state_dict`).
 
-    def _latest(self, ck: Checkpointer) -> int | None:
-        """The newest valid checkpoint, as judged by rank 0 for all ranks."""
-        step = ck.latest() if self.rank == 0 else None
-        if self.world_size > 1:
-            from sven.dist import broadcast_object
+        A part the checkpoint lacks is left as it is: the best model's checkpoint holds
+        only the data identity, the model and the memory.
 
-            step = broadcast_object(step)
-        return step
-
-    def _load_shard(self, ck: Checkpointer, step: int) -> dict[str, Any]:
-        """Loads rank 0's state and this rank's memory shard of a checkpoint."""
-        state = ck.load(step, map_location=self.device)
-        _check_resume_config(state, self.cfg, ck.path(step), self.rank)
-        ws = int(state.get("world_size", 1))
-        if ws != self.world_size:
-            raise ConfigError(
-                f"checkpoint {ck.path(step)} was written by {ws} ranks; resume it on {ws} ranks "
-                f"(this run has {self.world_size})"
-            )
-        if not torch.equal(state["owner"].to(self.device), self.owner):
-            raise ConfigError(f"checkpoint {ck.path(step)} was written with another partition")
-        shard = ck.load(step, f"memory-rank{self.rank}", map_location=self.device)
+        Raises:
+            ConfigError: The checkpoint's ranks or partition are not this run's.
+        """
+        self.data.load_state_dict(_data_state(state), where)
+        self.model.load_state_dict(state["model"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.evaluator.load_state_dict(state.get("evaluator", {}))
         self.memory.load_state_dict(shard["memory"])
-        state["rng"] = shard["rng"]
-        state["comm"] = shard.get("comm", {})
+        counters = shard.get("exchange", shard.get("comm"))
+        if self.exchange is not None and counters:
+            self.exchange.load_state_dict(counters)
+        if "rng" in shard:
+            self._set_rng_state(shard["rng"])
+
+    def _load(self, ck: Checkpointer, step: int) -> dict[str, Any]:
+        """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
+        state, shard = self.checkpoints.load(ck, step, self.device)
+        self.load_state_dict(state, shard, f"checkpoint {ck.path(step)}")
         return state
 
     # ------------------------------------------------------------------ fit
@@ -886,10 +558,11 @@ class Trainer:
             The :class:`Stopped` to raise, which says where and what was written.
         """
         step = progress["global_step"]
+        ck = self.checkpoints
         if not saved:
-            self._save(self.checkpointer, step, self._state(epoch, next_batch, progress))
+            ck.save(ck.latest, step, *self.state_dict(epoch, next_batch, progress))
         name = signal.Signals(signum).name
-        path = self.checkpointer.path(step)
+        path = ck.latest.path(step)
         return Stopped(
             f"stopped by {name} at epoch {epoch} step {step} (batch {next_batch} of {last}); "
             f"checkpoint {path}; rerun with train.resume=true",
@@ -922,21 +595,16 @@ class Trainer:
         }
         start_epoch, start_batch = 0, 0
         if tc.resume:
-            step = self._latest(self.checkpointer)
+            ck = self.checkpoints
+            step = ck.newest(ck.latest)
             if step is None:
                 self._log(f"no checkpoint under {self.out}, starting fresh")
             else:
-                st = self._load_shard(self.checkpointer, step)
-                self.model.load_state_dict(st["model"])
-                self._load_optimizer(st["optimizer"])
-                self._set_rng_state(st["rng"])
+                st = self._load(ck.latest, step)
                 progress = st["progress"]
                 start_epoch, start_batch = st["cursor"]["epoch"], st["cursor"]["next_batch"]
-                if self.exchange is not None and st["comm"]:
-                    for k, v in st["comm"].items():
-                        setattr(self.exchange.counter, k, v)
                 self._log(
-                    f"resumed from {self.checkpointer.path(step)} "
+                    f"resumed from {ck.latest.path(step)} "
                     f"(epoch {start_epoch}, batch {start_batch})"
                 )
         if main:
@@ -1015,10 +683,10 @@ class Trainer:
                     t_save = time.perf_counter()
                     self._flush_step(progress)
                     if at_ckpt:
-                        self._save(
-                            self.checkpointer,
+                        self.checkpoints.save(
+                            self.checkpoints.latest,
                             progress["global_step"],
-                            self._state(epoch, i + 1, progress),
+                            *self.state_dict(epoch, i + 1, progress),
                         )
                         saved = True
                     paused += time.perf_counter() - t_save
@@ -1040,7 +708,7 @@ class Trainer:
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
-            comm = self._comm_line()
+            comm = {} if self.exchange is None else self.exchange.epoch_bytes()
             stages = self._timeline_line(dt)
             self._where = f"epoch {epoch} validation"
             val = self.split_metrics("val", self.evaluate("val"))
@@ -1064,36 +732,39 @@ class Trainer:
                 f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {_fmt(line['val_ap'])} "
                 f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} events/s)"
             )
+            ck = self.checkpoints
             if val["val_ap"] > progress["best_val_ap"]:
                 progress.update(best_val_ap=val["val_ap"], best_epoch=epoch, bad_epochs=0)
-                self._save(
-                    self.best,
-                    epoch,
-                    {"model": self.model.state_dict(), "epoch": epoch, "memory_phase": "val_end"},
-                )
+                # The best model with the memory at the end of validation, which test
+                # continues (no optimizer: it is not resumed from).
+                best_state = {
+                    "data": self.data.state_dict(),
+                    "model": self.model.state_dict(),
+                    "epoch": epoch,
+                    "memory_phase": "val_end",
+                }
+                ck.save(ck.best, epoch, best_state, {"memory": self.memory.state_dict()})
             else:
                 progress["bad_epochs"] += 1
                 if tc.patience and progress["bad_epochs"] >= tc.patience:
                     progress["stopped"] = True
             progress["global_step"] += 1
-            self._save(
-                self.checkpointer, progress["global_step"], self._state(epoch + 1, 0, progress)
-            )
+            ck.save(ck.latest, progress["global_step"], *self.state_dict(epoch + 1, 0, progress))
 
-        step = self._latest(self.best)
+        ck = self.checkpoints
+        step = ck.newest(ck.best)
         if step is None:
-            raise SvenError(f"no valid best model under {self.best.root}")
-        best = self._load_shard(self.best, step)
-        self.model.load_state_dict(best["model"])
+            raise SvenError(f"no valid best model under {ck.best.root}")
+        best = self._load(ck.best, step)
         self._where = "test"
         test = self.split_metrics("test", self.evaluate("test"))
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(best["epoch"], {})
         summary = {
             "model": cfg.model.name,
-            "dataset": self.dataset_name,
+            "dataset": self.data.dataset_name,
             "world_size": self.world_size,
-            "partition": self.partition_meta.get("strategy"),
+            "partition": self.data.partition_meta.get("strategy"),
             "epochs_run": len(progress["history"]),
             "best_epoch": best["epoch"],
             "val_ap": best_line.get("val_ap"),
@@ -1159,77 +830,7 @@ class Trainer:
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _state(self, epoch: int, next_batch: int, progress: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "cursor": {"epoch": epoch, "next_batch": next_batch},
-            "progress": progress,
-        }
-
     # ---------------------------------------------------------------- comm
-    def _predict_comm(self) -> dict[str, Any]:
-        """The partition cost model's prediction of epoch 0's exchange, per rank.
-
-        Computed with the runtime's own sampler, row widths and the model's access
-        pattern (which roots are sampled, whether neighbours are read or get mail), so
-        that the measured bytes of epoch 0 must equal it exactly.
-        """
-        from sven.partition.cost import Access, RowBytes, comm_cost
-        from sven.pipeline.memory_exchange import ID_BYTES
-
-        tc = self.cfg.train
-        lo, hi = self.ranges["train"]
-        if tc.max_batches:
-            hi = min(hi, lo + tc.max_batches * tc.batch_size)
-        sampler = None
-        if self.sampler is not None:
-            smp = self.sampler
-
-            def sampler(
-                nodes: torch.Tensor, times: torch.Tensor, keys: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-                dev = self.device
-                block = smp.sample(nodes.to(dev), times.to(dev), keys=keys.to(dev))[0]
-                return block.nbr.cpu(), block.mask.cpu()
-
-        ev = self.events
-        report = comm_cost(
-            ev.src,
-            ev.dst,
-            ev.t,
-            self.owner.cpu().numpy(),
-            self.assign.cpu().numpy(),
-            batch_size=tc.batch_size,
-            k=self.cfg.model.num_neighbors if sampler else 0,
-            num_neg=tc.num_neg,
-            seed=tc.seed,
-            epoch=0,
-            start=lo,
-            stop=hi,
-            parts=self.world_size,
-            candidates=self.candidates.cpu().numpy(),
-            sampler=sampler,
-            access=Access.of(self.model),
-            widths=RowBytes(
-                read=self.exchange.read_codec.row_bytes,
-                write=self.exchange.write_codec.row_bytes,
-                id=ID_BYTES,
-            ),
-        )
-        return {
-            "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
-            "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
-            "comm_max_over_mean_predicted": float(
-                report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
-            ),
-        }
-
-    def _counter_state(self) -> dict[str, int]:
-        if self.exchange is None:
-            return {}
-        return dataclasses.asdict(self.exchange.counter)
-
     def _timeline_line(self, epoch_s: float) -> dict[str, Any]:
         """This epoch's per-stage times of every rank (:mod:`sven.timeline`).
 
@@ -1246,33 +847,6 @@ class Trainer:
             per = mine[None]
         return timeline_line(per[:, :-1], per[:, -1])
 
-    def _comm_line(self) -> dict[str, Any]:
-        """Per-rank bytes of this epoch's training, gathered on every rank."""
-        if self.exchange is None:
-            return {}
-        c = self.exchange.counter
-        mine = torch.tensor(
-            [c.ids, c.read_rows, c.write_rows, c.grads, c.naive],
-            dtype=torch.int64,
-            device=self.device,
-        )
-        allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(allr, mine)
-        per = torch.stack(allr).cpu()
-        exch = per[:, 0] + per[:, 1] + per[:, 2]
-        total = exch + per[:, 3]
-        return {
-            "comm_bytes": int(total.sum()),
-            "comm_bytes_exchange": int(exch.sum()),
-            "comm_bytes_grads": int(per[:, 3].sum()),
-            "comm_bytes_naive": int(per[:, 4].sum()),
-            "comm_bytes_naive_per_rank": per[:, 4].tolist(),
-            "comm_bytes_per_rank": total.tolist(),
-            "comm_bytes_exchange_per_rank": exch.tolist(),
-            "comm_bytes_max_rank": int(total.max()),
-            "comm_max_over_mean": float(exch.max() / max(float(exch.float().mean()), 1.0)),
-        }
-
     # ------------------------------------------------------------- re-eval
     def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Re-evaluates a saved model: a run folder (its best), or a ``step-N`` folder.
@@ -1286,8 +860,9 @@ class Trainer:
         p = find_checkpoint(path)
         state = load_file(p / "state.pt", self.device)
         self.model.load_state_dict(state["model"])
-        ws = int(state.get("world_size", 1))
-        owner = state["owner"].to(self.device)
+        data = _data_state(state)
+        ws = int(data.get("world_size", 1))
+        owner = data["owner"].to(self.device)
         if ws == self.world_size and torch.equal(owner, self.owner):
             shard = load_file(p / f"memory-rank{self.rank}.pt", self.device)
             self.memory.load_state_dict(shard["memory"])
@@ -1311,7 +886,7 @@ class Trainer:
         res.update(self.split_metrics("test", self.evaluate("test")))
         return {
             "model": self.cfg.model.name,
-            "dataset": self.dataset_name,
+            "dataset": self.data.dataset_name,
             "checkpoint": str(p),
             **res,
         }
@@ -1380,39 +955,16 @@ def prepare_out(
     )
 
 
-def _check_resume_config(state: dict[str, Any], cfg: Config, where: Path, rank: int) -> None:
-    """Stops a resume whose checkpoint was written with a different config."""
-    from sven.config import config_differences
-
-    saved = state.get("config")
-    if not isinstance(saved, dict):
-        return
-    diff = config_differences(saved, cfg)
-    if diff:
-        err = ConfigError(
-            f"train.resume: {where} was written with another config; differing keys: "
-            f"{', '.join(diff)}. Resume with the same settings, or use another out"
-        )
-        err.quiet = rank != 0
-        raise err
+def _data_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The data component's part of a checkpoint's state; checkpoints written before the
+    components kept the owner map and world size at the top."""
+    if "data" in state:
+        return state["data"]
+    return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
 
 
-def _check_splits(path: str, ranges: dict[str, tuple[int, ...]], rank: int) -> None:
-    """Empty splits, before any training: train and val are needed, test is reported."""
-    empty = [s for s in _SPLITS if ranges[s][1] <= ranges[s][0]]
-    if "train" in empty or "val" in empty:
-        which = " and ".join(s for s in empty if s != "test")
-        raise DataError(
-            f"the {which} split is empty: training needs training events and selects the "
-            "best model on val; re-convert with other --val-frac/--test-frac",
-            path,
-        )
-    if "test" in empty and rank == 0:
-        print(
-            f"sven: warning: {path}: the test split is empty; test metrics will be n/a",
-            file=sys.stderr,
-            flush=True,
-        )
+# Kept under its old name (it moved to sven.checkpoint with the checkpointer).
+_check_resume_config = check_resume_config
 
 
 def _stop_vote(signum: int | None, world_size: int) -> int:
@@ -1468,199 +1020,6 @@ def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
 
     walk(cfg.to_dict(), "")
     return flat + list(overrides)
-
-
-class _SingleProcessStep:
-    """The one-process step: device-resident event tables, the pure step functions of
-    :mod:`sven.step`, and their CUDA-graph capture.
-
-    On CUDA every batch has the configured capacity (the last one padded) and its inputs
-    (event range, random streams, prediction count) live in 0-d device tensors refilled
-    in place, so one captured graph serves every training batch and another every
-    evaluation batch. On CPU the same functions run eagerly on exact-size batches
-    (``torch.unique`` de-duplication, which computes less than fixed slots there).
-    """
-
-    def __init__(self, tr: Trainer) -> None:
-        from sven.step import StepGraph
-
-        self.tr = tr
-        tc, dev = tr.cfg.train, tr.device
-        self.tables = tr.tables
-        self.fixed = dev.type == "cuda"
-        self.capacity = tc.batch_size if self.fixed else None
-        from sven.pipeline.stages import select_batch
-
-        self.select: Callable[..., Batch] = select_batch
-        self.model: Any = tr.model
-        if tc.compile and self.fixed:
-            # Fixed shapes: one compilation serves every batch. The batch selection
-            # stays eager: inductor cannot yet emit its 64-bit hash constants.
-            self.model = torch.compile(tr.model, dynamic=False)
-        names = ("start", "stop", "stream", "mrr_stream", "split_lo")
-        self.inp: dict[str, Any]
-        if self.fixed:
-            self.inp = {k: torch.zeros((), dtype=torch.int64, device=dev) for k in names}
-            self.inp["npred"] = torch.ones((), dtype=torch.float64, device=dev)
-        else:
-            self.inp = {**dict.fromkeys(names, 0), "npred": 1.0}
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        rows = max(hi - lo for lo, hi in tr.ranges.values()) + 1  # + a scratch row
-        # Evaluation negatives: one column per protocol (test scores them all), then the
-        # MRR negatives; drawn before each pass into a table the captured step reads, so
-        # that every split uses one graph of one width.
-        ec = tr.cfg.eval
-        self.protocols = protocol_order(ec.negatives, ec.all_protocols)
-        self.width = len(self.protocols) + tr.mrr_negatives
-        self.neg_table = torch.zeros(rows, self.width, dtype=torch.int64, device=dev)
-        self._neg_cache: dict[str, torch.Tensor] = {}
-        self.scores = torch.zeros(rows, 1 + self.width, dtype=tr.dtype, device=dev)
-
-        def memory_state() -> list[torch.Tensor]:
-            return list(tr.memory.full.values())
-
-        log = lambda msg: tr._log(msg, force=True)  # noqa: E731
-        self.train_graph = StepGraph(
-            self._train,
-            mode=tc.cuda_graph,
-            device=dev,
-            state=lambda: (
-                [p.data for p in tr.model.parameters()] + memory_state() + [self.loss_sum]
-            ),
-            optimizer=tr.optimizer,
-            log=log,
-        )
-        self.eval_graph = StepGraph(
-            self._eval,
-            mode=tc.cuda_graph,
-            device=dev,
-            state=lambda: [*memory_state(), self.scores],
-            log=log,
-        )
-
-    def _set(self, **values: float) -> None:
-        for k, v in values.items():
-            if self.fixed:
-                self.inp[k].fill_(v)
-            else:
-                self.inp[k] = v
-
-    def _batch(self, num_neg: int, neg_table: torch.Tensor | None = None) -> Batch:
-        tr, inp = self.tr, self.inp
-        return self.select(
-            self.tables,
-            inp["start"],
-            inp["stop"],
-            inp["stream"],
-            seed=tr.cfg.train.seed,
-            num_neg=num_neg,
-            sample_roots=tr.model.sample_roots,
-            read_neighbors=tr.model.read_neighbors,
-            capacity=self.capacity,
-            neg_table=neg_table,
-            table_lo=inp["split_lo"],
-        )
-
-    def _train(self) -> None:
-        from sven.step import torch_determinism_off, train_step
-
-        tr = self.tr
-        with torch_determinism_off(self.fixed):
-            batch = self._batch(tr.cfg.train.num_neg)
-            # Eager (CPU): a lap per stage; a captured graph is timed as one "step".
-            lap = None if self.fixed else tr.timeline.lap
-            if lap is not None:
-                lap("sample")
-            loss = train_step(
-                self.model, tr.optimizer, tr.memory, batch, self.inp["npred"], lap=lap
-            )
-            self.loss_sum += loss
-
-    def _eval(self) -> None:
-        from sven.step import eval_step, torch_determinism_off
-
-        tr = self.tr
-        with torch_determinism_off(self.fixed):
-            batch = self._batch(self.width, self.neg_table)
-            out = eval_step(self.model, tr.memory, batch)
-            scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
-            rows = batch.index - self.inp["split_lo"]
-            if batch.valid is not None:
-                rows = torch.where(batch.valid, rows, self.scores.shape[0] - 1)
-            # Padded events all write the scratch row; real ones distinct rows.
-            self.scores.index_copy_(0, rows, scores)
-
-    def train_batch(self, epoch: int, lo: int, hi: int) -> None:
-        """Queues the training step of global batch [lo, hi) of ``epoch``."""
-        npred = (hi - lo) * (1 + self.tr.cfg.train.num_neg)
-        self._set(start=lo, stop=hi, stream=epoch, npred=float(npred))
-        self.train_graph()
-        if self.fixed:
-            self.tr.timeline.lap("step")
-
-    def take_loss(self) -> float:
-        """The summed mean losses of the steps since the last call (waits for them)."""
-        value = float(self.loss_sum)
-        self.loss_sum.zero_()
-        return value
-
-    def _negatives(self, split: str) -> torch.Tensor:
-        """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
-        by the seed): the protocol columns, then the MRR negatives."""
-        if split in self._neg_cache:
-            return self._neg_cache[split]
-        tr = self.tr
-        lo, hi = tr.ranges[split]
-        b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
-        protocols = self.protocols if split == "test" else self.protocols[:1]
-        sampler = tr._eval_negatives() if protocols != ["random"] else None
-        cols = []
-        # Historical and inductive draws depend on the global batch; random ones only
-        # on the event, so one call covers the split.
-        step = b if sampler is not None else max(hi - lo, 1)
-        for start in range(lo, hi, step):
-            idx = torch.arange(start, min(start + step, hi), device=tr.device)
-            c = eval_negative_columns(
-                protocols,
-                tr.candidates,
-                sampler,
-                seed,
-                _EVAL_STREAM[split],
-                idx,
-                start,
-                min(start + step, hi),
-            )
-            # Columns of protocols this split does not score repeat the first one.
-            c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
-            if q:
-                mrr_neg = sample_negatives(seed, _MRR_STREAM[split], idx, tr.candidates, q)
-                c = torch.cat([c, mrr_neg], 1)
-            cols.append(c)
-        table = torch.cat(cols) if cols else self.neg_table[:0]
-        self._neg_cache[split] = table
-        return table
-
-    def evaluate(self, split: str) -> EvalResult:
-        """Walks a split through the evaluation step; returns all scores."""
-        tr = self.tr
-        lo, hi = tr.ranges[split]
-        b, q = tr.cfg.train.batch_size, tr.mrr_negatives
-        negs = self._negatives(split)
-        self.neg_table[: hi - lo].copy_(negs)
-        self._set(split_lo=lo, stream=_EVAL_STREAM[split])
-        for start in range(lo, hi, b):
-            self._set(start=start, stop=min(start + b, hi))
-            self.eval_graph()
-        scores = self.scores[: hi - lo].cpu()
-        n_p = len(self.protocols)
-        valid = None
-        if q:
-            idx = torch.arange(lo, hi, device=tr.device)
-            mrr_neg = negs[:, n_p:]
-            valid = filtered_mrr_negatives(tr.src, tr.dst, tr.t, idx, mrr_neg, tr.num_nodes)
-            valid = valid.cpu()
-        protocols = self.protocols if split == "test" else self.protocols[:1]
-        return _eval_result(scores, protocols, n_p, q, valid)
 
 
 def _main_thread_only(fn: Callable[[str], None]) -> Callable[[str], None]:
