@@ -226,6 +226,7 @@ class Data:
                         train_stop=self.ranges["train"][1],
                         batch_size=self.cfg.train.batch_size,
                         balance=dc.balance,
+                        batch_balance=dc.batch_balance,
                         seed=self.cfg.train.seed,
                         k=self.cfg.model.num_neighbors,
                         num_neg=self.cfg.train.num_neg,
@@ -453,8 +454,10 @@ def predict_comm(
 
 # ----------------------------------------------------------------------- optimizer
 class Optimizer(torch.optim.Adam):
-    """Adam with this run's implementation flags: on CUDA the fused kernel with its
+    """Adam with this run's implementation flags: the fused kernel, on CUDA with its
     step count on the device (so the optimizer step can be captured in a CUDA graph).
+    On CPU too the fused step is one C++ loop instead of a Python loop of small ops per
+    parameter (TGN's 23 tensors: 0.24 ms against 0.82 ms per step, one thread).
 
     Its state_dict is Adam's; :meth:`load_state_dict` accepts one saved by any run (CPU
     or GPU) and applies this run's flags.
@@ -466,7 +469,8 @@ class Optimizer(torch.optim.Adam):
     """
 
     def __init__(self, params: Any, lr: float, device: torch.device) -> None:
-        self._flags = {"fused": True, "capturable": True} if device.type == "cuda" else {}
+        flags = {"cuda": {"fused": True, "capturable": True}, "cpu": {"fused": True}}
+        self._flags = flags.get(device.type, {})
         super().__init__(params, lr=lr, **self._flags)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

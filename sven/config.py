@@ -209,6 +209,10 @@ class DistConfig:
     """Strategy when computing the partition at start (hash, range, ldg, metis, minmax)."""
     balance: float = 1.05
     """Event balance factor when computing the partition at start."""
+    batch_balance: bool = True
+    """When computing the partition at start, also cap each global batch's events per
+    rank at the balance factor (a synchronous step waits for its slowest rank), as
+    ``sven partition --batch-balance`` (docs/partition.md)."""
     backend: str = "auto"
     """auto (NCCL on GPUs, gloo on CPUs), nccl or gloo."""
     timeout_s: float = 600.0
