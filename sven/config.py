@@ -103,6 +103,11 @@ class TrainConfig:
     """Adam learning rate."""
     patience: int = 5
     """Early stopping: epochs without val AP improvement before stopping (0: never)."""
+    select: str = "ap"
+    """Which epoch's model is kept and tested, and what counts as improvement for
+    ``patience``: ``ap``, a higher val AP than the best so far; ``ap_auc``, val AP and
+    val AUC both at or above their best so far (DyGLib's early stopping, which
+    produced its published figures)."""
     seed: int = 0
     """Seed of parameters, negatives, sampling and dropout."""
     num_neg: int = 1
@@ -154,6 +159,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{f} must be >= 0, got {getattr(self, f)}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be positive, got {self.lr}")
+        if self.select not in ("ap", "ap_auc"):
+            raise ConfigError(f"train.select must be ap or ap_auc, got {self.select!r}")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"train.dtype must be float32 or float64, got {self.dtype!r}")
         if self.resume and self.overwrite:

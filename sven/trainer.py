@@ -583,6 +583,7 @@ class Trainer:
         progress: dict[str, Any] = {
             "history": [],
             "best_val_ap": -1.0,
+            "best_val_auc": -1.0,
             "best_epoch": -1,
             "bad_epochs": 0,
             "epoch_loss": 0.0,
@@ -733,8 +734,13 @@ class Trainer:
                 f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} events/s)"
             )
             ck = self.checkpoints
-            if val["val_ap"] > progress["best_val_ap"]:
-                progress.update(best_val_ap=val["val_ap"], best_epoch=epoch, bad_epochs=0)
+            if improved(tc.select, val, progress):
+                progress.update(
+                    best_val_ap=val["val_ap"],
+                    best_val_auc=val["val_auc"],
+                    best_epoch=epoch,
+                    bad_epochs=0,
+                )
                 # The best model with the memory at the end of validation, which test
                 # continues (no optimizer: it is not resumed from).
                 best_state = {
@@ -984,6 +990,27 @@ def _stop_from_votes(total: int, world_size: int) -> int:
     if term:
         return int(signal.SIGTERM)
     return int(signal.SIGUSR1) if usr1 else 0
+
+
+def improved(select: str, val: dict[str, float], best: dict[str, Any]) -> bool:
+    """Whether an epoch's validation improves on the best so far (``train.select``).
+
+    Args:
+        select: ``ap`` (val AP above the best) or ``ap_auc`` (val AP and val AUC both at
+            or above their bests, DyGLib's rule).
+        val: The epoch's ``val_ap`` and ``val_auc``.
+        best: ``best_val_ap`` and ``best_val_auc`` so far (-1 before the first epoch;
+            a checkpoint written before ``best_val_auc`` existed lacks it).
+
+    Returns:
+        True to keep this epoch's model and reset the patience count. A NaN metric
+        never improves.
+    """
+    if select == "ap_auc":
+        return val["val_ap"] >= best["best_val_ap"] and val["val_auc"] >= best.get(
+            "best_val_auc", -1.0
+        )
+    return val["val_ap"] > best["best_val_ap"]
 
 
 def _is_comm_failure(exc: BaseException) -> bool:
