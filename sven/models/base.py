@@ -471,7 +471,7 @@ class TemporalAttentionLayer(nn.Module):
             out = kernels.temporal_attention_fused(*args, kv_edge)
         else:
             # On CPU FLOPs are the cost: the factored form projects queries and
-            # attention-weighted sums instead of every neighbour slot (2.2x faster
+            # attention-weighted sums instead of every neighbour slot (1.8-2.2x faster
             # forward and backward for TGN's dims, docs/performance.md).
             feat = None if w_edge is None else edge_feat.to(dtype)
             out = kernels.temporal_attention_factored(*args, feat, w_edge)

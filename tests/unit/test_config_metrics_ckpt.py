@@ -123,5 +123,5 @@ def test_select_rules_pick_different_epochs_on_one_history() -> None:
 def test_select_must_be_known() -> None:
     from sven.config import ConfigError, TrainConfig
 
-    with pytest.raises(ConfigError, match="train.select"):
+    with pytest.raises(ConfigError, match=r"train\.select"):
         TrainConfig(select="auc")
