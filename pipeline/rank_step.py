@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from sven.models.memory import DenseUpdate, MemoryRows
 from sven.pipeline.prefetch import Prefetcher, SideStream
-from sven.step import masked_bce
+from sven.step import masked_bce, no_uninitialized_fill
 
 if TYPE_CHECKING:
     from sven.pipeline.batch import Batch
@@ -205,7 +205,10 @@ class RankStep:
         item = next(self._prefetch)
         if item.index != i:
             raise RuntimeError(f"prefetched batch {item.index} where batch {i} was due")
-        return self.run(item)
+        # Deterministic algorithms stay on; only torch's NaN fill of new tensors is
+        # skipped, as in the one-process step (sven.step.no_uninitialized_fill).
+        with no_uninitialized_fill():
+            return self.run(item)
 
     def run(self, item: StepInput) -> float:
         """One optimisation step on a prepared share (see the module docstring)."""
