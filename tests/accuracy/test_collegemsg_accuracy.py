@@ -23,6 +23,13 @@ def uci(shared_data, tmp_path_factory) -> str:
     return str(out)
 
 
+def _fit(uci: str, out, model: str, epochs: int, *extra: str) -> dict:
+    """A short run of ``model`` on CollegeMsg, every epoch (no early stop); its summary."""
+    overrides = [f"model.name={model}", *extra, f"data.path={uci}", f"out={out}"]
+    overrides += [f"train.epochs={epochs}", "train.patience=0", "quiet=true"]
+    return sven.Trainer(None, overrides).fit()
+
+
 @pytest.mark.parametrize(
     ("model", "epochs", "floor"),
     [
@@ -33,17 +40,7 @@ def uci(shared_data, tmp_path_factory) -> str:
     ],
 )
 def test_collegemsg_floor(uci: str, tmp_path, model: str, epochs: int, floor: float) -> None:
-    summary = sven.Trainer(
-        None,
-        [
-            f"model.name={model}",
-            f"data.path={uci}",
-            f"out={tmp_path}",
-            f"train.epochs={epochs}",
-            "train.patience=0",
-            "quiet=true",
-        ],
-    ).fit()
+    summary = _fit(uci, tmp_path, model, epochs)
     assert summary["test_ap"] >= floor, summary
 
 
@@ -53,17 +50,7 @@ def test_collegemsg_apan_test_holds_up_to_val(uci: str, tmp_path) -> None:
     # the newest mail (which neighbours' events refresh) instead of the time since the
     # node's own last event gave test AP 0.85; the node's own gives about 0.90 (CPU,
     # docs/accuracy.md, session 4).
-    summary = sven.Trainer(
-        None,
-        [
-            "model.name=apan",
-            f"data.path={uci}",
-            f"out={tmp_path}",
-            "train.epochs=2",
-            "train.patience=0",
-            "quiet=true",
-        ],
-    ).fit()
+    summary = _fit(uci, tmp_path, "apan", 2)
     assert summary["test_ap"] >= 0.87, summary
     assert summary["test_ap"] >= summary["val_ap"] - 0.05, summary
 
@@ -72,17 +59,6 @@ def test_collegemsg_dyrep_test_holds_up_to_val(uci: str, tmp_path) -> None:
     # DyRep's bare-memory embedding reached val AP 0.68 and test AP 0.55 after 5 epochs
     # (CPU, docs/accuracy.md); with the time projection of the preset, test AP is above
     # val AP (0.83 / 0.89 after 5 epochs).
-    summary = sven.Trainer(
-        None,
-        [
-            "model.name=dyrep",
-            "model.time_projection=true",
-            f"data.path={uci}",
-            f"out={tmp_path}",
-            "train.epochs=2",
-            "train.patience=0",
-            "quiet=true",
-        ],
-    ).fit()
+    summary = _fit(uci, tmp_path, "dyrep", 2, "model.time_projection=true")
     assert summary["test_ap"] >= 0.80, summary
     assert summary["test_ap"] >= summary["val_ap"] - 0.05, summary
