@@ -69,6 +69,12 @@ class ModelConfig:
     m (1 + w dt), as JODIE and APAN always do (not in the DyRep paper; see
     docs/accuracy.md). Not available for TGN."""
 
+    attention_form: str = "auto"
+    """TGN's attention: fused (every neighbour slot's time encoding projected to keys and
+    values), factored (queries carried back through the key projection, weighted sums
+    projected forwards: fewer FLOPs, more kernels) or auto (factored on CPU, fused on
+    CUDA; docs/performance.md)."""
+
     def __post_init__(self) -> None:
         self.name = self.name.lower()
         if self.name not in ("tgn", "jodie", "apan", "dyrep"):
@@ -84,6 +90,10 @@ class ModelConfig:
             raise ConfigError(f"model.cell must be gru or rnn, got {self.cell!r}")
         if self.message not in ("identity", "mlp"):
             raise ConfigError(f"model.message must be identity or mlp, got {self.message!r}")
+        if self.attention_form not in ("auto", "fused", "factored"):
+            raise ConfigError(
+                f"model.attention_form must be auto, fused or factored, got {self.attention_form!r}"
+            )
         if self.time_projection and self.name == "tgn":
             raise ConfigError("model.time_projection: not available for tgn")
         if not 0.0 <= self.dropout < 1.0:

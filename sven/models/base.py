@@ -395,6 +395,9 @@ class TemporalAttentionLayer(nn.Module):
         out_dim: Output width.
         num_heads: Attention heads.
         dropout: Dropout on the output.
+        form: ``fused``, ``factored`` (the same function, computed in another order:
+            :func:`sven.kernels.reference.temporal_attention_factored`) or ``auto``
+            (factored on CPU, fused on CUDA and under the Triton backend).
     """
 
     def __init__(
@@ -405,10 +408,14 @@ class TemporalAttentionLayer(nn.Module):
         out_dim: int,
         num_heads: int,
         dropout: float,
+        form: str = "auto",
     ) -> None:
         super().__init__()
         from sven.models.memory import TimeEncoding
 
+        if form not in ("auto", "fused", "factored"):
+            raise ValueError(f"attention form must be auto, fused or factored, got {form!r}")
+        self.form = form
         if out_dim % num_heads:
             raise ValueError(f"embedding dim {out_dim} not divisible by {num_heads} heads")
         self.num_heads = num_heads
@@ -463,7 +470,10 @@ class TemporalAttentionLayer(nn.Module):
             self.time_enc.bias,
             self.w_kv_time.weight,
         )
-        if z.is_cuda or kernels.backend_for(z) == "triton":
+        form = self.form
+        if form == "auto":
+            form = "fused" if z.is_cuda or kernels.backend_for(z) == "triton" else "factored"
+        if form == "fused":
             # The neighbour gather, the time encoding of dt and its projection happen
             # inside the attention kernel (Triton), or in the reference whose few large
             # GEMMs were measured fastest in the captured CUDA step (docs/performance.md).

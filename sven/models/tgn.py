@@ -34,14 +34,31 @@ class TGN(MemoryModel):
     def config_kwargs(cls, model_cfg: ModelConfig, **facts: Any) -> dict[str, Any]:
         """The base class's keyword arguments, and the attention's heads and dropout."""
         kwargs = super().config_kwargs(model_cfg, **facts)
-        kwargs.update(num_heads=model_cfg.num_heads, dropout=model_cfg.dropout)
+        kwargs.update(
+            num_heads=model_cfg.num_heads,
+            dropout=model_cfg.dropout,
+            attention_form=model_cfg.attention_form,
+        )
         return kwargs
 
-    def __init__(self, *, num_heads: int = 2, dropout: float = 0.1, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        num_heads: int = 2,
+        dropout: float = 0.1,
+        attention_form: str = "auto",
+        **kwargs,
+    ) -> None:
         kwargs.setdefault("cell", "gru")
         super().__init__(**kwargs)
         self.attn = TemporalAttentionLayer(
-            self.memory_dim, self.edge_dim, self.time_dim, self.embed_dim, num_heads, dropout
+            self.memory_dim,
+            self.edge_dim,
+            self.time_dim,
+            self.embed_dim,
+            num_heads,
+            dropout,
+            form=attention_form,
         )
 
     def embed(self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor) -> torch.Tensor:

@@ -93,3 +93,43 @@ def test_factored_no_roots() -> None:
     out = reference.temporal_attention_factored(q, kvn, pos, dt, mask, tw, tb, wt, ef, we)
     out.sum().backward()
     assert out.shape == (0, 16) and torch.equal(kvn.grad, torch.zeros_like(kvn))
+
+
+@pytest.mark.parametrize("edge_dim", [0, E_DIM])
+def test_layer_forms_agree(edge_dim: int) -> None:
+    """``TemporalAttentionLayer(form=...)``: fused and factored give one function.
+
+    Both layers share weights; outputs and every parameter's gradient agree in float64,
+    so ``model.attention_form`` changes the order of computation, not the model.
+    """
+    from sven.models.base import TemporalAttentionLayer
+
+    gen = torch.Generator().manual_seed(3)
+    u, r, k = 6, 5, 4
+    layers = {
+        form: TemporalAttentionLayer(8, edge_dim, T_DIM, 8, 2, 0.0, form=form).double()
+        for form in ("fused", "factored")
+    }
+    layers["factored"].load_state_dict(layers["fused"].state_dict())
+    z = torch.randn(u, 8, generator=gen, dtype=torch.float64)
+    root_pos = torch.randint(0, u, (r,), generator=gen)
+    nbr_pos = torch.randint(0, u, (r, k), generator=gen)
+    mask = make_mask(r, k, gen)
+    dt = (torch.rand(r, k, generator=gen, dtype=torch.float64) * 1e4).masked_fill(~mask, 0.0)
+    feat = torch.randn(r, k, edge_dim, generator=gen, dtype=torch.float64) if edge_dim else None
+    out, grads = {}, {}
+    for form, layer in layers.items():
+        out[form] = layer(z, root_pos, nbr_pos, dt, mask, feat)
+        out[form].square().sum().backward()
+        grads[form] = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(out["factored"], out["fused"], rtol=1e-9, atol=1e-11)
+    assert grads["factored"].keys() == grads["fused"].keys()
+    for name, g in grads["fused"].items():
+        torch.testing.assert_close(grads["factored"][name], g, rtol=1e-8, atol=1e-10)
+
+
+def test_layer_rejects_an_unknown_form() -> None:
+    from sven.models.base import TemporalAttentionLayer
+
+    with pytest.raises(ValueError, match="attention form"):
+        TemporalAttentionLayer(8, 0, T_DIM, 8, 2, 0.0, form="tiled")

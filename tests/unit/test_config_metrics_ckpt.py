@@ -35,6 +35,7 @@ def test_overrides_and_presets(tmp_path) -> None:
         ("train.batch_size=abc", "train.batch_size: expected an integer"),
         ("train.resume=maybe", "train.resume: expected true/false"),
         ("epochs", "not of the form key=value"),
+        ("model.attention_form=tiled", "model.attention_form must be auto, fused or factored"),
     ],
 )
 def test_bad_overrides(override: str, message: str) -> None:
