@@ -147,6 +147,23 @@ def train_one(
     return summary
 
 
+def store_events(store: Path) -> int:
+    """Number of events of a store (its meta.json), the cost proxy of its runs."""
+    return int(json.loads((store / "meta.json").read_text())["num_events"])
+
+
+def schedule(
+    todo: list[tuple[str, str, int]], events: dict[str, int]
+) -> list[tuple[str, str, int]]:
+    """Runs in the order to start them: largest dataset first, stable otherwise.
+
+    With ``--parallel`` workers the longest runs start first (longest-processing-time
+    first), so a single call does not end with one Wikipedia run going on alone while
+    the other workers idle.
+    """
+    return sorted(todo, key=lambda run: -events[run[0]])
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Trains every missing (dataset, model, seed), ``--parallel`` at a time."""
     out = Path(args.out)
@@ -163,6 +180,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         for s in args.seeds
         if "error" in results.get(run_id(d, m, s), {"error": ""})
     ]
+    todo = schedule(todo, {d: store_events(stores[d]) for d in args.datasets})
     print(f"{len(todo)} runs to do ({len(results)} recorded) in {out}", flush=True)
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         running: dict[Future, tuple[str, str, int]] = {}

@@ -43,3 +43,29 @@ def test_accuracy_table_trains_records_and_skips(tmp_path: Path) -> None:
     # A second call finds the run recorded and trains nothing.
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "0 runs to do" in again.stdout, again.stdout
+
+
+def test_schedule_starts_the_largest_dataset_first() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "accuracy_table", REPO / "benchmarks" / "accuracy_table.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    todo = [
+        ("collegemsg", "tgn", 0),
+        ("collegemsg", "apan", 0),
+        ("wikipedia", "tgn", 0),
+        ("bitcoin-otc", "tgn", 0),
+        ("wikipedia", "apan", 0),
+    ]
+    events = {"collegemsg": 59_835, "wikipedia": 157_474, "bitcoin-otc": 35_592}
+    assert mod.schedule(todo, events) == [
+        ("wikipedia", "tgn", 0),
+        ("wikipedia", "apan", 0),
+        ("collegemsg", "tgn", 0),
+        ("collegemsg", "apan", 0),
+        ("bitcoin-otc", "tgn", 0),
+    ]
