@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from sven import kernels
+
 _MASK63 = (1 << 63) - 1
 
 
@@ -92,6 +94,10 @@ def hash_columns(
     Returns:
         (num_draws, B) int64 values uniform in [0, 2**63).
     """
+    if kernels.hash_backend(index) == "triton":
+        from sven.kernels import triton_hash
+
+        return triton_hash.hash_columns(seed, epoch, index, first_draw, num_draws)
     draw = torch.arange(num_draws, dtype=torch.int64, device=index.device) + first_draw
     key = stream_key(seed, epoch, draw)
     return mix(index.to(torch.int64)[None, :] * 0x2545F4914F6CDD1D + key[:, None])
@@ -193,6 +199,10 @@ def draws_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
     Returns:
         (R, width) int64.
     """
+    if kernels.hash_backend(keys) == "triton":
+        from sven.kernels import triton_hash
+
+        return triton_hash.draws_from_keys(keys, width)
     col = torch.arange(1, width + 1, dtype=torch.int64, device=keys.device)
     return mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)
 

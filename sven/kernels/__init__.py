@@ -34,6 +34,7 @@ from sven.kernels import reference
 __all__ = [
     "backend_for",
     "gru_cell",
+    "hash_backend",
     "reset_backend",
     "rnn_cell",
     "temporal_attention",
@@ -96,6 +97,20 @@ def backend_for(t: torch.Tensor) -> str:
             "or use SVEN_KERNELS=auto"
         )
     return "triton"
+
+
+def hash_backend(t: torch.Tensor) -> str:
+    """Names the backend of the counter hashes (:mod:`sven.pipeline.negatives`) on ``t``.
+
+    As :func:`backend_for`, except that ``auto`` picks Triton for CUDA tensors when
+    triton is installed: the hashes are chains of a dozen int64 element-wise kernels
+    that :mod:`.triton_hash` runs as one, and the captured step is bound by its kernel
+    count (docs/performance.md has the measurement).
+    """
+    mode, _, has_triton = _read_state()
+    if mode == "auto":
+        return "triton" if t.is_cuda and has_triton else "reference"
+    return backend_for(t)
 
 
 def _dispatch(name: str) -> Callable[..., torch.Tensor]:

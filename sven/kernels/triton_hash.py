@@ -1,0 +1,122 @@
+"""Triton kernels for the counter hashes of :mod:`sven.pipeline.negatives`: one launch each.
+
+In PyTorch every step of the 63-bit mix (mask, shift, xor, multiply) is its own
+element-wise kernel, so one :func:`~sven.pipeline.negatives.hash_columns` costs about 25
+launches (the mix of the stream keys, then the mix of every (draw, index) pair) and one
+:func:`~sven.pipeline.negatives.draws_from_keys` about 14. The captured training step
+is bound by its number of kernels (docs/performance.md), and these hashes (negatives,
+root and node keys, dropout masks) were a quarter of them. Here each is one kernel with
+the same arithmetic: int64 products wrap modulo 2**64 in Triton as in PyTorch, and every
+shift sees a value whose sign bit is clear, so arithmetic and logical shifts agree. The
+results are equal bit for bit (``tests/kernels/test_hash.py``).
+
+Scalars (epoch, first draw) may be Python ints or 0-d int64 device tensors: the captured
+step keeps its epoch and batch start in device scalars, read inside the kernel, so
+nothing is copied from the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["draws_from_keys", "hash_columns"]
+
+_BLOCK = 1024
+_MASK63 = (1 << 63) - 1
+
+
+@triton.jit
+def _mix(x):
+    # splitmix64's finaliser on the non-negative half of int64 (as negatives.mix).
+    m63: tl.constexpr = 0x7FFFFFFFFFFFFFFF
+    x = x & m63
+    x = ((x ^ (x >> 31)) * 0x5851F42D4C957F2D) & m63
+    x = ((x ^ (x >> 29)) * 0x14057B7EF767814F) & m63
+    x = (x ^ (x >> 32)) & m63
+    return x
+
+
+# Scalars stay runtime arguments: Triton would otherwise make a value of 1 a constant.
+@triton.jit(do_not_specialize=["epoch", "first_draw", "seed_term", "B", "N"])
+def _hash_columns_kernel(
+    index_ptr, out_ptr, epoch, first_draw, seed_term, B, N,
+    EPOCH_PTR: tl.constexpr, DRAW_PTR: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # out is (num_draws, B) contiguous; element n is draw n // B of index n % B.
+    n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = n < N
+    if EPOCH_PTR:
+        e = tl.load(epoch).to(tl.int64)
+    else:
+        e = epoch.to(tl.int64)
+    if DRAW_PTR:
+        d0 = tl.load(first_draw).to(tl.int64)
+    else:
+        d0 = first_draw.to(tl.int64)
+    j = n // B
+    i = n % B
+    # stream_key(seed, epoch, first_draw + j): the same sum modulo 2**64, then masked.
+    key = _mix(e * 0x85EBCA77 + (d0 + j) * 0xC2B2AE3D + seed_term)
+    idx = tl.load(index_ptr + i, mask=m, other=0).to(tl.int64)
+    tl.store(out_ptr + n, _mix(idx * 0x2545F4914F6CDD1D + key), mask=m)
+
+
+@triton.jit(do_not_specialize=["W", "N"])
+def _draws_kernel(keys_ptr, out_ptr, W, N, BLOCK: tl.constexpr):
+    # out is (R, W) contiguous; element n is column n % W of key n // W.
+    n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = n < N
+    key = tl.load(keys_ptr + n // W, mask=m, other=0).to(tl.int64)
+    col = n % W + 1
+    tl.store(out_ptr + n, _mix(key * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019), mask=m)
+
+
+def _scalar(x: int | torch.Tensor, device: torch.device) -> tuple[int | torch.Tensor, bool]:
+    """A kernel argument and whether it is a pointer (a 0-d tensor on ``device``)."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.device != device:
+            raise ValueError(
+                f"expected a 0-d tensor on {device}, got {tuple(x.shape)} on {x.device}"
+            )
+        return x.reshape(()).to(torch.int64), True
+    # Wrapped into int64 as the reference's tensor arithmetic would.
+    x = int(x) & ((1 << 64) - 1)
+    return x - (1 << 64) if x >= 1 << 63 else x, False
+
+
+def hash_columns(
+    seed: int,
+    epoch: int | torch.Tensor,
+    index: torch.Tensor,
+    first_draw: int | torch.Tensor,
+    num_draws: int,
+) -> torch.Tensor:
+    """:func:`sven.pipeline.negatives.hash_columns` in one kernel; (num_draws, B) int64."""
+    index = index.to(torch.int64).contiguous()
+    b = index.numel()
+    out = torch.empty(num_draws, b, dtype=torch.int64, device=index.device)
+    total = num_draws * b
+    if total == 0:
+        return out
+    e, e_ptr = _scalar(epoch, index.device)
+    d, d_ptr = _scalar(first_draw, index.device)
+    seed_term = (seed * 0x9E3779B1) & _MASK63
+    grid = (triton.cdiv(total, _BLOCK),)
+    _hash_columns_kernel[grid](
+        index, out, e, d, seed_term, b, total,
+        EPOCH_PTR=e_ptr, DRAW_PTR=d_ptr, BLOCK=_BLOCK,
+    )  # fmt: skip
+    return out
+
+
+def draws_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`sven.pipeline.negatives.draws_from_keys` in one kernel; (R, width) int64."""
+    keys = keys.to(torch.int64).contiguous()
+    out = torch.empty(keys.numel(), width, dtype=torch.int64, device=keys.device)
+    total = out.numel()
+    if total == 0:
+        return out
+    _draws_kernel[(triton.cdiv(total, _BLOCK),)](keys, out, width, total, BLOCK=_BLOCK)
+    return out

@@ -1,0 +1,109 @@
+"""The one-kernel counter hashes (Triton) equal the PyTorch chains bit for bit.
+
+Runs on CUDA where present, else under the Triton interpreter on CPU. The reference is
+:mod:`sven.pipeline.negatives` with the hash backend forced to the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sven import kernels
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """Calls the PyTorch chains whatever the device (SVEN_KERNELS=reference)."""
+
+    def run(fn, *args):
+        monkeypatch.setenv("SVEN_KERNELS", "reference")
+        kernels.reset_backend()
+        try:
+            return fn(*args)
+        finally:
+            monkeypatch.delenv("SVEN_KERNELS")
+            kernels.reset_backend()
+
+    return run
+
+
+def _index(n: int, device: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(n)
+    # Event indices, node ids and large values near the int63 edge.
+    small = torch.randint(0, 10**6, (n,), generator=gen)
+    big = torch.randint(2**62, 2**63 - 1, (n,), generator=gen)
+    return torch.where(torch.arange(n) % 3 == 0, big, small).to(device)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 3001])
+@pytest.mark.parametrize("num_draws", [1, 3])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_hash_columns_equals_the_reference(device, reference, n, num_draws, as_tensor) -> None:
+    from sven.kernels import triton_hash
+    from sven.pipeline import negatives
+
+    index = _index(n, device)
+    seed, epoch, first = 12345, 7, (1 << 25) + 600
+    if as_tensor:
+        # The captured step's device scalars.
+        e = torch.tensor(epoch, device=device)
+        f = torch.tensor(first, device=device)
+    else:
+        e, f = epoch, first
+    want = reference(negatives.hash_columns, seed, e, index, f, num_draws)
+    got = triton_hash.hash_columns(seed, e, index, f, num_draws)
+    assert got.dtype == torch.int64 and got.shape == (num_draws, n)
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**40 + 3])
+def test_hash_columns_seeds_and_draw_one(device, reference, seed) -> None:
+    """Scalars equal to 0 or 1 (which Triton would otherwise specialise) and big seeds."""
+    from sven.kernels import triton_hash
+    from sven.pipeline import negatives
+
+    index = _index(50, device)
+    for epoch, first in [(0, 0), (1, 1), (2**21 + 1, 0)]:
+        want = reference(negatives.hash_columns, seed, epoch, index, first, 2)
+        assert torch.equal(triton_hash.hash_columns(seed, epoch, index, first, 2).cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("width", [1, 10, 100])
+def test_draws_from_keys_equals_the_reference(device, reference, width) -> None:
+    from sven.kernels import triton_hash
+    from sven.pipeline import negatives
+
+    keys = _index(333, device)
+    want = reference(negatives.draws_from_keys, keys, width)
+    got = triton_hash.draws_from_keys(keys, width)
+    assert got.shape == (333, width)
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+def test_empty_inputs(device) -> None:
+    from sven.kernels import triton_hash
+
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    assert triton_hash.hash_columns(0, 0, empty, 0, 3).shape == (3, 0)
+    assert triton_hash.draws_from_keys(empty, 4).shape == (0, 4)
+
+
+def test_a_scalar_on_another_device_is_refused(device) -> None:
+    from sven.kernels import triton_hash
+
+    index = torch.arange(4, device=device)
+    with pytest.raises(ValueError, match="0-d tensor"):
+        triton_hash.hash_columns(0, torch.tensor([1, 2], device=device), index, 0, 1)
+
+
+def test_auto_hashes_with_triton_on_cuda_only(monkeypatch) -> None:
+    monkeypatch.delenv("SVEN_KERNELS", raising=False)
+    kernels.reset_backend()
+    try:
+        assert kernels.hash_backend(torch.zeros(1, dtype=torch.int64)) == "reference"
+        if torch.cuda.is_available():
+            pytest.importorskip("triton")
+            assert kernels.hash_backend(torch.zeros(1, device="cuda")) == "triton"
+    finally:
+        kernels.reset_backend()
