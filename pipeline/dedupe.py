@@ -33,7 +33,13 @@ def dedupe_fixed(ids: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
         >>> dedupe_fixed(torch.tensor([5, 2, 5, 9]), 10)
         (tensor([ 2,  5,  9, 10]), tensor([1, 0, 1, 2]))
     """
-    sorted_ids, perm = torch.sort(ids)
+    if pad_id < 2**31:
+        # Sorted as int32: a radix sort does half the passes of an int64 one (4 of 8 on
+        # CUDA, the step's largest kernels after the GEMMs), for the same order.
+        sorted_ids, perm = torch.sort(ids.to(torch.int32))
+        sorted_ids = sorted_ids.to(ids.dtype)
+    else:
+        sorted_ids, perm = torch.sort(ids)
     first = torch.ones_like(sorted_ids, dtype=torch.bool)
     first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     slot = torch.cumsum(first, 0) - 1

@@ -33,6 +33,13 @@ def test_dedupe_fixed_is_unique_in_fixed_slots() -> None:
         u, inv = torch.unique(ids, return_inverse=True)
         assert torch.equal(nodes[: u.numel()], u) and (nodes[u.numel() :] == 30).all()
         assert torch.equal(inverse, inv) and torch.equal(nodes[inverse], ids)
+    # Ids past int32 (sorted as int64) and just under it (sorted as int32).
+    for pad in (2**31 - 1, 2**40):
+        ids = torch.tensor([pad - 1, 7, pad, pad - 1, 2**30])
+        nodes, inverse = dedupe_fixed(ids, pad)
+        assert nodes.dtype == torch.int64
+        assert nodes.tolist() == [7, 2**30, pad - 1, pad, pad]
+        assert inverse.tolist() == [2, 0, 3, 2, 1]
 
 
 def _random_dense(g: torch.Generator, p: int, q: int, d: int, dm: int) -> DenseUpdate:
