@@ -219,3 +219,26 @@ def uniform_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
     """
     # The top 53 of the 63 bits: a float64 holds them exactly.
     return (draws_from_keys(keys, width) >> 10).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def dropout_scale(keys: torch.Tensor, width: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """Keyed dropout's multiplier: 1 / (1 - p) where a draw keeps, 0 where it drops.
+
+    Keeps where ``uniform_from_keys(keys, width) >= p``; ``x * dropout_scale(...)`` is
+    dropout of x with the mask fixed by the keys.
+
+    Args:
+        keys: (R,) int64 keys.
+        width: Columns per key.
+        p: Drop probability in [0, 1).
+        dtype: Floating dtype of the result (that of the input to drop from).
+
+    Returns:
+        (R, width) ``dtype``.
+    """
+    if kernels.hash_backend(keys) == "triton":
+        from sven.kernels import triton_hash
+
+        return triton_hash.dropout_scale(keys, width, p, dtype)
+    keep = uniform_from_keys(keys, width) >= p
+    return keep.to(dtype) * (1.0 / (1.0 - p))

@@ -17,11 +17,13 @@ nothing is copied from the host.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["draws_from_keys", "hash_columns"]
+__all__ = ["draws_from_keys", "dropout_scale", "hash_columns"]
 
 _BLOCK = 1024
 _MASK63 = (1 << 63) - 1
@@ -71,6 +73,44 @@ def _draws_kernel(keys_ptr, out_ptr, W, N, BLOCK: tl.constexpr):
     key = tl.load(keys_ptr + n // W, mask=m, other=0).to(tl.int64)
     col = n % W + 1
     tl.store(out_ptr + n, _mix(key * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019), mask=m)
+
+
+@triton.jit(do_not_specialize=["W", "N", "threshold"])
+def _dropout_scale_kernel(keys_ptr, scale_ptr, out_ptr, W, N, threshold, BLOCK: tl.constexpr):
+    # As _draws_kernel, then keep = (draw >> 10) >= threshold, where threshold is
+    # ceil(p 2**53): the integer form of uniform_from_keys(...) >= p, exact.
+    n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = n < N
+    key = tl.load(keys_ptr + n // W, mask=m, other=0).to(tl.int64)
+    col = n % W + 1
+    draw = _mix(key * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)
+    scale = tl.load(scale_ptr)
+    out = tl.where((draw >> 10) >= threshold, scale, tl.zeros_like(scale))
+    tl.store(out_ptr + n, out, mask=m)
+
+
+# 1 / (1 - p) as a 0-d tensor per (p, dtype, device): made at the first call, which the
+# captured step's eager warm-up makes, so that the capture copies nothing from the host.
+_SCALES: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def dropout_scale(keys: torch.Tensor, width: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`sven.pipeline.negatives.dropout_scale` in one kernel; (R, width) ``dtype``."""
+    keys = keys.to(torch.int64).contiguous()
+    out = torch.empty(keys.numel(), width, dtype=dtype, device=keys.device)
+    total = out.numel()
+    if total == 0:
+        return out
+    cache = (float(p), dtype, keys.device)
+    if cache not in _SCALES:
+        _SCALES[cache] = (
+            torch.tensor(1.0 / (1.0 - p), dtype=torch.float64).to(dtype).to(keys.device)
+        )
+    threshold = math.ceil(p * 2.0**53)
+    _dropout_scale_kernel[(triton.cdiv(total, _BLOCK),)](
+        keys, _SCALES[cache], out, width, total, threshold, BLOCK=_BLOCK
+    )
+    return out
 
 
 def _scalar(x: int | torch.Tensor, device: torch.device) -> tuple[int | torch.Tensor, bool]:

@@ -25,7 +25,7 @@ from torch import nn
 from sven.kernels.reference import take_rows
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
 from sven.pipeline.batch import Batch
-from sven.pipeline.negatives import uniform_from_keys
+from sven.pipeline.negatives import dropout_scale
 
 if TYPE_CHECKING:
     from sven.config import ModelConfig
@@ -57,8 +57,7 @@ def keyed_dropout(
         return x
     if keys is None:
         return nn.functional.dropout(x, p, training=True)
-    keep = uniform_from_keys(keys, x.shape[1]) >= p
-    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
+    return x * dropout_scale(keys, x.shape[1], p, x.dtype)
 
 
 def endpoint_keys(batch: Batch, side_offsets: tuple[int, int] = (0, 1)) -> torch.Tensor:
@@ -343,8 +342,10 @@ class MemoryModel(nn.Module):
         memory, last_update = self.current_memory(batch, rows)
         h = self.embed(batch, memory, last_update)
         b, n = batch.size, batch.num_neg
-        h_src, h_dst = h[:b], h[b : 2 * b]
-        h_neg = h[2 * b :].view(n, b, -1).transpose(0, 1)
+        # One split, not three slices: its backward is one concatenation where each
+        # slice's would zero a full-size gradient and add them up (8 kernels more).
+        h_src, h_dst, h_rest = torch.split(h, [b, b, h.shape[0] - 2 * b])
+        h_neg = h_rest.view(n, b, -1).transpose(0, 1)
         pos = self.decoder(h_src, h_dst)
         neg = self.decoder(h_src[:, None, :].expand(-1, n, -1), h_neg)
         return ModelOutput(pos=pos, neg=neg, dense=self.write_back(batch, memory, last_update))

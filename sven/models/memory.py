@@ -161,6 +161,10 @@ class MemoryState:
             "mail_ts": torch.zeros(n1, m, device=dev, dtype=torch.float64),
             "mail_valid": torch.zeros(n1, m, device=dev, dtype=torch.bool),
         }
+        # The winners' per-node maximum key, -1 everywhere between calls: kept rather
+        # than refilled per call, which on a large graph was a memset of N + 1 words
+        # per write (160 MB a step on 10^7 nodes) where only the batch's rows change.
+        self._best = torch.full((n1,), -1, device=dev, dtype=torch.int64)
 
     _FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
 
@@ -217,10 +221,11 @@ class MemoryState:
             to the scratch row, so the writes need no compaction and their result does
             not depend on the order of duplicate writes (only the scratch row has any).
         """
-        best = torch.full((self.num_nodes + 1,), -1, dtype=torch.int64, device=nodes.device)
+        best = self._best
         best.scatter_reduce_(0, nodes, key, reduce="amax")
         win = (key >= 0) & (best.gather(0, nodes) == key)
-        return torch.where(win, nodes, torch.full_like(nodes, self.num_nodes))
+        best.index_fill_(0, nodes, -1)
+        return torch.where(win, nodes, self.num_nodes)
 
     def commit_dense(self, update: DenseUpdate) -> None:
         """Writes a :class:`DenseUpdate` with fixed shapes (capturable in a CUDA graph).

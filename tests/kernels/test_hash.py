@@ -107,3 +107,40 @@ def test_auto_hashes_with_triton_on_cuda_only(monkeypatch) -> None:
             assert kernels.hash_backend(torch.zeros(1, device="cuda")) == "triton"
     finally:
         kernels.reset_backend()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [0.1, 0.5, 1 / 3])
+def test_dropout_scale_equals_the_reference(device, reference, dtype, p) -> None:
+    from sven.kernels import triton_hash
+    from sven.pipeline import negatives
+
+    keys = _index(257, device)
+    want = reference(negatives.dropout_scale, keys, 100, p, dtype)
+    got = triton_hash.dropout_scale(keys, 100, p, dtype)
+    assert got.dtype == dtype and got.shape == (257, 100)
+    assert torch.equal(got.cpu(), want.cpu())
+    # It is dropout: about 1 - p of the entries kept, each scaled by 1 / (1 - p).
+    kept = got != 0
+    assert abs(kept.double().mean().item() - (1 - p)) < 0.02
+    assert torch.equal(got[kept].cpu(), torch.full((int(kept.sum()),), 1 / (1 - p), dtype=dtype))
+
+
+def test_keyed_dropout_is_the_product_it_was() -> None:
+    """``keyed_dropout`` through ``dropout_scale`` equals the product it replaced,
+    forward and backward, bit for bit (float32, the reference path)."""
+    from sven.models.base import keyed_dropout
+    from sven.pipeline.negatives import uniform_from_keys
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 30, generator=g, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    keys = torch.randint(0, 2**62, (64,), generator=g)
+    y = keyed_dropout(x, 0.1, keys, True)
+    keep = uniform_from_keys(keys, 30) >= 0.1
+    y2 = x2 * keep.to(x2.dtype) * (1.0 / (1.0 - 0.1))
+    assert torch.equal(y, y2)
+    w = torch.randn(64, 30, generator=g)
+    (y * w).sum().backward()
+    (y2 * w).sum().backward()
+    assert torch.equal(x.grad, x2.grad)
