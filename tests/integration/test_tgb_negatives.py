@@ -119,7 +119,7 @@ def test_existing_negatives_need_overwrite(store, tmp_path, capsys) -> None:
     assert "already has test negatives; pass --overwrite" in capsys.readouterr().err
     assert main(["data", "negatives", str(store), "--test", str(again), "--overwrite"]) == 0
     got = TemporalEvents.load(store).eval_negatives["test"]
-    assert got[1].tolist() == _compact(store, [20, 40]) + [-1, -1]
+    assert got[1].tolist() == [*_compact(store, [20, 40]), -1, -1]
 
 
 def test_npz_and_compact_ids(store, tmp_path) -> None:
@@ -184,7 +184,7 @@ def test_malicious_pickle_is_refused_without_running(store, tmp_path, capsys) ->
     assert "refusing to load" in err and "system" in err, err
     assert not marker.exists()
     path.write_bytes(pickle.dumps({(1, 2, 3): _Call(eval, "1")}))
-    with pytest.raises(DataError, match="refusing to load builtins.eval"):
+    with pytest.raises(DataError, match=r"refusing to load builtins\.eval"):
         read_negatives(path)
     assert not marker.exists()
 
@@ -284,9 +284,9 @@ def test_mrr_uses_the_fixed_negatives(store, tmp_path) -> None:
 def test_mrr_source_choices(store, tmp_path) -> None:
     with pytest.raises(ConfigError, match="sven data negatives STORE"):
         sven.Trainer(None, _overrides(store, tmp_path / "a", "eval.mrr_source=fixed"))
-    with pytest.raises(ConfigError, match="needs eval.mrr_negatives > 0"):
+    with pytest.raises(ConfigError, match=r"needs eval\.mrr_negatives > 0"):
         sven.Trainer(None, _overrides(store, tmp_path / "b", "eval.mrr_source=sampled"))
-    with pytest.raises(ConfigError, match="eval.mrr_source must be auto, fixed or sampled"):
+    with pytest.raises(ConfigError, match=r"eval\.mrr_source must be auto, fixed or sampled"):
         sven.Trainer(None, _overrides(store, tmp_path / "c", "eval.mrr_source=tgb"))
     none = sven.Trainer(None, _overrides(store, tmp_path / "d")).fit()
     assert none["eval_mrr_source"] is None and "test_mrr" not in none
