@@ -14,7 +14,8 @@ __all__ = ["add_parser"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Adds ``data`` with its ``convert``, ``info``, ``verify`` and ``synth`` subcommands.
+    """Adds ``data`` with its ``convert``, ``info``, ``verify``, ``negatives`` and
+    ``synth`` subcommands.
 
     Args:
         subparsers: The top-level ``sven`` subparsers.
@@ -89,6 +90,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     verify.add_argument("dir", help="event store directory")
     verify.set_defaults(func=_verify)
+
+    negs = actions.add_parser(
+        "negatives",
+        help="store fixed evaluation negatives (TGB's *_val_ns.pkl / *_test_ns.pkl)",
+        description="Read TGB's negative-sample files of a dataset (a pickle mapping each "
+        "val/test edge (src, dst, t) to its negative destinations; read without running "
+        "code), line them up with the split's events and store them with the event store "
+        "(neg_val.npy / neg_test.npy, in meta.json's checksums). Training then reports "
+        "val_mrr/test_mrr against them (eval.mrr_source). A .npz with arrays src, dst, t "
+        "(n,) and neg (n, q) is accepted too.",
+    )
+    negs.add_argument("dir", help="event store directory")
+    negs.add_argument("--val", help="negatives of the val split (e.g. tgbl-wiki_val_ns.pkl)")
+    negs.add_argument("--test", help="negatives of the test split (e.g. tgbl-wiki_test_ns.pkl)")
+    negs.add_argument(
+        "--ids",
+        default="raw",
+        choices=("raw", "compact"),
+        help="node ids of the files: raw, those the store was converted from (id_map.npy; "
+        "default); compact, the store's own 0..N-1 (e.g. a store written from TGB's arrays)",
+    )
+    negs.add_argument(
+        "--overwrite", action="store_true", help="replace negatives the store already has"
+    )
+    negs.set_defaults(func=_negatives)
 
     try:
         from sven.datasets.synth import add_synth_parser
@@ -194,6 +220,27 @@ def _info(args: argparse.Namespace) -> int:
 
     stats = describe(TemporalEvents.load(args.dir))
     print(json.dumps(stats, indent=2) if args.json else format_info(stats))
+    return 0
+
+
+def _negatives(args: argparse.Namespace) -> int:
+    from sven.datasets.negatives import import_negatives
+    from sven.datasets.store import TemporalEvents, refuse_existing_negatives
+
+    files = {s: f for s, f in (("val", args.val), ("test", args.test)) if f}
+    if not files:
+        raise ConfigError("sven data negatives: give --val FILE and/or --test FILE")
+    if not args.overwrite:  # both splits checked before either is written
+        meta = TemporalEvents.load(args.dir, check_values=False).meta
+        for split in files:
+            refuse_existing_negatives(args.dir, meta, split)
+    for split, file in files.items():
+        neg = import_negatives(args.dir, split, file, ids=args.ids, overwrite=args.overwrite)
+        padded = int((neg < 0).any(1).sum())
+        print(
+            f"{args.dir}: {split} negatives from {file}: {neg.shape[0]:,} events x "
+            f"{neg.shape[1]} (padded rows: {padded:,})"
+        )
     return 0
 
 

@@ -38,13 +38,17 @@ __all__ = [
     "describe_replaced",
     "is_store",
     "iter_ranges",
+    "refuse_existing_negatives",
     "sha256_file",
     "verify_checksums",
+    "write_eval_negatives",
     "write_events",
 ]
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
+#: Splits that may carry fixed evaluation negatives (``neg_<split>.npy``).
+NEG_SPLITS = ("val", "test")
 # Events per chunk when streaming columns: 2^21 int64 values are 16 MiB, small enough
 # that a handful of columns in flight stay far below the memory bound, large enough
 # that numpy's per-call overhead is noise.
@@ -370,6 +374,8 @@ class StoreWriter:
         node_feat.npy    float32, (N, d_n)                   optional
         label.npy        int64 or float32, (E,)              optional per-event label
         id_map.npy       int64 or unicode, (N,)              raw id of compact id i
+        neg_val.npy      int64, (n_val, q)                   optional fixed MRR negatives
+        neg_test.npy     int64, (n_test, q)                  of each event, -1 padded
 
     ``meta.json`` holds ``format_version`` (1), ``name``, ``num_events``, ``num_nodes``,
     ``bipartite``, ``num_src_nodes`` (bipartite: sources are ``0..num_src_nodes-1``,
@@ -377,7 +383,10 @@ class StoreWriter:
     ``edge_feat_dim``, ``node_feat_dim``, ``has_label``, ``split`` (``method``
     ``"time_quantile"``, ``fractions``, ``val_time``, ``test_time``, ``counts``),
     ``source``, ``sorted_on_ingest``, ``num_out_of_order`` and ``checksums``
-    (sha256 of every ``.npy`` file).
+    (sha256 of every ``.npy`` file). The writer never writes ``neg_<split>.npy``:
+    :func:`write_eval_negatives` adds them to a finished store (``sven data
+    negatives``) with ``meta.json``'s ``eval_negatives``
+    (``{split: {"q", "source": {"path", "sha256"}}}``) and their checksums.
 
     Events are sorted by time with a stable sort, so events with equal times keep
     their input order; ``num_out_of_order`` counts the events whose time is earlier
@@ -1115,6 +1124,8 @@ _COLUMN_SPEC: dict[str, tuple[tuple[str, ...], int]] = {
     "node_feat": (("<f4",), 2),
     "label": (("<i8", "<f4"), 1),
     "id_map": (("<i8", "<U"), 1),
+    "neg_val": (("<i8",), 2),
+    "neg_test": (("<i8",), 2),
 }
 
 
@@ -1196,6 +1207,7 @@ def _check_columns(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarr
     E, N = meta["num_events"], meta["num_nodes"]
     rows = {"src": E, "dst": E, "t": E, "split": E, "edge_feat": E, "label": E}
     rows.update(node_feat=N, id_map=N)
+    rows.update({f"neg_{s}": meta["split"]["counts"][s] for s in NEG_SPLITS})
     for col, arr in columns.items():
         file = path / f"{col}.npy"
         dtypes, ndim = _COLUMN_SPEC[col]
@@ -1208,6 +1220,25 @@ def _check_columns(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarr
             raise DataError(f"{arr.shape[0]} rows, meta.json says {rows[col]}", file)
     if columns["src"].dtype != columns["dst"].dtype:
         raise DataError("src.npy and dst.npy differ in dtype", path)
+    _check_negatives_meta(path, meta, columns)
+
+
+def _check_negatives_meta(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+    """``meta.json``'s ``eval_negatives`` names exactly the ``neg_<split>.npy`` files,
+    with their widths."""
+    info = meta.get("eval_negatives", {})
+    if not isinstance(info, dict) or any(s not in NEG_SPLITS for s in info):
+        raise DataError(f"corrupt meta.json: eval_negatives is {info!r}", path / "meta.json")
+    for s in NEG_SPLITS:
+        arr, entry = columns.get(f"neg_{s}"), info.get(s)
+        if arr is None and entry is None:
+            continue
+        file = path / f"neg_{s}.npy"
+        if arr is None:
+            raise DataError(f"missing column file {file.name} (meta.json lists it)", path)
+        if not isinstance(entry, dict) or entry.get("q") != arr.shape[1]:
+            q = entry.get("q") if isinstance(entry, dict) else None
+            raise DataError(f"{arr.shape[1]} negatives per event, meta.json says {q}", file)
 
 
 def _check_values(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
@@ -1253,6 +1284,84 @@ def _check_values(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarra
                 f"{int(expect[i - start])}",
                 path / "split.npy",
             )
+    for s in NEG_SPLITS:
+        neg = columns.get(f"neg_{s}")
+        if neg is None:
+            continue
+        for start, stop in iter_ranges(neg.shape[0]):
+            chunk = np.asarray(neg[start:stop])
+            bad = (chunk < -1) | (chunk >= N)
+            if bad.any():
+                i, j = np.argwhere(bad)[0]
+                raise DataError(
+                    f"row {start + i}: negative {int(chunk[i, j])} outside [-1, {N})",
+                    path / f"neg_{s}.npy",
+                )
+
+
+def refuse_existing_negatives(
+    path: str | os.PathLike[str], meta: dict[str, Any], split: str
+) -> None:
+    """Raises SvenError when the store at ``path`` (``meta``) has negatives of ``split``."""
+    if split in meta.get("eval_negatives", {}) or (Path(path) / f"neg_{split}.npy").exists():
+        raise SvenError(f"{path} already has {split} negatives; pass --overwrite to replace them")
+
+
+def write_eval_negatives(
+    path: str | os.PathLike[str],
+    split: str,
+    negatives: np.ndarray,
+    source: dict[str, Any],
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Adds fixed evaluation negatives of one split to a finished store.
+
+    Writes ``neg_<split>.npy`` and records its width, its ``source`` and its checksum
+    in ``meta.json``; both files are replaced by a rename, the column first, so an
+    interruption leaves at worst a column whose checksum ``sven data verify`` rejects.
+
+    Args:
+        path: The store directory.
+        split: ``"val"`` or ``"test"``.
+        negatives: (n_split, q) int64 compact destination ids, -1 where an event has
+            fewer than q.
+        source: Where they came from (``{"path", "sha256"}``), kept in ``meta.json``.
+        overwrite: Replace negatives the split already has.
+
+    Raises:
+        SvenError: The split has negatives and ``overwrite`` is False.
+        DataError: The array does not fit the store.
+    """
+    if split not in NEG_SPLITS:
+        raise ValueError(f"split must be one of {NEG_SPLITS}, got {split!r}")
+    path = Path(path)
+    meta = _load_meta(path)
+    file = path / f"neg_{split}.npy"
+    if not overwrite:
+        refuse_existing_negatives(path, meta, split)
+    neg = np.ascontiguousarray(negatives, dtype=np.int64)
+    n = int(meta["split"]["counts"][split])
+    if neg.ndim != 2 or neg.shape[0] != n:
+        raise DataError(f"{split} negatives of shape {neg.shape}, the split has {n} events", path)
+    if neg.size and (neg.min() < -1 or neg.max() >= meta["num_nodes"]):
+        raise DataError(f"{split} negatives outside [-1, {meta['num_nodes']})", path)
+    tag = uuid.uuid4().hex[:12]
+    tmp_col = path / f".{file.name}.{tag}"
+    tmp_meta = path / f".meta.json.{tag}"
+    try:
+        with open(tmp_col, "wb") as f:  # a handle: np.save would append ".npy"
+            np.save(f, neg, allow_pickle=False)
+        meta.setdefault("eval_negatives", {})[split] = {"q": int(neg.shape[1]), "source": source}
+        meta["checksums"][file.stem] = sha256_file(tmp_col)
+        with open(tmp_meta, "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        os.replace(tmp_col, file)
+        os.replace(tmp_meta, path / "meta.json")
+    finally:
+        for t in (tmp_col, tmp_meta):
+            t.unlink(missing_ok=True)
 
 
 def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> int:
@@ -1302,9 +1411,23 @@ class TemporalEvents:
         node_feat: (N, d_n) float32 or None.
         label: (E,) labels or None.
         id_map: (N,) raw id of each compact id.
+        eval_negatives: ``"val"``/``"test"`` -> (n_split, q) int64 fixed MRR negatives
+            of the split's events (-1 padded), for the splits that have them.
     """
 
-    _COLUMNS = ("src", "dst", "t", "split", "edge_feat", "node_feat", "label", "id_map")
+    _COLUMNS = (
+        "src",
+        "dst",
+        "t",
+        "split",
+        "edge_feat",
+        "node_feat",
+        "label",
+        "id_map",
+        "neg_val",
+        "neg_test",
+    )
+    _OPTIONAL = ("edge_feat", "node_feat", "label", "neg_val", "neg_test")
 
     def __init__(self, path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
         self.path = path
@@ -1317,6 +1440,9 @@ class TemporalEvents:
         self.node_feat: np.ndarray | None = columns.get("node_feat")
         self.label: np.ndarray | None = columns.get("label")
         self.id_map: np.ndarray = columns["id_map"]
+        self.eval_negatives: dict[str, np.ndarray] = {
+            s: columns[f"neg_{s}"] for s in NEG_SPLITS if f"neg_{s}" in columns
+        }
 
     @classmethod
     def load(
@@ -1355,7 +1481,7 @@ class TemporalEvents:
         for col in cls._COLUMNS:
             file = path / f"{col}.npy"
             if not file.exists():
-                if col in ("edge_feat", "node_feat", "label"):
+                if col in cls._OPTIONAL:
                     continue
                 raise DataError(f"missing column file {file.name}", path)
             columns[col] = _open_column(file, mmap)

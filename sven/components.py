@@ -95,6 +95,8 @@ class Data:
         inductive: "val"/"test" -> (n,) bool mask of inductive events.
         owner: (N,) owning rank of each vertex; assign: (E,) rank of each event.
         owned: (N_r,) the vertices this rank owns, ascending.
+        mrr_source: Where the MRR's negatives come from: "fixed" (the store's),
+            "sampled", or None (no MRR); see ``eval.mrr_source``.
     """
 
     def __init__(
@@ -156,6 +158,37 @@ class Data:
             s: torch.as_tensor(np.asarray(ev.inductive_mask(s)), dtype=torch.bool)
             for s in ("val", "test")
         }
+        self._mrr_setup(path)
+
+    def _mrr_setup(self, path: str) -> None:
+        """Picks the MRR's negatives (``eval.mrr_source``); loads the store's fixed ones.
+
+        Fixed negatives are kept on the host, padded with -1 to one width q (the widest
+        split's), and looked up by global event index, so every rank scores the same.
+        """
+        ec = self.cfg.eval
+        sampled = ec.mrr_negatives or self.cfg.train.mrr_negatives
+        stored = self.events.eval_negatives
+        if ec.mrr_source == "fixed" and not stored:
+            raise ConfigError(
+                f"eval.mrr_source=fixed: the store at {path} has no fixed negatives; add "
+                "them with `sven data negatives STORE --val FILE --test FILE` (TGB's "
+                "*_val_ns.pkl / *_test_ns.pkl), or use eval.mrr_source=sampled"
+            )
+        if ec.mrr_source == "sampled" and not sampled:
+            raise ConfigError("eval.mrr_source=sampled needs eval.mrr_negatives > 0")
+        self._mrr_fixed: dict[str, torch.Tensor] = {}
+        if ec.mrr_source == "fixed" or (ec.mrr_source == "auto" and stored):
+            self.mrr_source: str | None = "fixed"
+            q = max(int(a.shape[1]) for a in stored.values())
+            for split, a in stored.items():
+                table = torch.full((a.shape[0], q), -1, dtype=torch.int64)
+                table[:, : a.shape[1]] = torch.from_numpy(np.array(a, dtype=np.int64))
+                self._mrr_fixed[split] = table
+            self._mrr_q = q
+        else:
+            self.mrr_source = "sampled" if sampled else None
+            self._mrr_q = sampled
 
     def _open_store(self, path: str) -> Any:
         """Loads the store (structure checked); verifies its checksums once, on rank 0.
@@ -286,8 +319,47 @@ class Data:
 
     @property
     def mrr_negatives(self) -> int:
-        """``eval.mrr_negatives``, or its older spelling ``train.mrr_negatives``."""
-        return self.cfg.eval.mrr_negatives or self.cfg.train.mrr_negatives
+        """q, the MRR negatives scored per event (0: no MRR): the fixed ones' width
+        (the widest split's), else ``eval.mrr_negatives`` (or its older spelling
+        ``train.mrr_negatives``)."""
+        return self._mrr_q
+
+    def mrr_scored(self, split: str) -> bool:
+        """Whether ``split`` reports MRR: every split with sampled negatives, the
+        splits the store has negatives of with fixed ones."""
+        if self.mrr_source == "fixed":
+            return split in self._mrr_fixed
+        return self.mrr_source == "sampled"
+
+    def mrr_draw(self, split: str, idx: torch.Tensor) -> torch.Tensor:
+        """(B, q) int64 MRR negatives of the events ``idx`` (global, of ``split``).
+
+        Sampled ones are keyed by (seed, split, event); fixed ones are the store's rows.
+        Padding and splits without fixed negatives get the event's own destination, a
+        real node to score that :meth:`mrr_valid` excludes.
+        """
+        q = self._mrr_q
+        if self.mrr_source == "sampled":
+            return sample_negatives(self.cfg.train.seed, MRR_STREAM[split], idx, self.candidates, q)
+        fill = self.dst[idx][:, None].expand(-1, q)
+        table = self._mrr_fixed.get(split)
+        if table is None:
+            return fill.clone()
+        rows = table[(idx - self.ranges[split][0]).cpu()].to(idx.device)
+        return torch.where(rows >= 0, rows, fill)
+
+    def mrr_valid(self, split: str, idx: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+        """(B, q) bool on the host: the negatives ``neg`` (:meth:`mrr_draw` of the events
+        ``idx``) that count: not a true edge of the query's instant (TGB's filter) and,
+        with fixed negatives, not padding."""
+        valid = filtered_mrr_negatives(self.src, self.dst, self.t, idx, neg, self.num_nodes)
+        valid = valid.cpu()
+        table = self._mrr_fixed.get(split)
+        if self.mrr_source == "fixed":
+            if table is None:
+                return torch.zeros_like(valid)
+            valid &= table[(idx - self.ranges[split][0]).cpu()] >= 0
+        return valid
 
     def num_batches(self, split: str) -> int:
         """Number of global batches of a split at the configured batch size."""
@@ -567,7 +639,7 @@ class Evaluator:
         self.model.eval()
         lo, hi = d.ranges[split]
         b = self.cfg.train.batch_size
-        q = d.mrr_negatives
+        q = d.mrr_negatives if d.mrr_scored(split) else 0
         protocols = protocol_order(
             self.cfg.eval.negatives, self.cfg.eval.all_protocols and split == "test"
         )
@@ -585,9 +657,9 @@ class Evaluator:
                 start,
                 min(start + b, hi),
             )
-            batch = d.batch(
-                idx, start, EVAL_STREAM[split], 1, MRR_STREAM[split] if q else None, neg=negs
-            )
+            if q:
+                negs = torch.cat([negs, d.mrr_draw(split, idx)], 1)
+            batch = d.batch(idx, start, EVAL_STREAM[split], 1, neg=negs)
             rows = self.read(batch)
             update = self.empty_update()
             if batch.size > 0:
@@ -608,13 +680,10 @@ class Evaluator:
         scores = scores[order].cpu()
         valid = None
         if q:
-            # The MRR negatives are a function of (seed, stream, event): redrawn here for
-            # TGB's filter rather than carried through the gather.
+            # The MRR negatives are a function of the event (and the seed): redrawn here
+            # for TGB's filter rather than carried through the gather.
             idx_s = idx_t[order]
-            mrr_neg = sample_negatives(
-                self.cfg.train.seed, MRR_STREAM[split], idx_s, d.candidates, q
-            )
-            valid = filtered_mrr_negatives(d.src, d.dst, d.t, idx_s, mrr_neg, d.num_nodes).cpu()
+            valid = d.mrr_valid(split, idx_s, d.mrr_draw(split, idx_s))
         return eval_result(scores, protocols, n_neg, q, valid)
 
     def _gather_rows(

@@ -202,6 +202,11 @@ class EvalConfig:
     """If > 0, also report MRR of the true destination against this many sampled
     negatives per evaluation event (TGB's one-vs-many), with TGB's filtering of true
     edges of the same instant."""
+    mrr_source: str = "auto"
+    """Negatives of the MRR: auto (the store's fixed ones when it has any, from ``sven
+    data negatives``, even with mrr_negatives=0; else mrr_negatives sampled ones; else
+    no MRR), fixed (the store's; an error if it has none) or sampled (mrr_negatives
+    sampled ones, which must be > 0, even where the store has fixed ones)."""
     all_protocols: bool = True
     """Score the test split under all three negative protocols (one pass, three
     negative columns); false: only ``eval.negatives``."""
@@ -214,6 +219,11 @@ class EvalConfig:
             )
         if self.mrr_negatives < 0:
             raise ConfigError(f"eval.mrr_negatives must be >= 0, got {self.mrr_negatives}")
+        self.mrr_source = self.mrr_source.lower()
+        if self.mrr_source not in ("auto", "fixed", "sampled"):
+            raise ConfigError(
+                f"eval.mrr_source must be auto, fixed or sampled, got {self.mrr_source!r}"
+            )
 
 
 @dataclass(kw_only=True)

@@ -18,16 +18,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from sven.components import EVAL_STREAM, MRR_STREAM, EvalResult, eval_result
+from sven.components import EVAL_STREAM, EvalResult, eval_result
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
     eval_negative_columns,
-    filtered_mrr_negatives,
     protocol_order,
 )
-from sven.pipeline.negatives import sample_negatives
 
 if TYPE_CHECKING:
     from sven.trainer import Trainer
@@ -442,8 +440,7 @@ class SingleProcessStep:
             # Columns of protocols this split does not score repeat the first one.
             c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
             if q:
-                mrr_neg = sample_negatives(seed, MRR_STREAM[split], idx, tr.candidates, q)
-                c = torch.cat([c, mrr_neg], 1)
+                c = torch.cat([c, tr.data.mrr_draw(split, idx)], 1)
             cols.append(c)
         table = torch.cat(cols) if cols else self.neg_table[:0]
         self._neg_cache[split] = table
@@ -453,7 +450,7 @@ class SingleProcessStep:
         """Walks a split through the evaluation step; returns all scores."""
         tr, d = self.tr, self.tr.data
         lo, hi = d.ranges[split]
-        b, q = tr.cfg.train.batch_size, d.mrr_negatives
+        b, q = tr.cfg.train.batch_size, d.mrr_negatives if d.mrr_scored(split) else 0
         negs = self._negatives(split)
         self.neg_table[: hi - lo].copy_(negs)
         self._set(split_lo=lo, stream=EVAL_STREAM[split])
@@ -465,8 +462,6 @@ class SingleProcessStep:
         valid = None
         if q:
             idx = torch.arange(lo, hi, device=tr.device)
-            mrr_neg = negs[:, n_p:]
-            valid = filtered_mrr_negatives(d.src, d.dst, d.t, idx, mrr_neg, d.num_nodes)
-            valid = valid.cpu()
+            valid = d.mrr_valid(split, idx, negs[:, n_p:])
         protocols = self.protocols if split == "test" else self.protocols[:1]
         return eval_result(scores, protocols, n_p, q, valid)

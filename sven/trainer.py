@@ -356,7 +356,7 @@ class Trainer:
 
     @property
     def mrr_negatives(self) -> int:
-        """``eval.mrr_negatives``, or its older spelling ``train.mrr_negatives``."""
+        """MRR negatives per event (:attr:`Data.mrr_negatives`; 0: no MRR)."""
         return self.data.mrr_negatives
 
     # The data component's facts that the step, the tests and the benchmarks read.
@@ -777,6 +777,7 @@ class Trainer:
             "val_auc": best_line.get("val_auc"),
             "eval_negatives": cfg.eval.negatives,
             "eval_mrr_negatives": self.mrr_negatives,
+            "eval_mrr_source": self.data.mrr_source,
             **test,
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
