@@ -176,11 +176,19 @@ def _read_npz(path: Path) -> RawNegatives:
     return RawNegatives(src.astype(np.int64), dst.astype(np.int64), t, neg.astype(np.int64))
 
 
-def _compact(id_map: np.ndarray, base: int, raw: np.ndarray, what: str, path: Path) -> np.ndarray:
-    """Compact ids ``base + i`` of raw ids found in ``id_map`` (ids -1 stay -1)."""
-    keys = raw.astype(str) if id_map.dtype.kind == "U" else raw
+def _sorted(id_map: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``id_map`` sorted, and the compact id of each sorted entry (for :func:`_compact`)."""
     order = np.argsort(id_map, kind="stable")
-    ids = id_map[order]
+    return id_map[order], order
+
+
+def _compact(
+    sorted_map: tuple[np.ndarray, np.ndarray], base: int, raw: np.ndarray, what: str, path: Path
+) -> np.ndarray:
+    """Compact ids ``base + i`` of raw ids found in an id map (:func:`_sorted`; ids -1
+    stay -1)."""
+    ids, order = sorted_map
+    keys = raw.astype(str) if ids.dtype.kind == "U" else raw
     pos = np.minimum(np.searchsorted(ids, keys), max(ids.size - 1, 0))
     real = raw >= 0
     found = (ids[pos] == keys) if ids.size else np.zeros(raw.shape, dtype=bool)
@@ -235,16 +243,12 @@ def align_negatives(
         id_map = np.asarray(ev.id_map)
         u = ev.num_src_nodes if ev.bipartite else None
         # A bipartite store keeps each side's own raw ids: look sources up among the
-        # first U, destinations (and negatives) among the rest.
-        src_map, dst_map, dst_base = (
-            (id_map, id_map, 0)
-            if u is None
-            else (
-                id_map[:u],
-                id_map[u:],
-                u,
-            )
-        )
+        # first U, destinations (and negatives) among the rest. Each map is sorted once.
+        if u is None:
+            src_map = dst_map = _sorted(id_map)
+            dst_base = 0
+        else:
+            src_map, dst_map, dst_base = _sorted(id_map[:u]), _sorted(id_map[u:]), u
         src = _compact(src_map, 0, raw.src, "source", file)
         dst = _compact(dst_map, dst_base, raw.dst, "destination", file)
         neg = _compact(dst_map, dst_base, raw.neg, "negative", file)

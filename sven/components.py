@@ -324,12 +324,18 @@ class Data:
         ``train.mrr_negatives``)."""
         return self._mrr_q
 
-    def mrr_scored(self, split: str) -> bool:
-        """Whether ``split`` reports MRR: every split with sampled negatives, the
-        splits the store has negatives of with fixed ones."""
+    def mrr_width(self, split: str) -> int:
+        """q for ``split``, or 0 where it reports no MRR: every split has sampled
+        negatives, only the splits the store has negatives of have fixed ones."""
         if self.mrr_source == "fixed":
-            return split in self._mrr_fixed
-        return self.mrr_source == "sampled"
+            return self._mrr_q if split in self._mrr_fixed else 0
+        return self._mrr_q if self.mrr_source == "sampled" else 0
+
+    def _fixed_rows(self, split: str, idx: torch.Tensor) -> torch.Tensor | None:
+        """(B, q) host rows of the stored negatives of the events ``idx`` (-1: padding),
+        or None where the split has none."""
+        table = self._mrr_fixed.get(split)
+        return None if table is None else table[(idx - self.ranges[split][0]).cpu()]
 
     def mrr_draw(self, split: str, idx: torch.Tensor) -> torch.Tensor:
         """(B, q) int64 MRR negatives of the events ``idx`` (global, of ``split``).
@@ -342,10 +348,10 @@ class Data:
         if self.mrr_source == "sampled":
             return sample_negatives(self.cfg.train.seed, MRR_STREAM[split], idx, self.candidates, q)
         fill = self.dst[idx][:, None].expand(-1, q)
-        table = self._mrr_fixed.get(split)
-        if table is None:
+        rows = self._fixed_rows(split, idx)
+        if rows is None:
             return fill.clone()
-        rows = table[(idx - self.ranges[split][0]).cpu()].to(idx.device)
+        rows = rows.to(idx.device)
         return torch.where(rows >= 0, rows, fill)
 
     def mrr_valid(self, split: str, idx: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
@@ -354,11 +360,11 @@ class Data:
         with fixed negatives, not padding."""
         valid = filtered_mrr_negatives(self.src, self.dst, self.t, idx, neg, self.num_nodes)
         valid = valid.cpu()
-        table = self._mrr_fixed.get(split)
         if self.mrr_source == "fixed":
-            if table is None:
+            rows = self._fixed_rows(split, idx)
+            if rows is None:
                 return torch.zeros_like(valid)
-            valid &= table[(idx - self.ranges[split][0]).cpu()] >= 0
+            valid &= rows >= 0
         return valid
 
     def num_batches(self, split: str) -> int:
@@ -639,7 +645,7 @@ class Evaluator:
         self.model.eval()
         lo, hi = d.ranges[split]
         b = self.cfg.train.batch_size
-        q = d.mrr_negatives if d.mrr_scored(split) else 0
+        q = d.mrr_width(split)
         protocols = protocol_order(
             self.cfg.eval.negatives, self.cfg.eval.all_protocols and split == "test"
         )

@@ -450,7 +450,7 @@ class SingleProcessStep:
         """Walks a split through the evaluation step; returns all scores."""
         tr, d = self.tr, self.tr.data
         lo, hi = d.ranges[split]
-        b, q = tr.cfg.train.batch_size, d.mrr_negatives if d.mrr_scored(split) else 0
+        b, q = tr.cfg.train.batch_size, d.mrr_width(split)
         negs = self._negatives(split)
         self.neg_table[: hi - lo].copy_(negs)
         self._set(split_lo=lo, stream=EVAL_STREAM[split])
