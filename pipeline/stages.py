@@ -63,6 +63,8 @@ def select_batch(
     mrr_negatives: int = 0,
     neg_table: torch.Tensor | None = None,
     table_lo: int | torch.Tensor = 0,
+    order: torch.Tensor | None = None,
+    batch_start: int | torch.Tensor | None = None,
 ) -> Batch:
     """The batch of events [start, stop) with its negatives, neighbours and node slots.
 
@@ -86,6 +88,12 @@ def select_batch(
         neg_table: (n, m) negatives of events table_lo.. (evaluation protocols drawn
             ahead), used instead of uniform draws; row ``idx - table_lo`` of each event.
         table_lo: The global index of the table's first row.
+        order: (E_r + 1,) int64 global indices of one rank's events in time order (its
+            share of every batch, then one filler entry), or None (every event).
+            ``start`` and ``stop`` then index into it: the batch is a rank's share
+            ``order[start:stop]`` of a global batch.
+        batch_start: First event of the global batch (keys the nodes' random draws);
+            None: ``start``.
 
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
@@ -97,13 +105,23 @@ def select_batch(
     else:
         idx = torch.arange(capacity, device=dev) + start
         valid = idx < stop
+        # Padding repeats the last real event; an empty share (possible on several
+        # ranks) repeats an earlier one of the rank, or the filler entry.
         idx = torch.clamp(idx, max=stop - 1)
-    neg = None if neg_table is None else neg_table.index_select(0, idx - table_lo)
+        if order is not None:
+            idx = idx.clamp(min=0)
+    if order is not None:
+        idx = order[idx]
+    neg = None
+    if neg_table is not None:
+        # The padding of a rank's share may come from another split: any row will do.
+        rows = (idx - table_lo).clamp(min=0, max=neg_table.shape[0] - 1)
+        neg = neg_table.index_select(0, rows)
     return events_batch(
         tables,
         idx,
         stream,
-        start,
+        start if batch_start is None else batch_start,
         neg=neg,
         seed=seed,
         num_neg=num_neg,

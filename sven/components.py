@@ -10,8 +10,8 @@ docs/contracts.md, "Trainer components"):
   the identity a checkpoint must match (partition, world size, node and event counts).
 * the model (a :class:`~sven.models.MemoryModel`, an ``nn.Module``) and the memory shard
   (:class:`~sven.models.MemoryState`) have their own state_dicts;
-* the exchange (:class:`~sven.pipeline.memory_exchange.MemoryExchange`, P > 1): its
-  byte counters;
+* the exchange (:class:`~sven.pipeline.exchange.FixedExchange`, under a process group):
+  its byte counters;
 * :class:`Optimizer`: Adam with this run's device flags;
 * the checkpointer (:class:`~sven.checkpoint.RunCheckpoints`): the run's checkpoint
   folders;
@@ -31,18 +31,16 @@ import torch.distributed as dist
 
 from sven.errors import ConfigError, DataError
 from sven.metrics import average_precision, link_metrics, mrr
-from sven.models import MemoryModel, MemoryRows, MemoryUpdate
+from sven.models import MemoryModel
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
     EvalNegatives,
-    eval_negative_columns,
     filtered_mrr_negatives,
-    protocol_order,
 )
 from sven.pipeline.negatives import sample_negatives
 
 if TYPE_CHECKING:
-    from sven.pipeline.memory_exchange import MemoryExchange
+    from sven.pipeline.exchange import FixedExchange
 
 __all__ = [
     "EVAL_STREAM",
@@ -471,7 +469,7 @@ def check_splits(path: str, ranges: dict[str, tuple[int, ...]], rank: int) -> No
 
 
 def predict_comm(
-    cfg: Any, data: Data, model: MemoryModel, exchange: MemoryExchange
+    cfg: Any, data: Data, model: MemoryModel, exchange: FixedExchange
 ) -> dict[str, Any]:
     """The partition cost model's prediction of epoch 0's exchange, per rank.
 
@@ -480,7 +478,7 @@ def predict_comm(
     that the measured bytes of epoch 0 must equal it exactly.
     """
     from sven.partition.cost import Access, RowBytes, comm_cost
-    from sven.pipeline.memory_exchange import ID_BYTES
+    from sven.pipeline.exchange import ID_BYTES
 
     tc = cfg.train
     lo, hi = data.ranges["train"]
@@ -604,10 +602,9 @@ class Evaluator:
     """Evaluation passes over a split and their metrics (AP, AUC, inductive, MRR).
 
     A pass walks the split in global batches without gradients and carries the memory
-    on (validation continues training's memory, test validation's). On one process
-    ``fast`` (the captured one-process step's pass) runs it; on P ranks each rank scores
-    its events, reading and writing memory through ``read``/``commit``, and the scores
-    are gathered on every rank.
+    on (validation continues training's memory, test validation's). The pass is the
+    step's (``fast``, :meth:`sven.step.Step.evaluate`: the same captured path as
+    training, on every world size); this component computes the metrics.
 
     The evaluator keeps no state between passes (its negatives are functions of the
     seed, the split and the event): its state_dict is empty.
@@ -616,104 +613,18 @@ class Evaluator:
         cfg: The run's config.
         data: The run's :class:`Data`.
         model: The model.
-        read: Memory rows of a batch's nodes (local, or fetched from the owners).
-        commit: Writes a batch's memory update.
-        empty_update: An update that writes nothing (a rank without events in a batch).
     """
 
-    def __init__(
-        self,
-        cfg: Any,
-        data: Data,
-        model: MemoryModel,
-        *,
-        read: Callable[[Batch], MemoryRows],
-        commit: Callable[[MemoryUpdate, Batch], None],
-        empty_update: Callable[[], MemoryUpdate],
-    ) -> None:
+    def __init__(self, cfg: Any, data: Data, model: MemoryModel) -> None:
         self.cfg, self.data, self.model = cfg, data, model
-        self.read, self.commit, self.empty_update = read, commit, empty_update
-        #: The one-process pass (the trainer sets it), used in place of the P-rank walk.
+        #: The step's pass (the trainer sets it).
         self.fast: Callable[[str], EvalResult] | None = None
 
-    @torch.no_grad()
     def evaluate(self, split: str) -> EvalResult:
         """Walks a split without gradients, updating memory; returns all scores."""
-        if self.fast is not None:
-            return self.fast(split)
-        d = self.data
-        self.model.eval()
-        lo, hi = d.ranges[split]
-        b = self.cfg.train.batch_size
-        q = d.mrr_width(split)
-        protocols = protocol_order(
-            self.cfg.eval.negatives, self.cfg.eval.all_protocols and split == "test"
-        )
-        n_neg = len(protocols)
-        idx_all, pos, neg = [], [], []
-        for start in range(lo, hi, b):
-            idx = d.event_index(start, min(start + b, hi))
-            negs = eval_negative_columns(
-                protocols,
-                d.candidates,
-                d.eval_negatives() if protocols != ["random"] else None,
-                self.cfg.train.seed,
-                EVAL_STREAM[split],
-                idx,
-                start,
-                min(start + b, hi),
-            )
-            if q:
-                negs = torch.cat([negs, d.mrr_draw(split, idx)], 1)
-            batch = d.batch(idx, start, EVAL_STREAM[split], 1, neg=negs)
-            rows = self.read(batch)
-            update = self.empty_update()
-            if batch.size > 0:
-                out = self.model(batch, rows)
-                update = out.update
-                idx_all.append(idx)
-                pos.append(out.pos)
-                neg.append(out.neg)
-            self.commit(update, batch)
-        dev = d.device
-        idx_t = torch.cat(idx_all) if idx_all else torch.zeros(0, dtype=torch.int64, device=dev)
-        if pos:
-            scores = torch.cat([torch.cat(pos)[:, None], torch.cat(neg)], 1)
-        else:
-            scores = torch.zeros(0, 1 + n_neg + q, dtype=d.dtype, device=dev)
-        idx_t, scores = self._gather_rows(idx_t, scores)
-        order = torch.argsort(idx_t)
-        scores = scores[order].cpu()
-        valid = None
-        if q:
-            # The MRR negatives are a function of the event (and the seed): redrawn here
-            # for TGB's filter rather than carried through the gather.
-            idx_s = idx_t[order]
-            valid = d.mrr_valid(split, idx_s, d.mrr_draw(split, idx_s))
-        return eval_result(scores, protocols, n_neg, q, valid)
-
-    def _gather_rows(
-        self, idx: torch.Tensor, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """All ranks' (index, row) pairs on every rank (one padded all_gather)."""
-        p, dev = self.data.world_size, self.data.device
-        if p == 1:
-            return idx, rows
-        n = torch.tensor([idx.numel()], device=dev)
-        sizes = [torch.zeros_like(n) for _ in range(p)]
-        dist.all_gather(sizes, n)
-        m = int(max(int(s) for s in sizes))
-        pad_idx = torch.full((m,), -1, dtype=torch.int64, device=dev)
-        pad_idx[: idx.numel()] = idx
-        pad_rows = torch.zeros(m, rows.shape[1], dtype=rows.dtype, device=dev)
-        pad_rows[: rows.shape[0]] = rows
-        gi = [torch.empty_like(pad_idx) for _ in range(p)]
-        gr = [torch.empty_like(pad_rows) for _ in range(p)]
-        dist.all_gather(gi, pad_idx)
-        dist.all_gather(gr, pad_rows)
-        gi_t, gr_t = torch.cat(gi), torch.cat(gr)
-        keep = gi_t >= 0
-        return gi_t[keep], gr_t[keep]
+        if self.fast is None:
+            raise RuntimeError("Evaluator.fast is not set: the trainer sets the step's pass")
+        return self.fast(split)
 
     def split_metrics(self, split: str, res: EvalResult) -> dict[str, float]:
         """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split."""

@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -244,8 +245,17 @@ class DistConfig:
     """auto (NCCL on GPUs, gloo on CPUs), nccl or gloo."""
     timeout_s: float = 600.0
     """Collective timeout; a rank that does not answer within it is named in the error."""
+    capacity_slack: float = 1.25
+    """The exchange's buffers have fixed sizes per pair of ranks (so that the step,
+    collectives included, can be captured as one CUDA graph): the largest rows any batch
+    of the first epoch fetches and writes, from an exact replay of the step's batch
+    construction at start, times this factor plus 8 rows for later epochs, whose
+    negatives (and uniform neighbour draws) differ. A batch that needs more stops the
+    run with a message naming the capacity; padding is never counted as traffic."""
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.capacity_slack) and self.capacity_slack >= 1.0):
+            raise ConfigError(f"dist.capacity_slack must be >= 1, got {self.capacity_slack}")
         if self.strategy not in ("hash", "range", "ldg", "metis", "minmax"):
             raise ConfigError(f"dist.strategy: unknown strategy {self.strategy!r}")
         if self.backend not in ("auto", "nccl", "gloo"):
@@ -258,28 +268,29 @@ class DistConfig:
 
 @dataclass(kw_only=True)
 class PipelineConfig:
-    """The step pipeline on several ranks: prefetch, micro-batches, asynchronous
-    write-back (one process runs its own fixed-shape step and ignores this section)."""
+    """The step's pipeline (:mod:`sven.step`): prefetch, micro-batches, asynchronous
+    write-back. It acts on the fixed-shape step (CUDA, or several ranks); an exact-size
+    CPU step of one process has nothing to overlap and ignores it."""
 
-    prefetch: int = 2
-    """D: how many batches ahead a background thread builds the next batches (negatives,
-    neighbour sampling, de-duplication) and exchanges their node ids with the owners
-    (the id plan, on a process group of its own). None of it depends on memory or
-    parameters, so any D gives the same result; 0 builds each batch when it is trained.
-    Memory held: at most D prepared batches."""
+    prefetch: int = 1
+    """D: the batch of step i + D (selection, negatives, neighbour sampling,
+    de-duplication and the id exchange with the owners, on a process group of its own)
+    is built during step i, on a side stream on CUDA, into a ring of D + 1 batches (one
+    captured graph per ring position). None of it reads memory or parameters, so any D
+    gives the same result; 0 builds each batch in its own step."""
     micro_batches: str = "1"
-    """m: 1, 2, 4 or auto. Each rank's share of a batch is split into m micro-batches
-    that all read the memory as it was before the batch (each node is fetched once, by
-    the first micro-batch that reads it); the row fetch of micro-batch j + 1 runs while
-    j computes. Gradients are summed and the whole batch's write-back is one push, so
-    every m gives the result of m = 1. auto: time a few steps with each m at start (the
-    state is restored afterwards), keep the fastest and log the profile."""
+    """m: 1, 2, 4 (auto: 1). Each rank's share of a batch is split into m micro-batches
+    that read the memory of one fetch (each node fetched once for the whole share) and
+    sum their gradients; the whole batch's write-back is one push, so every m gives the
+    result of m = 1. It bounds the activations of a large share; it does not overlap
+    the fetch with compute (the fetch is one collective for the share)."""
     staleness: int = 0
-    """0 or 1. The write-back (push) of batch i is sent asynchronously and overlaps the
-    gradient all-reduce and optimizer step of batch i. 0: batch i + 1 reads memory only
-    after batch i's write-back is committed (results equal the synchronous run). 1:
-    batch i + 1 reads before it, so rows written by batch i are seen one batch late;
-    this changes the results (the push then also overlaps batch i + 1's reads)."""
+    """0 or 1. The write-back (push) of batch i goes out right after its forward, on a
+    side stream and a process group of its own, and overlaps the backward, the gradient
+    all-reduce and the optimizer. 0: it is committed before step i ends (results equal
+    the synchronous run). 1: it is committed after batch i + 1's read, which sees the
+    rows of batch i one batch late; this changes the results. At drained boundaries
+    (an epoch's end, a checkpoint, an evaluation) the held write-back is committed."""
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:

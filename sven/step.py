@@ -1,38 +1,69 @@
-"""The training and evaluation step, apart from the loop, and its CUDA-graph capture.
+"""The one training and evaluation step, for every world size, and its CUDA-graph capture.
 
-``train_step`` and ``eval_step`` take their state explicitly (model, optimizer, memory,
-batch) and keep nothing between calls: the trainer's loop owns epochs, logging and
-checkpoints. On a padded, fixed-capacity batch (``pipeline.stages.select_batch`` with a
-capacity) nothing in them synchronises with the host and no shape depends on the data,
-so :class:`StepGraph` can capture the whole step (batch selection, negatives, sampling,
-de-duplication, forward, backward, optimizer, write-back) as one CUDA graph and replay
-it, which removes the per-kernel launch cost that bounds a small temporal-GNN step.
+``train_step`` and ``eval_step`` take their components explicitly (model, optimizer,
+exchange, batch) and keep nothing between calls: the trainer's loop owns epochs,
+logging and checkpoints. :class:`Step` drives them for one rank:
+
+    select (the rank's share of a global batch, padded to a static capacity)
+    -> negatives -> sample -> dedupe into fixed slots -> exchange.plan (ids to owners)
+    -> exchange.fetch (rows back) -> forward / backward -> exchange.push (write-back,
+    on a side stream) -> gradient all-reduce (one flat bucket) -> optimizer -> join.
+
+One process without a process group is the same step with a trivial exchange
+(:class:`~sven.pipeline.exchange.LocalExchange`); P ranks, or one rank under a
+launcher, use :class:`~sven.pipeline.exchange.FixedExchange`, whose collectives have
+fixed split sizes. On a padded, fixed-capacity batch nothing in the step synchronises
+with the host and no shape depends on the data, so :class:`StepGraph` captures the
+whole of it, collectives included, as one CUDA graph and replays it, which removes the
+per-kernel launch cost that bounds a small temporal-GNN step.
+
+The pipeline (``pipeline.*``): with prefetch depth D the batch of step i + D (its
+selection, sampling, de-duplication and id exchange, none of which reads memory or
+parameters) is built on a side stream during step i into a ring of D + 1 batches (one
+captured graph per ring position); with m micro-batches a share is split into m parts
+that read the memory of one fetch and sum their gradients; the write-back of batch i
+overlaps its backward, all-reduce and optimizer (staleness 0), or is committed after
+batch i + 1's read (staleness 1). Staleness 0 gives the synchronous result for every D
+and m.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from sven.components import EVAL_STREAM, EvalResult, eval_result
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
+from sven.models.memory import DenseUpdate, MemoryRows
 from sven.pipeline.batch import Batch
+from sven.pipeline.dedupe import dedupe_fixed
 from sven.pipeline.eval_negatives import (
     eval_negative_columns,
     protocol_order,
 )
+from sven.pipeline.exchange import (
+    Capacities,
+    FetchPlan,
+    FixedExchange,
+    LocalExchange,
+    read_occurrences,
+)
 
 if TYPE_CHECKING:
-    from sven.trainer import Trainer
+    from sven.distributed.grads import GradBucket
 
 __all__ = [
-    "SingleProcessStep",
+    "Step",
     "StepGraph",
+    "StepInput",
     "eval_step",
     "masked_bce",
     "no_uninitialized_fill",
@@ -105,44 +136,115 @@ def masked_bce(out: ModelOutput, valid: torch.Tensor | None) -> torch.Tensor:
     return lp.sum() + ln.sum()
 
 
+@dataclass
+class StepInput:
+    """One rank's share of a global batch, built (and its ids planned) before its step.
+
+    Attributes:
+        micro: The m micro-batches of the share (one when not split).
+        plan: Where the rows come from: the exchange's plan of the share's distinct
+            nodes (several ranks), their ids (one process), or None (``micro[0]``
+            is fetched as it is).
+        at: Per micro-batch, (U_j,) positions of its nodes among the planned nodes, or
+            None when there is one micro-batch.
+    """
+
+    micro: list[Batch]
+    plan: FetchPlan | torch.Tensor | None = None
+    at: list[torch.Tensor] | None = None
+
+
 def train_step(
     model: MemoryModel,
     optimizer: torch.optim.Optimizer,
-    memory: MemoryState,
-    batch: Batch,
+    exchange: LocalExchange | FixedExchange | MemoryState,
+    batch: Batch | StepInput,
     num_predictions: float | torch.Tensor,
     lap: Callable[[str], None] | None = None,
+    *,
+    grads: GradBucket | None = None,
+    vote: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One optimisation step on one process: read, forward, backward, step, write back.
+    """One optimisation step of one rank: read, forward, backward, all-reduce, step,
+    write back.
 
     Args:
         model: The model (put in training mode here).
         optimizer: Its optimizer.
-        memory: The whole memory (one process owns every node).
-        batch: The batch; padded events (``batch.valid``) count for nothing.
-        num_predictions: Predictions of the batch's real events, B * (1 + n); a float
-            or a 0-d device tensor.
+        exchange: Where memory rows come from and go to (a ``MemoryState`` is the
+            whole memory of one process).
+        batch: The rank's share of the batch, or its micro-batches with their plan;
+            padded events (``batch.valid``) count for nothing.
+        num_predictions: Predictions of the whole global batch's real events,
+            B * (1 + n); a float or a 0-d device tensor. Every rank divides by it, so
+            the ranks' gradients sum to the one-process gradient.
         lap: Called with the name of each stage as it ends (``row_fetch``,
-            ``compute``, ``optimizer``, ``write_back``; :class:`sven.timeline.Timeline`);
-            None inside a captured graph, which a lap would break.
+            ``compute``, ``grad_allreduce``, ``optimizer``, ``write_back``;
+            :class:`sven.timeline.Timeline`); None inside a captured graph, which a
+            lap would break.
+        grads: The gradient bucket on several ranks (None: gradients stay local).
+        vote: () this rank's stop vote, summed with the gradients (with ``grads``).
 
     Returns:
-        () the batch's mean loss, detached, on the device (not read back).
+        () the global batch's mean loss (summed over ranks), detached, on the device
+        (not read back).
     """
     lap = lap or _no_lap
+    ex = LocalExchange(exchange) if isinstance(exchange, MemoryState) else exchange
+    inp = batch if isinstance(batch, StepInput) else StepInput([batch])
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    rows = memory.gather(batch.nodes)
+    if grads is None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        grads.zero()
+    fetched = ex.fetch(inp.plan if inp.plan is not None else inp.micro[0], "train")
     lap("row_fetch")
-    out = model(batch, rows)
-    loss = masked_bce(out, batch.valid) / num_predictions
-    loss.backward()
+    loss_sum: torch.Tensor | float = 0.0
+    dense: list[DenseUpdate] = []
+    last = len(inp.micro) - 1
+    for j, mb in enumerate(inp.micro):
+        rows = fetched if inp.at is None else _take_rows(fetched, inp.at[j])
+        if rows.node_feat is not None:
+            # A copy of the batch: the built one stays as built (a prefetch ring
+            # refills it in place).
+            mb = dataclasses.replace(mb, node_feat=rows.node_feat)
+        out = model(mb, rows)
+        loss = masked_bce(out, mb.valid) / num_predictions
+        dense.append(out.dense)
+        if j == last:
+            # The write-back needs only the forward's detached values: it goes out now
+            # and overlaps the backward, the all-reduce and the optimizer.
+            ex.push(dense[0] if len(dense) == 1 else _cat_dense(dense), "train")
+            lap("write_back")
+        loss.backward()
+        loss_sum = loss.detach() if j == 0 else loss_sum + loss.detach()
     lap("compute")
+    total = torch.as_tensor(loss_sum)
+    if grads is not None:
+        if vote is None:
+            vote = torch.zeros((), dtype=grads.flat.dtype, device=grads.flat.device)
+        total, _ = grads.all_reduce(total, vote)
+        lap("grad_allreduce")
     optimizer.step()
     lap("optimizer")
-    memory.commit_dense(out.dense)
+    ex.wait()
     lap("write_back")
-    return loss.detach()
+    return total.detach()
+
+
+def _fields(obj: object) -> list[Any]:
+    # Not dataclasses.astuple: it deep-copies every tensor.
+    return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+
+
+def _take_rows(rows: MemoryRows, at: torch.Tensor) -> MemoryRows:
+    return MemoryRows(*[None if x is None else x[at] for x in _fields(rows)])
+
+
+def _cat_dense(parts: list[DenseUpdate]) -> DenseUpdate:
+    """The micro-batches' write-back candidates as one batch's (a node written by
+    several micro-batches keeps its last event's row: the keys decide)."""
+    return DenseUpdate(*[torch.cat(col) for col in zip(*[_fields(p) for p in parts])])
 
 
 def _no_lap(stage: str) -> None:
@@ -150,15 +252,24 @@ def _no_lap(stage: str) -> None:
 
 
 @torch.no_grad()
-def eval_step(model: MemoryModel, memory: MemoryState, batch: Batch) -> ModelOutput:
-    """Scores a batch without gradients and writes its memory update.
+def eval_step(
+    model: MemoryModel,
+    exchange: LocalExchange | FixedExchange | MemoryState,
+    batch: Batch,
+) -> ModelOutput:
+    """Scores a batch without gradients and writes its memory update (synchronously).
 
     Returns:
         The model output (logits of every slot, padded ones included).
     """
+    ex = LocalExchange(exchange) if isinstance(exchange, MemoryState) else exchange
     model.eval()
-    out = model(batch, memory.gather(batch.nodes))
-    memory.commit_dense(out.dense)
+    rows = ex.fetch(batch, "eval")
+    if rows.node_feat is not None:
+        batch = dataclasses.replace(batch, node_feat=rows.node_feat)
+    out = model(batch, rows)
+    ex.push(out.dense, "eval")
+    ex.wait()
     return out
 
 
@@ -278,118 +389,527 @@ def _restore_optimizer(opt: torch.optim.Optimizer | None, saved: dict[int, dict[
                 v.zero_()
 
 
-class SingleProcessStep:
-    """The one-process step: device-resident event tables, the pure step functions of
-    :mod:`sven.step`, and their CUDA-graph capture.
 
-    On CUDA every batch has the configured capacity (the last one padded) and its inputs
-    (event range, random streams, prediction count) live in 0-d device tensors refilled
-    in place, so one captured graph serves every training batch and another every
-    evaluation batch. On CPU the same functions run eagerly on exact-size batches
-    (``torch.unique`` de-duplication, which computes less than fixed slots there).
+
+def _copy_tree(dst: Any, src: Any) -> None:
+    """Copies a built batch (dataclasses, lists and tensors) into one of the same
+    shapes, in place."""
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (list, tuple)):
+        for a, b in zip(dst, src, strict=True):
+            _copy_tree(a, b)
+    elif dataclasses.is_dataclass(dst) and not isinstance(dst, type):
+        for a, b in zip(_fields(dst), _fields(src), strict=True):
+            _copy_tree(a, b)
+
+
+def _tree_tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tree_tensors(x)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for x in _fields(obj) for t in _tree_tensors(x)]
+    return []
+
+
+class Step:
+    """The step of one rank, for every world size: its inputs, its captured graphs, and
+    the epoch-level calls the trainer makes (train a batch, evaluate a split).
+
+    On CUDA, and on CPU with a process group, every batch has a static capacity (a
+    rank's share of a global batch padded to the largest share of any batch) and its
+    inputs (event range, random stream, prediction count, stop vote) live in 0-d device
+    tensors refilled in place, so one captured graph per prefetch-ring position serves
+    every training batch and one more every evaluation batch. On CPU without a process
+    group the same functions run eagerly on exact-size batches (``torch.unique``
+    de-duplication, which computes less than fixed slots there).
+
+    Args:
+        cfg: The run's config (``train``, ``eval``, ``pipeline``, ``dist`` sections).
+        data: The run's :class:`~sven.components.Data` (event tables, splits, owners).
+        model: The model.
+        optimizer: Its optimizer.
+        memory: This rank's memory (the whole memory on one process).
+        exchange: The exchange (trivial on one process without a process group).
+        grads: The gradient bucket (several ranks or a launcher), or None.
+        plan_group: Process group of prefetched id exchanges (its own communicator:
+            they run on a side stream beside the step's collectives), or None.
+        timeline: The rank's :class:`~sven.timeline.Timeline`.
+        log: Where notices go.
     """
 
-    def __init__(self, tr: Trainer) -> None:
-        self.tr = tr
-        tc, dev = tr.cfg.train, tr.device
-        self.tables = tr.tables
-        self.fixed = dev.type == "cuda"
-        self.capacity = tc.batch_size if self.fixed else None
-        from sven.pipeline.stages import select_batch
-
-        self.select: Callable[..., Batch] = select_batch
-        self.model: Any = tr.model
-        if tc.compile and self.fixed:
+    def __init__(
+        self,
+        *,
+        cfg: Any,
+        data: Any,
+        model: MemoryModel,
+        optimizer: torch.optim.Optimizer,
+        memory: MemoryState,
+        exchange: LocalExchange | FixedExchange,
+        grads: GradBucket | None,
+        plan_group: Any,
+        timeline: Any,
+        log: Callable[[str], None],
+    ) -> None:
+        tc, pc, dev = cfg.train, cfg.pipeline, data.device
+        self.cfg, self.data, self.model_ref = cfg, data, model
+        self.optimizer, self.memory, self.exchange = optimizer, memory, exchange
+        self.grads, self.plan_group, self.timeline = grads, plan_group, timeline
+        self.device = dev
+        self.tables = data.tables
+        self.distributed = exchange.distributed
+        self.fixed = dev.type == "cuda" or self.distributed
+        self.rank, self.world_size = data.rank, data.world_size
+        self.model: Any = model
+        if tc.compile and dev.type == "cuda":
             # Fixed shapes: one compilation serves every batch. The batch selection
             # stays eager: inductor cannot yet emit its 64-bit hash constants.
-            self.model = torch.compile(tr.model, dynamic=False)
-        names = ("start", "stop", "stream", "mrr_stream", "split_lo")
+            self.model = torch.compile(model, dynamic=False)
+        self.order: torch.Tensor | None = None
+        self._order_host: np.ndarray | None = None
+        if self.distributed:
+            self._rank_events(data)
+            self.capacity: int | None = self._share_capacity(data, tc.batch_size)
+        else:
+            self.capacity = tc.batch_size if self.fixed else None
+        # The pipeline's knobs act on fixed-shape steps (an exact-size eager step has
+        # nothing to overlap and a share of no fixed size to split).
+        self.depth = int(pc.prefetch) if self.fixed else 0
+        m = 1 if pc.micro_batches == "auto" else int(pc.micro_batches)
+        if not self.fixed or self.capacity is None:
+            m = 1
+        self.micro_batches = max(1, min(m, self.capacity or 1))
+        self.staleness = pc.staleness if self.distributed else 0
+        names = ("start", "stop", "gstart", "stream", "split_lo")
         self.inp: dict[str, Any]
+        self.ahead: dict[str, Any]
         if self.fixed:
             self.inp = {k: torch.zeros((), dtype=torch.int64, device=dev) for k in names}
             self.inp["npred"] = torch.ones((), dtype=torch.float64, device=dev)
+            self.ahead = {k: torch.zeros((), dtype=torch.int64, device=dev) for k in names}
         else:
             self.inp = {**dict.fromkeys(names, 0), "npred": 1.0}
+            self.ahead = dict.fromkeys(names, 0)
+        fdt = memory.dtype
+        self.vote = torch.zeros((), dtype=fdt, device=dev)
+        #: [summed stop votes, fetch overflow, push overflow] of the last step, on the
+        #: device; read (one step late on CUDA) by :meth:`status`.
+        self._status = torch.zeros(3, dtype=torch.float64, device=dev)
+        pin = dev.type == "cuda"
+        # Two host copies on CUDA: step i's lands while step i - 1's is read.
+        self._status_host = [torch.zeros(3, dtype=torch.float64, pin_memory=pin) for _ in "ab"]
+        self._status_events: list[Any] = [None, None]
+        self._steps = 0
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        rows = max(hi - lo for lo, hi in tr.ranges.values()) + 1  # + a scratch row
+        rows = max(hi - lo for lo, hi in data.ranges.values()) + 1  # + a scratch row
         # Evaluation negatives: one column per protocol (test scores them all), then the
-        # MRR negatives; drawn before each pass into a table the captured step reads, so
+        # MRR negatives; drawn once per split into a table the captured step reads, so
         # that every split uses one graph of one width.
-        ec = tr.cfg.eval
+        ec = cfg.eval
         self.protocols = protocol_order(ec.negatives, ec.all_protocols)
-        self.width = len(self.protocols) + tr.mrr_negatives
+        self.width = len(self.protocols) + data.mrr_negatives
         self.neg_table = torch.zeros(rows, self.width, dtype=torch.int64, device=dev)
         self._neg_cache: dict[str, torch.Tensor] = {}
-        self.scores = torch.zeros(rows, 1 + self.width, dtype=tr.dtype, device=dev)
+        self.scores = torch.zeros(rows, 1 + self.width, dtype=fdt, device=dev)
+        self._ring: list[StepInput | None] = [None] * (self.depth + 1)
+        self._epoch: tuple[int, int, int] | None = None
+        self._side: Any = None
+        if self.fixed and dev.type == "cuda" and self.depth:
+            self._side = torch.cuda.Stream(dev)
+        self._log = log
 
-        def memory_state() -> list[torch.Tensor]:
-            return list(tr.memory.full.values())
+        def state() -> list[torch.Tensor]:
+            ring = [t for item in self._ring for t in _tree_tensors(item)]
+            return (
+                [p.data for p in model.parameters()]
+                + list(memory.full.values())
+                + exchange.state_tensors()
+                + [self.loss_sum, self._status, *ring]
+                + ([grads.flat] if grads is not None else [])
+            )
 
-        log = lambda msg: tr._log(msg, force=True)  # noqa: E731
-        self.train_graph = StepGraph(
-            self._train,
-            mode=tc.cuda_graph,
-            device=dev,
-            state=lambda: (
-                [p.data for p in tr.model.parameters()] + memory_state() + [self.loss_sum]
-            ),
-            optimizer=tr.optimizer,
-            log=log,
-        )
+        self.train_graphs = [
+            StepGraph(
+                self._train_fn(k),
+                mode=tc.cuda_graph,
+                device=dev,
+                state=state,
+                optimizer=optimizer,
+                log=log,
+            )
+            for k in range(self.depth + 1)
+        ]
         self.eval_graph = StepGraph(
             self._eval,
             mode=tc.cuda_graph,
             device=dev,
-            state=lambda: [*memory_state(), self.scores],
+            state=lambda: [*memory.full.values(), *exchange.state_tensors(), self.scores],
             log=log,
         )
+        self._eval_caps = False
 
-    def _set(self, **values: float) -> None:
+    # ------------------------------------------------------------- layout
+    def _rank_events(self, data: Any) -> None:
+        """This rank's events in time order (every split), and a filler entry."""
+        mine = (data.assign == self.rank).nonzero().squeeze(1)
+        self._order_host = mine.cpu().numpy()
+        filler = mine[-1:] if mine.numel() else mine.new_zeros(1)
+        self.order = torch.cat([mine, filler])
+
+    def _share_capacity(self, data: Any, b: int) -> int:
+        """The largest share any rank has of any global batch of any split (from the
+        assignment, which every rank holds: the same number everywhere)."""
+        assign = data.assign.cpu().numpy()
+        p, most = self.world_size, 1
+        for lo, hi in data.ranges.values():
+            if hi <= lo:
+                continue
+            batch = (np.arange(lo, hi) - lo) // b
+            per = np.bincount(batch * p + assign[lo:hi], minlength=(batch[-1] + 1) * p)
+            most = max(most, int(per.max()))
+        return most
+
+    def _share(self, g_lo: int, g_hi: int) -> tuple[int, int]:
+        """Where a global batch's share of this rank lies in ``order``."""
+        if self._order_host is None:
+            return g_lo, g_hi
+        a, z = np.searchsorted(self._order_host, [g_lo, g_hi])
+        return int(a), int(z)
+
+    @property
+    def train_graph(self) -> StepGraph:
+        """The training graph of the first ring position (tests read ``captured``)."""
+        return self.train_graphs[0]
+
+    # ------------------------------------------------------------- inputs
+    def _fill(self, target: dict[str, Any], **values: float) -> None:
         for k, v in values.items():
             if self.fixed:
-                self.inp[k].fill_(v)
+                target[k].fill_(v)
             else:
-                self.inp[k] = v
+                target[k] = v
 
-    def _batch(self, num_neg: int, neg_table: torch.Tensor | None = None) -> Batch:
-        tr, inp = self.tr, self.inp
-        return self.select(
-            self.tables,
-            inp["start"],
-            inp["stop"],
-            inp["stream"],
-            seed=tr.cfg.train.seed,
-            num_neg=num_neg,
-            sample_roots=tr.model.sample_roots,
-            read_neighbors=tr.model.read_neighbors,
-            capacity=self.capacity,
-            neg_table=neg_table,
-            table_lo=inp["split_lo"],
-        )
+    def _set_batch(self, target: dict[str, Any], g_lo: int, g_hi: int, stream: int) -> None:
+        lo, hi = self._share(g_lo, g_hi)
+        self._fill(target, start=lo, stop=hi, gstart=g_lo, stream=stream)
 
     def _determinism(self) -> contextlib.AbstractContextManager[None]:
-        """The captured CUDA step runs with torch's deterministic mode off, the eager
-        step with it on but without the fill of new tensors (both: see the functions)."""
-        return torch_determinism_off() if self.fixed else no_uninitialized_fill()
+        """The CUDA step runs with torch's deterministic mode off, the CPU step with it
+        on but without the fill of new tensors (both: see the functions)."""
+        return torch_determinism_off() if self.device.type == "cuda" else no_uninitialized_fill()
 
-    def _train(self) -> None:
-        tr = self.tr
+    # -------------------------------------------------------------- build
+    def _select(
+        self,
+        inp: dict[str, Any],
+        num_neg: int,
+        start: Any,
+        stop: Any,
+        capacity: int | None,
+        neg_table: torch.Tensor | None = None,
+    ) -> Batch:
+        from sven.pipeline.stages import select_batch
+
+        return select_batch(
+            self.tables,
+            start,
+            stop,
+            inp["stream"],
+            seed=self.cfg.train.seed,
+            num_neg=num_neg,
+            sample_roots=self.model_ref.sample_roots,
+            read_neighbors=self.model_ref.read_neighbors,
+            capacity=capacity,
+            neg_table=neg_table,
+            table_lo=inp["split_lo"],
+            order=self.order,
+            batch_start=inp["gstart"],
+        )
+
+    def _build(
+        self,
+        inp: dict[str, Any],
+        num_neg: int,
+        mode: str,
+        neg_table: torch.Tensor | None = None,
+        micro: int = 1,
+        group: Any = None,
+    ) -> StepInput:
+        """A share's micro-batches and the plan of its rows (reads no memory)."""
+        start, stop = inp["start"], inp["stop"]
+        if micro == 1:
+            batches = [self._select(inp, num_neg, start, stop, self.capacity, neg_table)]
+        else:
+            # m parts of equal capacity; the share's events fill them in order.
+            c = -(-self.capacity // micro)
+            batches = []
+            for j in range(micro):
+                lo = torch.minimum(start + j * c, stop)
+                hi = torch.minimum(start + (j + 1) * c, stop)
+                batches.append(self._select(inp, num_neg, lo, hi, c, neg_table))
+        if not self.distributed and micro == 1:
+            return StepInput(batches)
+        at = None
+        if micro == 1:
+            nodes, occ = batches[0].nodes, read_occurrences(batches[0])
+        else:
+            # One fetch for the whole share: each node is read once, by whichever
+            # micro-batch needs it, so the bytes are those of the unsplit share.
+            cat = torch.cat([mb.nodes for mb in batches])
+            nodes, inverse = dedupe_fixed(cat, self.tables.num_nodes)
+            at = list(torch.split(inverse, [mb.nodes.shape[0] for mb in batches]))
+            occ = torch.zeros_like(nodes)
+            for mb, pos in zip(batches, at):
+                occ.index_add_(0, pos, read_occurrences(mb))
+        if not self.distributed:
+            return StepInput(batches, nodes, at)
+        plan = self.exchange.plan(nodes, occ, mode, group=group)
+        return StepInput(batches, plan, at)
+
+    def _put(self, k: int, item: StepInput) -> None:
+        """Stores a built batch in ring position k (in place once the ring exists, so
+        that a captured graph finds it where it was)."""
+        if self._ring[k] is None or not self.fixed:
+            self._ring[k] = item
+        else:
+            _copy_tree(self._ring[k], item)
+
+    # -------------------------------------------------------------- steps
+    def _train_fn(self, k: int) -> Callable[[], None]:
+        d, tc = self.depth, self.cfg.train
+
+        def fn() -> None:
+            with self._determinism():
+                lap = None if self.device.type == "cuda" else self.timeline.lap
+                if d == 0:
+                    item = self._build(self.inp, tc.num_neg, "train", micro=self.micro_batches)
+                else:
+                    ahead = (k + d) % (d + 1)
+                    side = self._side
+                    if side is not None:
+                        side.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(side):
+                            built = self._build(
+                                self.ahead,
+                                tc.num_neg,
+                                "train",
+                                micro=self.micro_batches,
+                                group=self.plan_group,
+                            )
+                            self._put(ahead, built)
+                    else:
+                        built = self._build(
+                            self.ahead,
+                            tc.num_neg,
+                            "train",
+                            micro=self.micro_batches,
+                            group=self.plan_group,
+                        )
+                        self._put(ahead, built)
+                    item = self._ring[k]
+                if lap is not None:
+                    lap("sample")
+                loss = train_step(
+                    self.model,
+                    self.optimizer,
+                    self.exchange,
+                    item,
+                    self.inp["npred"],
+                    lap=lap,
+                    grads=self.grads,
+                    vote=self.vote,
+                )
+                self.loss_sum += loss
+                if self.grads is not None:
+                    n = self.grads.numel
+                    ov = self.exchange.overflow.to(torch.float64)
+                    self._status.copy_(torch.cat([self.grads.flat[n + 1 : n + 2].double(), ov]))
+                if d and self._side is not None:
+                    torch.cuda.current_stream().wait_stream(self._side)
+
+        return fn
+
+    def start_epoch(self, epoch: int, first: int, last: int) -> None:
+        """Builds the first D batches of ``first..last - 1`` into the prefetch ring."""
+        self._epoch = (epoch, first, last)
+        d = self.depth
+        if not d:
+            return
         with self._determinism():
-            batch = self._batch(tr.cfg.train.num_neg)
-            # Eager (CPU): a lap per stage; a captured graph is timed as one "step".
-            lap = None if self.fixed else tr.timeline.lap
-            if lap is not None:
-                lap("sample")
-            loss = train_step(
-                self.model, tr.optimizer, tr.memory, batch, self.inp["npred"], lap=lap
-            )
-            self.loss_sum += loss
+            # Every ring position, the one step ``first`` builds too: the ring then has
+            # all its tensors before a graph is captured.
+            for i in range(first, first + d + 1):
+                self._set_batch(self.ahead, *self._global(i), epoch)
+                self._put(i % (d + 1), self._build(
+                    self.ahead, self.cfg.train.num_neg, "train", micro=self.micro_batches,
+                    group=self.plan_group,
+                ))  # fmt: skip
 
+    def _global(self, i: int) -> tuple[int, int]:
+        """Global event range of training batch i (empty past the split's end)."""
+        lo, hi = self.data.ranges["train"]
+        b = self.cfg.train.batch_size
+        return min(lo + i * b, hi), min(lo + (i + 1) * b, hi)
+
+    def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
+        """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
+        npred = (g_hi - g_lo) * (1 + self.cfg.train.num_neg)
+        self._set_batch(self.inp, g_lo, g_hi, epoch)
+        self._fill(self.inp, npred=float(npred))
+        if self.grads is not None:
+            self.vote.fill_(float(stop_vote))
+        d = self.depth
+        if d:
+            self._set_batch(self.ahead, *self._global(i + d), epoch)
+        self.train_graphs[i % (d + 1)]()
+        self._steps += 1
+        if self.device.type == "cuda":
+            self.timeline.lap("step")
+            if self.grads is not None:
+                k = self._steps % 2
+                self._status_host[k].copy_(self._status, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                self._status_events[k] = ev
+
+    def status(self) -> tuple[int, int, int]:
+        """(summed stop votes, fetch overflow, push overflow) of a finished step: on CPU
+        the step just run; on CUDA the one before it (read without waiting for the
+        step in flight). (0, 0, 0) without a gradient bucket."""
+        if self.grads is None:
+            return 0, 0, 0
+        if self.device.type == "cuda":
+            k = (self._steps - 1) % 2
+            ev = self._status_events[k]
+            if ev is None:
+                return 0, 0, 0
+            ev.synchronize()
+            vals = self._status_host[k].tolist()
+            self._status_events[k] = None
+        else:
+            vals = self._status.tolist()
+        return round(vals[0]), int(vals[1]), int(vals[2])
+
+    def take_loss(self) -> float:
+        """The summed mean losses of the steps since the last call (waits for them);
+        also stops the run if a batch overflowed a capacity, and commits a write-back
+        held for staleness 1 (a drained boundary)."""
+        value = float(self.loss_sum)
+        self.loss_sum.zero_()
+        self.exchange.check()
+        self.exchange.flush()
+        return value
+
+    # ------------------------------------------------------------- capacities
+    @torch.no_grad()
+    def measure(
+        self,
+        split: str,
+        stream: int,
+        num_neg: int,
+        neg_table: torch.Tensor | None = None,
+        micro: int = 1,
+    ) -> tuple[list[int], list[int]]:
+        """This rank's most rows requested from / written to each rank in any batch of
+        a split, by an exact replay of the step's own batch construction.
+
+        Returns:
+            (fetch (P,), push (P,)) per-peer maxima (0 towards itself).
+        """
+        p, r = self.world_size, self.rank
+        fetch = torch.zeros(p, dtype=torch.int64, device=self.device)
+        push = torch.zeros(p, dtype=torch.int64, device=self.device)
+        lo, hi = self.data.ranges[split]
+        b = self.cfg.train.batch_size
+        owner = self.exchange._owner_ext
+        inp = {k: v.clone() for k, v in self.ahead.items()}
+        self._fill(inp, split_lo=lo, stream=stream)
+        with self._determinism():
+            for start in range(lo, hi, b):
+                self._set_batch(inp, start, min(start + b, hi), stream)
+                cap = self.capacity
+                batches = [self._select(inp, num_neg, inp["start"], inp["stop"], cap, neg_table)]
+                if micro > 1:
+                    c = -(-cap // micro)
+                    batches = [
+                        self._select(
+                            inp,
+                            num_neg,
+                            torch.minimum(inp["start"] + j * c, inp["stop"]),
+                            torch.minimum(inp["start"] + (j + 1) * c, inp["stop"]),
+                            c,
+                            neg_table,
+                        )
+                        for j in range(micro)
+                    ]
+                reads, writes = [], []
+                for mb in batches:
+                    reads.append(mb.nodes[read_occurrences(mb) > 0])
+                    zeros = torch.zeros(mb.size, 1, dtype=self.memory.dtype, device=self.device)
+                    recv, _, _, keys = self.model_ref.mail_receivers(mb, zeros, zeros)
+                    writes.append(recv[keys >= 0])
+                for ids, acc in ((reads, fetch), (writes, push)):
+                    own = owner[torch.unique(torch.cat(ids))]
+                    cnt = torch.bincount(own[own != r], minlength=p + 1)[:p]
+                    torch.maximum(acc, cnt, out=acc)
+        fetch[r] = push[r] = 0
+        return fetch.tolist(), push.tolist()
+
+    def _gather_matrix(self, row: list[int]) -> list[list[int]]:
+        import torch.distributed as dist
+
+        mine = torch.tensor(row, dtype=torch.int64, device=self.device)
+        allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(allr, mine, group=self.exchange.group)
+        return torch.stack(allr).tolist()
+
+    def plan_capacities(self, epoch: int) -> Capacities:
+        """Sets the training capacities from an exact replay of ``epoch``, grown by
+        ``dist.capacity_slack`` for later epochs (whose draws differ)."""
+        if not self.distributed:
+            return Capacities(self.capacity or 0, [[0]], [[0]])
+        p = self.world_size
+        if p == 1:
+            caps = Capacities(self.capacity, [[0]], [[0]])
+        else:
+            f, w = self.measure("train", epoch, self.cfg.train.num_neg, micro=self.micro_batches)
+            exact = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
+            caps = exact.grown(self.cfg.dist.capacity_slack)
+        self.exchange.set_capacities("train", caps)
+        return caps
+
+    def _plan_eval_capacities(self) -> None:
+        """The evaluation capacities, exact: its negatives are fixed by the seed."""
+        if self._eval_caps or not self.distributed:
+            return
+        p = self.world_size
+        if p == 1:
+            self.exchange.set_capacities("eval", Capacities(self.capacity, [[0]], [[0]]))
+        else:
+            f = [0] * p
+            w = [0] * p
+            for split in ("val", "test"):
+                lo, hi = self.data.ranges[split]
+                if hi <= lo:
+                    continue
+                negs = self._negatives(split)
+                self.neg_table[: hi - lo].copy_(negs)
+                fs, ws = self.measure(split, EVAL_STREAM[split], self.width, self.neg_table)
+                f = [max(a, c) for a, c in zip(f, fs)]
+                w = [max(a, c) for a, c in zip(w, ws)]
+            caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
+            self.exchange.set_capacities("eval", caps)
+        self._eval_caps = True
+
+    # -------------------------------------------------------------- eval
     def _eval(self) -> None:
-        tr = self.tr
         with self._determinism():
-            batch = self._batch(self.width, self.neg_table)
-            out = eval_step(self.model, tr.memory, batch)
+            item = self._build(self.inp, self.width, "eval", self.neg_table)
+            batch = item.micro[0]
+            out = eval_step(self.model, _Planned(self.exchange, item.plan), batch)
             scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
             rows = batch.index - self.inp["split_lo"]
             if batch.valid is not None:
@@ -397,39 +917,25 @@ class SingleProcessStep:
             # Padded events all write the scratch row; real ones distinct rows.
             self.scores.index_copy_(0, rows, scores)
 
-    def train_batch(self, epoch: int, lo: int, hi: int) -> None:
-        """Queues the training step of global batch [lo, hi) of ``epoch``."""
-        npred = (hi - lo) * (1 + self.tr.cfg.train.num_neg)
-        self._set(start=lo, stop=hi, stream=epoch, npred=float(npred))
-        self.train_graph()
-        if self.fixed:
-            self.tr.timeline.lap("step")
-
-    def take_loss(self) -> float:
-        """The summed mean losses of the steps since the last call (waits for them)."""
-        value = float(self.loss_sum)
-        self.loss_sum.zero_()
-        return value
-
     def _negatives(self, split: str) -> torch.Tensor:
         """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
         by the seed): the protocol columns, then the MRR negatives."""
         if split in self._neg_cache:
             return self._neg_cache[split]
-        tr = self.tr
-        lo, hi = tr.ranges[split]
-        b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
+        d, tc = self.data, self.cfg.train
+        lo, hi = d.ranges[split]
+        b, seed, q = tc.batch_size, tc.seed, d.mrr_negatives
         protocols = self.protocols if split == "test" else self.protocols[:1]
-        sampler = tr.data.eval_negatives() if protocols != ["random"] else None
+        sampler = d.eval_negatives() if protocols != ["random"] else None
         cols = []
         # Historical and inductive draws depend on the global batch; random ones only
         # on the event, so one call covers the split.
         step = b if sampler is not None else max(hi - lo, 1)
         for start in range(lo, hi, step):
-            idx = torch.arange(start, min(start + step, hi), device=tr.device)
+            idx = torch.arange(start, min(start + step, hi), device=self.device)
             c = eval_negative_columns(
                 protocols,
-                tr.candidates,
+                d.candidates,
                 sampler,
                 seed,
                 EVAL_STREAM[split],
@@ -440,28 +946,58 @@ class SingleProcessStep:
             # Columns of protocols this split does not score repeat the first one.
             c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
             if q:
-                c = torch.cat([c, tr.data.mrr_draw(split, idx)], 1)
+                c = torch.cat([c, d.mrr_draw(split, idx)], 1)
             cols.append(c)
         table = torch.cat(cols) if cols else self.neg_table[:0]
         self._neg_cache[split] = table
         return table
 
     def evaluate(self, split: str) -> EvalResult:
-        """Walks a split through the evaluation step; returns all scores."""
-        tr, d = self.tr, self.tr.data
+        """Walks a split through the evaluation step (every rank scores its share);
+        returns all scores, on every rank."""
+        d = self.data
         lo, hi = d.ranges[split]
-        b, q = tr.cfg.train.batch_size, d.mrr_width(split)
+        b, q = self.cfg.train.batch_size, d.mrr_width(split)
+        self.exchange.flush()
+        self._plan_eval_capacities()
         negs = self._negatives(split)
         self.neg_table[: hi - lo].copy_(negs)
-        self._set(split_lo=lo, stream=EVAL_STREAM[split])
+        self._fill(self.inp, split_lo=lo, stream=EVAL_STREAM[split])
+        if self.distributed:
+            # Each event is scored by one rank; the others' rows stay zero, so a sum
+            # over ranks assembles the table.
+            self.scores.zero_()
         for start in range(lo, hi, b):
-            self._set(start=start, stop=min(start + b, hi))
+            self._set_batch(self.inp, start, min(start + b, hi), EVAL_STREAM[split])
             self.eval_graph()
-        scores = self.scores[: hi - lo].cpu()
+        table = self.scores[: hi - lo]
+        if self.distributed and self.world_size > 1:
+            import torch.distributed as dist
+
+            table = table.clone()
+            dist.all_reduce(table, group=self.exchange.group)
+        self.exchange.check()
+        scores = table.cpu()
         n_p = len(self.protocols)
         valid = None
         if q:
-            idx = torch.arange(lo, hi, device=tr.device)
+            idx = torch.arange(lo, hi, device=self.device)
             valid = d.mrr_valid(split, idx, negs[:, n_p:])
         protocols = self.protocols if split == "test" else self.protocols[:1]
         return eval_result(scores, protocols, n_p, q, valid)
+
+
+class _Planned:
+    """An exchange whose next fetch uses a plan made beforehand (the eval step's)."""
+
+    def __init__(self, exchange: LocalExchange | FixedExchange, plan: Any) -> None:
+        self.exchange, self.plan = exchange, plan
+
+    def fetch(self, batch: Batch, mode: str) -> MemoryRows:
+        return self.exchange.fetch(batch if self.plan is None else self.plan, mode)
+
+    def push(self, update: DenseUpdate, mode: str) -> None:
+        self.exchange.push(update, mode)
+
+    def wait(self) -> None:
+        self.exchange.wait()

@@ -8,10 +8,11 @@ validation ("Training semantics" in docs/design.md).
 
 With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.dist`), rank r
 processes the events of each global batch that the partition assigns to it, reads and
-writes memory through :class:`~sven.pipeline.memory_exchange.MemoryExchange`, and
-normalises its loss by the global number of predictions, so that the all-reduced
-gradient is the one-process gradient ("Distributed semantics"). With P = 1 the same code
-runs with the whole memory as the only shard and no collective.
+writes memory through :class:`~sven.pipeline.exchange.FixedExchange`, and normalises
+its loss by the global number of predictions, so that the all-reduced gradient is the
+one-process gradient ("Distributed semantics"). Every world size runs the one step of
+:mod:`sven.step`; one process without a launcher runs it with the whole memory as the
+only shard and no collective.
 
 The Trainer is an orchestrator: the epoch loop, early stopping, stop signals and the
 checkpoints at drained boundaries are its own; the state belongs to the components of
@@ -54,10 +55,9 @@ from sven.components import (
 )
 from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, Stopped, SvenError
-from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, model_from_config
-from sven.pipeline.batch import Batch
-from sven.pipeline.rank_step import RankStep, naive_writes, read_occurrences
-from sven.step import SingleProcessStep
+from sven.models import MemoryModel, MemoryState, model_from_config
+from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.step import Step
 from sven.tblog import EpochLog
 from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
 
@@ -112,11 +112,15 @@ class Trainer:
             # cuBLAS reads this once, at its first use in the process.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
-        from sven.dist import init_distributed
+        from sven.dist import detect_launcher, init_distributed
 
+        # Under a launcher even one rank gets a process group: the P-rank step with
+        # its collectives, as on many ranks (a plain process runs without one).
+        launched = detect_launcher(os.environ).launcher != "single"
         self.ctx = init_distributed(
-            cfg.dist.backend, timeout_s=cfg.dist.timeout_s, device=tc.device
-        )
+            cfg.dist.backend, timeout_s=cfg.dist.timeout_s, device=tc.device,
+            force_group=launched,
+        )  # fmt: skip
         self.rank, self.world_size = self.ctx.rank, self.ctx.world_size
         self.device = torch.device(self.ctx.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -151,58 +155,63 @@ class Trainer:
             self.dtype,
             time_origin=float(d.t[0]) if d.t.numel() else 0.0,
         )
-        self.exchange = None
-        if self.world_size > 1:
-            from sven.pipeline.memory_exchange import MemoryExchange
+        self.distributed = self.ctx.backend != "none"
+        self.exchange: LocalExchange | FixedExchange
+        grads = plan_group = None
+        if self.distributed:
+            from datetime import timedelta
 
-            self.exchange = MemoryExchange(
-                d.owner, self.rank, self.world_size, self.memory, node_feat=d.owned_node_feat()
+            from sven.distributed.grads import GradBucket
+
+            # Made here, in the same order on every rank: the write-back runs on a side
+            # stream beside the gradient all-reduce, and prefetched id plans beside the
+            # step, each on a communicator of its own (two streams must never drive one).
+            timeout = timedelta(seconds=cfg.dist.timeout_s)
+            ranks = list(range(self.world_size))
+            push_group = dist.new_group(ranks, timeout=timeout)
+            plan_group = dist.new_group(ranks, timeout=timeout)
+            self.exchange = FixedExchange(
+                d.owner,
+                self.rank,
+                self.world_size,
+                self.memory,
+                node_feat=d.owned_node_feat(),
+                push_group=push_group,
+                staleness=cfg.pipeline.staleness,
             )
+        else:
+            self.exchange = LocalExchange(self.memory)
         d.attach(self.model)
         self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device)
-        self.evaluator = Evaluator(
-            cfg,
-            d,
-            self.model,
-            read=self._read,
-            commit=self._commit,
-            empty_update=self._empty_update,
-        )
+        if self.distributed:
+            grads = GradBucket(self.model.parameters(), None, self.world_size)
+        self.grads = grads
+        self.evaluator = Evaluator(cfg, d, self.model)
         self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
         }
-        # Per-stage times of each epoch (sven.timeline); the exchange laps its id
-        # exchange, and a trace of a few steps where profile=true.
+        # Per-stage times of each epoch (sven.timeline), and a trace of a few steps
+        # where profile=true.
         self.timeline = Timeline(self.device)
-        if self.exchange is not None:
-            # The id plans of prefetched batches run in the prefetch thread; a lap is
-            # taken on the training thread only (the timeline is not thread-safe).
-            self.exchange.lap = _main_thread_only(self.timeline.lap)
         self.profiler: StepProfiler | None = None
         if cfg.profile:
             trace = self.out / "traces" / f"rank{self.rank}.json"
             lc = cfg.log
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
-        self.single: SingleProcessStep | None = None
-        self.rank_step: RankStep | None = None
-        if self.world_size == 1:
-            self.single = SingleProcessStep(self)
-            self.evaluator.fast = self.single.evaluate
-        else:
-            from datetime import timedelta
-
-            # The prefetch thread's id exchanges get a group of their own: collectives of
-            # two threads must never interleave on one group. Made here, in the same order
-            # on every rank. gloo even beside NCCL: the ids are small, their counts go to
-            # the host anyway, and two NCCL communicators driven from two threads can
-            # deadlock on the device.
-            plan_group = dist.new_group(
-                list(range(self.world_size)),
-                timeout=timedelta(seconds=cfg.dist.timeout_s),
-                backend="gloo",
-            )
-            self.rank_step = RankStep(self, plan_group)
+        self.step = Step(
+            cfg=cfg,
+            data=d,
+            model=self.model,
+            optimizer=self.optimizer,
+            memory=self.memory,
+            exchange=self.exchange,
+            grads=grads,
+            plan_group=plan_group,
+            timeline=self.timeline,
+            log=lambda msg: self._log(msg, force=True),
+        )
+        self.evaluator.fast = self.step.evaluate
         self.checkpoints = RunCheckpoints(
             self.out,
             tc.keep_latest_k,
@@ -212,9 +221,9 @@ class Trainer:
             barrier=self._barrier,
             agree=self._agree,
         )
-        self._log(self.ctx.describe() if self.world_size > 1 else "single process")
+        self._log(self.ctx.describe() if self.distributed else "single process")
         self.predicted_comm = (
-            None if self.exchange is None else predict_comm(cfg, d, self.model, self.exchange)
+            predict_comm(cfg, d, self.model, self.exchange) if self.distributed else None
         )
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
@@ -257,88 +266,9 @@ class Trainer:
 
         return broadcast_object(value)
 
-    # --------------------------------------------------------- state access
-    def _read(self, batch: Batch) -> MemoryRows:
-        """Memory rows of ``batch.nodes``: local on one rank, fetched from owners on many.
-
-        On many ranks the nodes' static features come with the rows and are set as
-        ``batch.node_feat``.
-        """
-        if self.exchange is None:
-            return self.memory.gather(batch.nodes)
-        rows = self.exchange.fetch(batch.nodes, read_occurrences(batch))
-        self.timeline.lap("row_fetch")
-        if rows.node_feat is not None:
-            batch.node_feat = rows.node_feat
-        return rows
-
-    def _commit(self, update: MemoryUpdate, batch: Batch) -> None:
-        """Writes a batch's memory update: locally, or pushed to the owners."""
-        if self.exchange is None:
-            self.memory.commit(update)
-            return
-        self.exchange.push(update, naive_writes(self, batch))
-
     # The data component's batch builders, under the names benchmarks use.
     _event_index = property(lambda self: self.data.event_index, doc="Data.event_index")
     _batch = property(lambda self: self.data.batch, doc="Data.batch")
-
-    def _empty_update(self) -> MemoryUpdate:
-        z = torch.zeros(0, dtype=torch.int64, device=self.device)
-        f64 = torch.zeros(0, dtype=torch.float64, device=self.device)
-        return MemoryUpdate(
-            nodes=z,
-            memory=torch.zeros(0, self.memory.memory_dim, dtype=self.dtype, device=self.device),
-            last_update=f64,
-            key=z,
-            mail_nodes=z,
-            mail=torch.zeros(0, self.memory.mail_dim, dtype=self.dtype, device=self.device),
-            mail_ts=f64,
-            mail_key=z,
-        )
-
-    # -------------------------------------------------------------- training
-    def _allreduce_grads(self, loss: torch.Tensor) -> torch.Tensor:
-        """Sums gradients (and the loss) over ranks in one flat all-reduce.
-
-        Plain sum, not DDP's mean: each rank already divides by the global prediction
-        count. One bucket also serves ranks with an empty share of the batch, which
-        DDP's forward hooks would not. A parameter without gradient on every rank stays
-        without one (Adam then skips it, as in one process). One more element carries
-        this rank's stop signal (:func:`_stop_vote`), so that every rank learns of a
-        signal any rank got after the same step, without a collective of its own.
-        """
-        params = list(self.model.parameters())
-        has = torch.tensor(
-            [p.grad is not None for p in params], dtype=self.dtype, device=self.device
-        )
-        vote = torch.tensor(
-            [_stop_vote(self._stop_signal, self.world_size)], dtype=self.dtype, device=self.device
-        )
-        flat = torch.cat(
-            [
-                p.grad.reshape(-1)
-                if p.grad is not None
-                else torch.zeros(p.numel(), dtype=self.dtype, device=self.device)
-                for p in params
-            ]
-            + [has, vote, loss.to(self.dtype).reshape(1)]
-        )
-        dist.all_reduce(flat)
-        p_count = self.world_size
-        # Ring all-reduce: each rank sends 2 (P - 1) / P of the buffer.
-        self.exchange.counter.grads += int(
-            2 * (p_count - 1) * flat.numel() * flat.element_size() // p_count
-        )
-        off = 0
-        n_par = len(params)
-        has_all = flat[-2 - n_par : -2]
-        self._stop_votes = flat[-2]
-        for i, p in enumerate(params):
-            n = p.numel()
-            p.grad = flat[off : off + n].view_as(p).clone() if has_all[i] > 0 else None
-            off += n
-        return flat[-1].to(torch.float64)
 
     def num_batches(self, split: str) -> int:
         """Number of global batches of a split at the configured batch size."""
@@ -413,7 +343,7 @@ class Trainer:
         }
         shard = {
             "memory": self.memory.state_dict(),
-            "exchange": {} if self.exchange is None else self.exchange.state_dict(),
+            "exchange": self.exchange.state_dict() if self.distributed else {},
             "rng": self._rng_state(),
         }
         return state, shard
@@ -436,7 +366,7 @@ class Trainer:
         self.evaluator.load_state_dict(state.get("evaluator", {}))
         self.memory.load_state_dict(shard["memory"])
         counters = shard.get("exchange", shard.get("comm"))
-        if self.exchange is not None and counters:
+        if self.distributed and counters:
             self.exchange.load_state_dict(counters)
         if "rng" in shard:
             self._set_rng_state(shard["rng"])
@@ -463,7 +393,6 @@ class Trainer:
             DistError: A rank died or hung; the message names it (exit code 4).
         """
         restore = self._catch_stop_signals()
-        peer_lost = False
         try:
             return self._fit()
         except RuntimeError as exc:
@@ -471,7 +400,6 @@ class Trainer:
                 raise
             from sven.dist import DistError
 
-            peer_lost = True
             # A peer died or hung inside a collective; gloo/NCCL then raise a bare
             # RuntimeError that does not say which. The heartbeats do (sven.dist).
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -496,17 +424,11 @@ class Trainer:
                 # A bar left open by an error would run into the error's one line.
                 self._bar.close()
             try:
-                if self.rank_step is not None:
-                    # Before the teardown: the prefetch thread may use the plan group.
-                    # Its last id exchanges match the peers' unless a peer is gone.
-                    self.rank_step.close(finish=not peer_lost)
+                self.ctx.teardown()
             finally:
-                try:
-                    self.ctx.teardown()
-                finally:
-                    # After the teardown: a SIGTERM that srun sends once another rank
-                    # has exited must not kill this one halfway through.
-                    restore()
+                # After the teardown: a SIGTERM that srun sends once another rank has
+                # exited must not kill this one halfway through.
+                restore()
 
     def _catch_stop_signals(self) -> Callable[[], None]:
         """Makes SIGTERM/SIGUSR1 set a flag; returns what puts the old handlers back.
@@ -534,12 +456,19 @@ class Trainer:
         return restore
 
     def _stop_requested(self) -> int:
-        """The stop signal all ranks agreed on after the last step, or 0."""
-        if self.world_size == 1:
+        """The stop signal all ranks agreed on after a finished step, or 0.
+
+        On several ranks the votes travel in the step's gradient all-reduce; on CUDA
+        they are read one step late (:meth:`Step.status`), so that the host never
+        waits for the step in flight: every rank still stops after the same step. The
+        same read stops the run if a batch overflowed an exchange capacity.
+        """
+        if not self.distributed:
             return self._stop_signal or 0
-        if self._stop_votes is None:
-            return 0
-        got = _stop_from_votes(round(self._stop_votes.item()), self.world_size)
+        votes, fetch_over, push_over = self.step.status()
+        if fetch_over > 0 or push_over > 0:
+            self.exchange.check()
+        got = _stop_from_votes(votes, self.world_size)
         # Rank 0 speaks for all: name its own signal where it had one.
         return (self._stop_signal or got) if got else 0
 
@@ -624,9 +553,12 @@ class Trainer:
                 break
             if start_batch == 0:
                 self.memory.reset()
+                self.exchange.drop_held()
                 progress.update(epoch_loss=0.0, epoch_batches=0, epoch_time=0.0)
-                if self.exchange is not None:
-                    self.exchange.counter.reset()
+                self.exchange.counter.reset()
+            if epoch == start_epoch:
+                # The exchange's fixed sizes, from an exact replay of this epoch's batches.
+                self.step.plan_capacities(epoch)
             last = nb if not tc.max_batches else min(nb, tc.max_batches)
             bar = self._bar = tqdm(
                 total=last,
@@ -640,11 +572,7 @@ class Trainer:
             tl, prof = self.timeline, self.profiler
             if prof is not None:
                 prof.fit(start_batch, last)
-            rs = self.rank_step
-            if rs is not None:
-                if rs.auto and rs.profile is None:
-                    rs.choose_micro_batches(epoch, start_batch, last)
-                rs.start_epoch(epoch, start_batch, last)
+            self.step.start_epoch(epoch, start_batch, last)
             ep_t0, paused = time.perf_counter(), 0.0
             tl.begin()
             for i in range(start_batch, last):
@@ -656,16 +584,10 @@ class Trainer:
                 tl.lap("wait")
                 if prof is not None:
                     prof.before(i)
-                if self.single is not None:
-                    # Nothing is read back: the loss accumulates on the device.
-                    self.single.train_batch(epoch, g_lo, g_hi)
-                else:
-                    loss = rs.step(i)
-                    progress["epoch_loss"] += loss
-                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-                    if self._hooks["after_step"] and rs.staleness == 0:
-                        # Observers see the step's write-back committed.
-                        rs.drain()
+                # Nothing is read back: the loss accumulates on the device.
+                self.step.train_batch(
+                    epoch, i, g_lo, g_hi, _stop_vote(self._stop_signal, self.world_size)
+                )
                 if prof is not None:
                     prof.after(i)
                 for fn in self._hooks["after_step"]:
@@ -697,8 +619,6 @@ class Trainer:
                     raise self._stop(stop, epoch, i + 1, last, progress, saved)
             self._flush_step(progress)
             tl.lap("wait")
-            if rs is not None:
-                rs.close()
             # Wall time of the epoch's training, device work included (the steps run
             # asynchronously; _flush_step waited for them), checkpoints excluded.
             dt = time.perf_counter() - ep_t0 - paused
@@ -709,7 +629,7 @@ class Trainer:
             bar.close()
             start_batch = 0
             epoch_events = min(hi, lo + last * b) - lo
-            comm = {} if self.exchange is None else self.exchange.epoch_bytes()
+            comm = self.exchange.epoch_bytes() if self.distributed else {}
             stages = self._timeline_line(dt)
             self._where = f"epoch {epoch} validation"
             val = self.split_metrics("val", self.evaluate("val"))
@@ -782,16 +702,20 @@ class Trainer:
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
             "wall_s": time.perf_counter() - wall0,
         }
-        if self.rank_step is not None:
-            rs = self.rank_step
-            summary.update(
-                pipeline_prefetch=rs.depth,
-                pipeline_micro_batches=rs.micro_batches,
-                pipeline_staleness=rs.staleness,
-            )
-            if rs.profile:
-                summary["pipeline_micro_batches_profile_s"] = {
-                    str(m): t for m, t in rs.profile.items()
+        st = self.step
+        summary.update(
+            pipeline_prefetch=st.depth,
+            pipeline_micro_batches=st.micro_batches,
+            pipeline_staleness=st.staleness,
+            step_captured=any(g.captured for g in st.train_graphs),
+        )
+        if self.distributed:
+            caps = self.exchange.capacities.get("train")
+            if caps is not None:
+                summary["exchange_capacities"] = {
+                    "events": caps.events,
+                    "fetch": caps.fetch,
+                    "push": caps.push,
                 }
         for key in (
             "comm_bytes",
@@ -827,15 +751,10 @@ class Trainer:
     def _flush_step(self, progress: dict[str, Any]) -> None:
         """Waits for the queued steps and moves the device-side loss into ``progress``.
 
-        On several ranks the pending write-back is committed, so that a checkpoint or
-        an evaluation sees it.
+        A write-back held for staleness 1 is committed, so that a checkpoint or an
+        evaluation sees it; a batch that overflowed an exchange capacity stops the run.
         """
-        if self.rank_step is not None:
-            self.rank_step.drain()
-        if self.single is not None:
-            progress["epoch_loss"] += self.single.take_loss()
-        elif self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        progress["epoch_loss"] += self.step.take_loss()
 
     # ---------------------------------------------------------------- comm
     def _timeline_line(self, epoch_s: float) -> dict[str, Any]:

@@ -16,6 +16,29 @@ from torch import nn
 from sven import kernels
 
 
+def winner_rows(
+    best: torch.Tensor, nodes: torch.Tensor, key: torch.Tensor, scratch: int
+) -> torch.Tensor:
+    """Where each write candidate goes: its node if its key is the node's largest, else
+    ``scratch``.
+
+    Args:
+        best: (scratch + 1,) int64 work buffer, -1 everywhere (left so on return): kept
+            by the caller rather than refilled per call, which on a large graph would be
+            a memset of every node where only the batch's rows change.
+        nodes: (P,) int64 node ids in [0, scratch].
+        key: (P,) int64 distinct ordering keys, -1 for candidates that write nothing.
+        scratch: The row losers go to.
+
+    Returns:
+        (P,) int64 target rows, unique among the winners.
+    """
+    best.scatter_reduce_(0, nodes, key, reduce="amax")
+    win = (key >= 0) & (best.gather(0, nodes) == key)
+    best.index_fill_(0, nodes, -1)
+    return torch.where(win, nodes, scratch)
+
+
 @dataclass
 class MemoryRows:
     """The memory state of U nodes, as read at the start of a batch.
@@ -221,11 +244,7 @@ class MemoryState:
             to the scratch row, so the writes need no compaction and their result does
             not depend on the order of duplicate writes (only the scratch row has any).
         """
-        best = self._best
-        best.scatter_reduce_(0, nodes, key, reduce="amax")
-        win = (key >= 0) & (best.gather(0, nodes) == key)
-        best.index_fill_(0, nodes, -1)
-        return torch.where(win, nodes, self.num_nodes)
+        return winner_rows(self._best, nodes, key, self.num_nodes)
 
     def commit_dense(self, update: DenseUpdate) -> None:
         """Writes a :class:`DenseUpdate` with fixed shapes (capturable in a CUDA graph).
