@@ -477,6 +477,22 @@ def predict_comm(
     pattern (which roots are sampled, whether neighbours are read or get mail), so
     that the measured bytes of epoch 0 must equal it exactly.
     """
+    report = comm_report(cfg, data, model, exchange)
+    return {
+        "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
+        "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
+        "comm_max_over_mean_predicted": float(
+            report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
+        ),
+    }
+
+
+def comm_report(
+    cfg: Any, data: Data, model: MemoryModel, exchange: FixedExchange, per_batch: bool = False
+) -> Any:
+    """The cost model's replay of epoch 0 (:func:`sven.partition.cost.comm_cost`) with
+    this run's sampler, row widths and access pattern; ``per_batch`` keeps the counts of
+    every batch (``report.batches``)."""
     from sven.partition.cost import Access, RowBytes, comm_cost
     from sven.pipeline.exchange import ID_BYTES
 
@@ -518,14 +534,9 @@ def predict_comm(
             write=exchange.write_codec.row_bytes,
             id=ID_BYTES,
         ),
+        per_batch=per_batch,
     )
-    return {
-        "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
-        "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
-        "comm_max_over_mean_predicted": float(
-            report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
-        ),
-    }
+    return report
 
 
 # ----------------------------------------------------------------------- optimizer

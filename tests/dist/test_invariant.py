@@ -159,3 +159,61 @@ def test_p_ranks_equal_one_process(store, reference, tmp_path, world_size: int) 
         assert summary["comm_bytes"] > 0
         assert summary["comm_bytes_naive"] > 0
     np.testing.assert_equal(len(results), len(cases))
+
+
+def _capacity_main(rank: int, world_size: int, store: str, out: str) -> dict | None:
+    from sven.components import comm_report
+
+    tr = sven.Trainer(
+        None,
+        _overrides(store, f"{out}/exact", "tgn", "minmax", "dist.capacity_slack=1.0"),
+    )
+    summary = tr.fit()
+    # The cost model's own replay, per batch: rank r's distinct remote reads and writes
+    # of a batch, all towards the one peer on two ranks.
+    report = comm_report(tr.cfg, tr.data, tr.model, tr.exchange, per_batch=True)
+    replay = {
+        "fetch": report.batches.remote_reads.max(0).tolist(),
+        "push": report.batches.remote_writes.max(0).tolist(),
+    }
+    # Fetch capacities half the replay's: the run must stop, naming the capacity, before
+    # any result is written.
+    small = sven.Trainer(None, _overrides(store, f"{out}/small", "tgn", "minmax"))
+    plan = small.step.plan_capacities
+
+    def shrunk(epoch: int):
+        from sven.pipeline.exchange import Capacities
+
+        caps = plan(epoch)
+        cut = [[max(c - 8, 0) // 2 for c in row] for row in caps.fetch]
+        small.exchange.set_capacities("train", Capacities(caps.events, cut, caps.push))
+        return caps
+
+    small.step.plan_capacities = shrunk
+    from sven.pipeline.exchange import CapacityError
+
+    try:
+        small.fit()
+        error = None
+    except CapacityError as exc:
+        error = str(exc)
+    wrote = Path(out, "small", "summary.json").exists()
+    if rank != 0:
+        return None
+    return {"caps": summary["exchange_capacities"], "replay": replay, "error": error,
+            "wrote": wrote}  # fmt: skip
+
+
+def test_capacities_come_from_the_replay_and_overflow_stops_the_run(store, tmp_path) -> None:
+    res = run_ranks(_capacity_main, 2, store, str(tmp_path), timeout=900)[0]
+    caps, replay = res["caps"], res["replay"]
+    # Epoch 0 is the replayed epoch: each off-diagonal capacity is the cost model's
+    # largest per-batch count plus the 8 rows of room (slack 1.0).
+    for kind in ("fetch", "push"):
+        for r in range(2):
+            assert caps[kind][r][r] == 0
+            assert caps[kind][r][1 - r] == replay[kind][r] + 8, (kind, r, caps, replay)
+    assert caps["events"] >= 25  # the share of a batch of 50 on 2 ranks
+    assert res["error"] is not None and "more fetch rows than the capacity" in res["error"]
+    assert "dist.capacity_slack" in res["error"]
+    assert not res["wrote"]

@@ -192,7 +192,7 @@ def test_captured_step_equals_eager_step(store: str, tmp_path, model: str) -> No
 
         tr.add_hook("after_step", record)
         summary = tr.fit()
-        assert tr.single.train_graph.captured == (mode == "on")
+        assert tr.step.train_graph.captured == (mode == "on")
         states[mode] = (seen[29], summary)
     (p0, m0), s0 = states["off"]
     (p1, m1), s1 = states["on"]

@@ -15,7 +15,7 @@ from sven.config import load_config
 from sven.datasets.store import write_events
 from sven.errors import ConfigError
 from sven.models import MemoryState, model_from_config
-from sven.pipeline.memory_exchange import MemoryExchange
+from sven.pipeline.exchange import FixedExchange
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +126,11 @@ def test_memory_shard_state_round_trips() -> None:
 
 def test_exchange_counters_round_trip() -> None:
     owner = torch.tensor([0, 1, 0, 1, 1])
-    ex = MemoryExchange(owner, 1, 2, MemoryState(3, 2, 2))
-    ex.counter.ids, ex.counter.read_rows, ex.counter.naive = 16, 40, 96
+    ex = FixedExchange(owner, 1, 2, MemoryState(3, 2, 2))
+    ex.counter.add(ids=16, read_rows=40, naive=96)
     state = ex.state_dict()
     assert state == {"ids": 16, "read_rows": 40, "write_rows": 0, "grads": 0, "naive": 96}
-    fresh = MemoryExchange(owner, 1, 2, MemoryState(3, 2, 2))
+    fresh = FixedExchange(owner, 1, 2, MemoryState(3, 2, 2))
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
     with pytest.raises(KeyError, match="bytes"):
