@@ -519,8 +519,10 @@ class FixedExchange:
             The rows aligned with the nodes (with ``node_feat`` when the exchange holds
             node features).
         """
-        plan = batch if isinstance(batch, FetchPlan) else self.plan(
-            batch.nodes, read_occurrences(batch), mode
+        plan = (
+            batch
+            if isinstance(batch, FetchPlan)
+            else self.plan(batch.nodes, read_occurrences(batch), mode)
         )
         sp = self._splits[mode]
         total = sum(sp.fetch_send)

@@ -389,8 +389,6 @@ def _restore_optimizer(opt: torch.optim.Optimizer | None, saved: dict[int, dict[
                 v.zero_()
 
 
-
-
 def _copy_tree(dst: Any, src: Any) -> None:
     """Copies a built batch (dataclasses, lists and tensors) into one of the same
     shapes, in place."""
