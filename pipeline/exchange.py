@@ -488,6 +488,9 @@ class FixedExchange:
         Returns:
             The plan, for :meth:`fetch`.
         """
+        if self.world_size == 1:
+            # No peer: nothing to plan (every row is local; see fetch).
+            return FetchPlan(nodes, *([None] * 6))
         sp = self._splits[mode]
         needed = occurrences > 0
         own = self._owner_ext[nodes]
@@ -519,6 +522,17 @@ class FixedExchange:
             The rows aligned with the nodes (with ``node_feat`` when the exchange holds
             node features).
         """
+        if self.world_size == 1:
+            # A group of one: the trivial exchange (one owner, local rows = global ids),
+            # so that a launched single rank runs the one-process step plus its
+            # gradient all-reduce.
+            nodes = batch.nodes
+            rows = self.shard.gather(nodes)
+            if self._feat_ext is not None:
+                rows.node_feat = self._feat_ext[nodes]
+            if self.staleness == 1 and mode == "train":
+                self._commit_held()
+            return rows
         plan = (
             batch
             if isinstance(batch, FetchPlan)
@@ -573,7 +587,7 @@ class FixedExchange:
         detached values of the forward, never the parameters.
         """
         cur = torch.cuda.current_stream() if update.key.is_cuda else None
-        if cur is not None:
+        if cur is not None and self.world_size > 1:
             if self._side is None:
                 self._side = torch.cuda.Stream()
             self._side.wait_stream(cur)
@@ -590,6 +604,12 @@ class FixedExchange:
             self._push_done = None
 
     def _push(self, update: DenseUpdate, mode: str) -> None:
+        if self.world_size == 1:
+            if self.staleness == 0 or mode != "train":
+                self.shard.commit_dense(update)
+            else:
+                self._held = _copy_into(self._held, update)
+            return
         sp = self._splits[mode]
         n, dev = self.num_nodes, update.key.device
         fdt = self.shard.dtype

@@ -179,7 +179,7 @@ def test_checkpointer_state_and_files_round_trip(store, tmp_path) -> None:
 
 
 def test_evaluator_state_is_empty(store, tmp_path) -> None:
-    ev = Evaluator(None, _data(store, tmp_path), None, read=None, commit=None, empty_update=None)
+    ev = Evaluator(None, _data(store, tmp_path), None)
     assert ev.state_dict() == {}
     ev.load_state_dict({})
     with pytest.raises(ValueError, match="no state"):
