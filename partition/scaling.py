@@ -9,7 +9,7 @@ a step time with a handful of measured or assumed parameters (``Machine``):
   one-rank runs), multiplied by ``max(1, P / concurrent_ranks)`` when fewer devices
   (CPU cores) than ranks run at once;
 - communication of rank r, one term per collective phase of the runtime's exchange
-  (``pipeline/memory_exchange.py``: fetch ids, fetch rows, write-back ids, write-back
+  (``pipeline/exchange.py``: fetch ids, fetch rows, write-back ids, write-back
   rows; each an ``all_to_all`` of the split sizes then one of the payload, so
   ``collectives_per_phase`` = 2 latencies) plus the gradient all-reduce (ring:
   ``2 (P - 1)`` latencies and ``2 (P - 1) / P`` of the gradient bytes). A phase moves
