@@ -86,11 +86,14 @@ WITH_START = "start" in inspect.signature(tr._batch).parameters
 
 def step(i, timing=None):
     g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
-    single = getattr(tr, "single", None)
-    if single is not None:
-        # The one-process step builds its batch inside (captured on CUDA): one span.
+    st = getattr(tr, "step", None)
+    if st is not None:
+        # The step builds its batch inside (captured on CUDA): one span.
+        if i == 0:
+            st.plan_capacities(0)
+            st.start_epoch(0, 0, 1 << 30)
         t0 = time.perf_counter()
-        single.train_batch(0, g_lo, g_hi)
+        st.train_batch(0, i, g_lo, g_hi)
         if timing is not None:
             sync(); timing.append((0.0, time.perf_counter() - t0))
         return

@@ -44,12 +44,14 @@ def main() -> None:
                 *args.overrides,
             ],
         )
-        assert tr.single is not None, "profiles the one-process step"
+        st = tr.step
         lo, _ = tr.ranges["train"]
         b = tr.cfg.train.batch_size
+        st.plan_capacities(0)
+        st.start_epoch(0, 0, args.warmup + 2 * args.steps)
 
         def step(i: int) -> None:
-            tr.single.train_batch(0, lo + i * b, lo + (i + 1) * b)
+            st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
 
         for i in range(args.warmup):
             step(i)
@@ -71,7 +73,7 @@ def main() -> None:
     record = {
         "tag": args.tag,
         "overrides": args.overrides,
-        "captured": tr.single.train_graph.captured,
+        "captured": st.train_graph.captured,
         "wall_ms_per_step": wall * 1e3,
         "events_per_s": b / wall,
         "gpu_ms_per_step": total / 1e3,
