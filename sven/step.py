@@ -635,8 +635,11 @@ class Step:
         neg_table: torch.Tensor | None = None,
         micro: int = 1,
         group: Any = None,
+        lap: Callable[[str], None] | None = None,
     ) -> StepInput:
-        """A share's micro-batches and the plan of its rows (reads no memory)."""
+        """A share's micro-batches and the plan of its rows (reads no memory); ``lap``
+        ends the ``sample`` and ``id_exchange`` stages (eager runs)."""
+        lap = lap or _no_lap
         start, stop = inp["start"], inp["stop"]
         if micro == 1:
             batches = [self._select(inp, num_neg, start, stop, self.capacity, neg_table)]
@@ -648,6 +651,7 @@ class Step:
                 lo = torch.minimum(start + j * c, stop)
                 hi = torch.minimum(start + (j + 1) * c, stop)
                 batches.append(self._select(inp, num_neg, lo, hi, c, neg_table))
+        lap("sample")
         if not self.distributed and micro == 1:
             return StepInput(batches)
         at = None
@@ -665,6 +669,7 @@ class Step:
         if not self.distributed:
             return StepInput(batches, nodes, at)
         plan = self.exchange.plan(nodes, occ, mode, group=group)
+        lap("id_exchange")
         return StepInput(batches, plan, at)
 
     def _put(self, k: int, item: StepInput) -> None:
@@ -683,7 +688,9 @@ class Step:
             with self._determinism():
                 lap = None if self.device.type == "cuda" else self.timeline.lap
                 if d == 0:
-                    item = self._build(self.inp, tc.num_neg, "train", micro=self.micro_batches)
+                    item = self._build(
+                        self.inp, tc.num_neg, "train", micro=self.micro_batches, lap=lap
+                    )
                 else:
                     ahead = (k + d) % (d + 1)
                     side = self._side
@@ -705,11 +712,10 @@ class Step:
                             "train",
                             micro=self.micro_batches,
                             group=self.plan_group,
+                            lap=lap,
                         )
                         self._put(ahead, built)
                     item = self._ring[k]
-                if lap is not None:
-                    lap("sample")
                 loss = train_step(
                     self.model,
                     self.optimizer,
