@@ -20,6 +20,7 @@ docs/contracts.md, "Trainer components"):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from sven.errors import ConfigError, DataError
-from sven.metrics import average_precision, link_metrics, mrr
+from sven.metrics import average_precision, batched_link_metrics, mrr
 from sven.models import MemoryModel, MemoryRows, MemoryUpdate
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
@@ -40,6 +41,7 @@ from sven.pipeline.eval_negatives import (
     protocol_order,
 )
 from sven.pipeline.negatives import sample_negatives
+from sven.startup import StartupClock
 
 if TYPE_CHECKING:
     from sven.pipeline.memory_exchange import MemoryExchange
@@ -108,11 +110,13 @@ class Data:
         device: torch.device,
         dtype: torch.dtype,
         agree: Callable[[Any], Any],
+        clock: StartupClock | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         self.device, self.dtype = device, dtype
         self._agree = agree
+        self._clock = clock or StartupClock()
         self._load()
         self._partition()
         self.sampler: Any = None
@@ -131,11 +135,13 @@ class Data:
             raise ConfigError(
                 f"data.path: no event store at {path} (create one with `sven data convert`)"
             )
+        clock = self._clock
         ev = self._open_store(path)
         self.events = ev
         self.dataset_name = ev.meta.get("name") or Path(path).name
         self.num_nodes = int(ev.num_nodes)
         dev = self.device
+        t_dev = time.perf_counter()
         self.src = torch.as_tensor(np.asarray(ev.src, dtype=np.int64), device=dev)
         self.dst = torch.as_tensor(np.asarray(ev.dst, dtype=np.int64), device=dev)
         self.t = torch.as_tensor(np.array(ev.t), device=dev)
@@ -149,6 +155,10 @@ class Data:
         self.node_feat: torch.Tensor | None = None
         if self.world_size == 1 and ev.node_feat is not None:
             self.node_feat = torch.as_tensor(np.array(ev.node_feat), device=dev).to(self.dtype)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        clock.add("to_device", time.perf_counter() - t_dev)
+        t_tab = time.perf_counter()
         self.edge_dim = 0 if self.edge_feat is None else self.edge_feat.shape[1]
         self.node_dim = 0 if ev.node_feat is None else int(ev.node_feat.shape[1])
         self.ranges = {s: tuple(int(x) for x in ev.split_range(s)) for s in SPLITS}
@@ -159,6 +169,7 @@ class Data:
             for s in ("val", "test")
         }
         self._mrr_setup(path)
+        clock.add("tables", time.perf_counter() - t_tab)
 
     def _mrr_setup(self, path: str) -> None:
         """Picks the MRR's negatives (``eval.mrr_source``); loads the store's fixed ones.
@@ -198,13 +209,15 @@ class Data:
         """
         from sven.datasets.store import TemporalEvents, verify_checksums
 
-        ev = TemporalEvents.load(path)
+        with self._clock.phase("store_open"):
+            ev = TemporalEvents.load(path)
         if not self.cfg.data.verify:
             return ev
         problem = None
         if self.rank == 0:
             try:
-                verify_checksums(ev.path, ev.meta)
+                with self._clock.phase("checksums"):
+                    verify_checksums(ev.path, ev.meta)
             except DataError as exc:
                 problem = str(exc)
         problem = self._agree(problem)
@@ -408,6 +421,39 @@ class Data:
             mrr_negatives=self.mrr_negatives if mrr_stream is not None else 0,
             neg=neg,
         )
+
+    def eval_negative_table(self, split: str, protocols: list[str], columns: int) -> torch.Tensor:
+        """(n, columns + q) every evaluation negative of a split, drawn in one pass.
+
+        The protocol columns (``protocols``, then copies of the first up to
+        ``columns``, so that every split has one width), then the split's q MRR
+        negatives (:meth:`mrr_draw`). Each event's draws are those of its global batch
+        at the training batch size, as a batch-by-batch walk draws them
+        (:meth:`EvalNegatives.draw_batches`).
+
+        Args:
+            split: "val" or "test" (or "train").
+            protocols: The protocols scored on this split (:func:`protocol_order`).
+            columns: Width of the protocol part, >= len(protocols).
+        """
+        lo, hi = self.ranges[split]
+        idx = torch.arange(lo, hi, device=self.device)
+        sampler = self.eval_negatives() if protocols != ["random"] else None
+        cols = eval_negative_columns(
+            protocols,
+            self.candidates,
+            sampler,
+            self.cfg.train.seed,
+            EVAL_STREAM[split],
+            idx,
+            lo,
+            hi,
+            batch_size=self.cfg.train.batch_size,
+        )
+        cols = torch.cat([cols, cols[:, :1].expand(-1, columns - cols.shape[1])], 1)
+        if self.mrr_negatives:
+            cols = torch.cat([cols, self.mrr_draw(split, idx)], 1)
+        return cols
 
     def eval_negatives(self) -> EvalNegatives:
         """The evaluation negative sampler (historical/inductive pair table), built once."""
@@ -635,6 +681,8 @@ class Evaluator:
         self.read, self.commit, self.empty_update = read, commit, empty_update
         #: The one-process pass (the trainer sets it), used in place of the P-rank walk.
         self.fast: Callable[[str], EvalResult] | None = None
+        #: Makes a progress bar (description, events); the trainer sets it.
+        self.progress: Callable[[str, int], Any] | None = None
 
     @torch.no_grad()
     def evaluate(self, split: str) -> EvalResult:
@@ -651,6 +699,7 @@ class Evaluator:
         )
         n_neg = len(protocols)
         idx_all, pos, neg = [], [], []
+        bar = self.progress(split, hi - lo) if self.progress is not None else None
         for start in range(lo, hi, b):
             idx = d.event_index(start, min(start + b, hi))
             negs = eval_negative_columns(
@@ -675,6 +724,10 @@ class Evaluator:
                 pos.append(out.pos)
                 neg.append(out.neg)
             self.commit(update, batch)
+            if bar is not None:
+                bar.update(min(start + b, hi) - start)
+        if bar is not None:
+            bar.close()
         dev = d.device
         idx_t = torch.cat(idx_all) if idx_all else torch.zeros(0, dtype=torch.int64, device=dev)
         if pos:
@@ -732,16 +785,16 @@ class Evaluator:
         )
 
         def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
-            if pos.numel() == 0:
-                return float("nan"), float("nan")
-            aps, aucs = zip(
-                *(link_metrics(pos[i : i + b], neg[i : i + b]) for i in range(0, pos.numel(), b))
-            )
-            return float(np.mean(aps)), float(np.mean(aucs))
+            # All batches at once on the run's device (the batches' sorts are the cost),
+            # equal to a per-batch loop of link_metrics to the last bit.
+            dev = self.data.device
+            return batched_link_metrics(pos.to(dev), neg.to(dev), b)
 
         out[f"{split}_ap"], out[f"{split}_auc"] = per_batch(res.pos, res.neg)
         labels = torch.cat([torch.ones_like(res.pos), torch.zeros_like(res.neg)])
-        out[f"{split}_ap_pooled"] = average_precision(torch.cat([res.pos, res.neg]), labels)
+        out[f"{split}_ap_pooled"] = average_precision(
+            torch.cat([res.pos, res.neg]).to(self.data.device), labels.to(self.data.device)
+        )
         if split in inductive:
             m = inductive[split]
             out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(

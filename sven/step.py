@@ -12,6 +12,7 @@ it, which removes the per-kernel launch cost that bounds a small temporal-GNN st
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,7 @@ from sven.components import EVAL_STREAM, EvalResult, eval_result
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.pipeline.batch import Batch
-from sven.pipeline.eval_negatives import (
-    eval_negative_columns,
-    protocol_order,
-)
+from sven.pipeline.eval_negatives import protocol_order
 
 if TYPE_CHECKING:
     from sven.trainer import Trainer
@@ -38,6 +36,7 @@ __all__ = [
     "no_uninitialized_fill",
     "torch_determinism_off",
     "train_step",
+    "undone",
 ]
 
 
@@ -208,6 +207,10 @@ class StepGraph:
         self.log = log
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured = False
+        #: Seconds of the capture's warm-up runs (cuBLAS, Triton kernels compiled or
+        #: loaded from the disk cache) and of the capture itself; 0 until captured.
+        self.warmup_s = 0.0
+        self.capture_s = 0.0
 
     def __call__(self) -> None:
         if self.graph is not None:
@@ -229,28 +232,58 @@ class StepGraph:
         self.graph.replay()  # type: ignore[union-attr]
 
     def _capture(self) -> None:
-        saved = [t.detach().clone() for t in self.state()]
-        opt_saved = _optimizer_tensors(self.optimizer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        try:
+        # The warm-up runs real steps (and a failed capture may run part of one): the
+        # state is put back as it was, so the first replay continues where the eager
+        # run would (tested on CPU through rehearse()).
+        with undone(self.state, self.optimizer):
+            t0 = time.perf_counter()
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     self.fn()
             torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            self.warmup_s = time.perf_counter() - t0
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self.fn()
-        finally:
-            # The warm-up ran real steps (and a failed capture may have run part of
-            # one): put the state back as it was.
             torch.cuda.synchronize()
-            with torch.no_grad():
-                for t, s in zip(self.state(), saved, strict=True):
-                    t.copy_(s)
-                _restore_optimizer(self.optimizer, opt_saved)
+            self.capture_s = time.perf_counter() - t0 - self.warmup_s
         self.graph = graph
         self.captured = True
+
+    def rehearse(self) -> None:
+        """The warm-up of a capture without the capture: ``warmup`` eager runs, then the
+        state put back (:func:`undone`). On any device; afterwards the state must be
+        exactly as before (the CPU tests check parameters, optimizer and memory)."""
+        with undone(self.state, self.optimizer):
+            for _ in range(self.warmup):
+                self.fn()
+
+
+@contextlib.contextmanager
+def undone(
+    state: Callable[[], list[torch.Tensor]], optimizer: torch.optim.Optimizer | None = None
+) -> Iterator[None]:
+    """Runs the ``with`` block, then puts back in place the tensors ``state()`` lists and
+    the optimizer's state (state the block created goes to zero: Adam's initial state).
+
+    Args:
+        state: The tensors the block may modify (parameters, memory, accumulators).
+        optimizer: Its state is restored too, or None.
+    """
+    saved = [t.detach().clone() for t in state()]
+    opt_saved = _optimizer_tensors(optimizer)
+    try:
+        yield
+    finally:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        with torch.no_grad():
+            for t, s in zip(state(), saved, strict=True):
+                t.copy_(s)
+            _restore_optimizer(optimizer, opt_saved)
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer | None) -> dict[int, dict[str, Any]]:
@@ -414,37 +447,12 @@ class SingleProcessStep:
     def _negatives(self, split: str) -> torch.Tensor:
         """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
         by the seed): the protocol columns, then the MRR negatives."""
-        if split in self._neg_cache:
-            return self._neg_cache[split]
-        tr = self.tr
-        lo, hi = tr.ranges[split]
-        b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
-        protocols = self.protocols if split == "test" else self.protocols[:1]
-        sampler = tr.data.eval_negatives() if protocols != ["random"] else None
-        cols = []
-        # Historical and inductive draws depend on the global batch; random ones only
-        # on the event, so one call covers the split.
-        step = b if sampler is not None else max(hi - lo, 1)
-        for start in range(lo, hi, step):
-            idx = torch.arange(start, min(start + step, hi), device=tr.device)
-            c = eval_negative_columns(
-                protocols,
-                tr.candidates,
-                sampler,
-                seed,
-                EVAL_STREAM[split],
-                idx,
-                start,
-                min(start + step, hi),
+        if split not in self._neg_cache:
+            protocols = self.protocols if split == "test" else self.protocols[:1]
+            self._neg_cache[split] = self.tr.data.eval_negative_table(
+                split, protocols, len(self.protocols)
             )
-            # Columns of protocols this split does not score repeat the first one.
-            c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
-            if q:
-                c = torch.cat([c, tr.data.mrr_draw(split, idx)], 1)
-            cols.append(c)
-        table = torch.cat(cols) if cols else self.neg_table[:0]
-        self._neg_cache[split] = table
-        return table
+        return self._neg_cache[split]
 
     def evaluate(self, split: str) -> EvalResult:
         """Walks a split through the evaluation step; returns all scores."""
@@ -454,9 +462,12 @@ class SingleProcessStep:
         negs = self._negatives(split)
         self.neg_table[: hi - lo].copy_(negs)
         self._set(split_lo=lo, stream=EVAL_STREAM[split])
+        bar = tr.progress_bar(split, hi - lo)
         for start in range(lo, hi, b):
             self._set(start=start, stop=min(start + b, hi))
             self.eval_graph()
+            bar.update(min(start + b, hi) - start)
+        bar.close()
         scores = self.scores[: hi - lo].cpu()
         n_p = len(self.protocols)
         valid = None
