@@ -21,20 +21,34 @@ the seconds before the first step go (``summary.json``'s ``startup_s`` and
 
 What a run imports is kept to what it needs: pandas, pyarrow, torch_geometric,
 matplotlib and (on CPU) triton are not imported by ``sven train``
-(``tests/unit/test_startup.py``). Torch's compiler front end (``torch._dynamo``, about
-as long to import as torch itself) is imported by ``torch.optim`` at the optimizer's
-first call, for a graph break of its own; that import is torch's, measured as the
-``optimizer`` phase, and left as it is.
+(``tests/integration/test_startup.py``). Torch itself would import its compiler front
+end (``torch._dynamo``, and with it triton: about as long as importing torch) in two
+places a run without ``train.compile`` does not need it: ``torch.optim``'s methods,
+wrapped for ``torch.compile`` (see :class:`sven.components.Optimizer`'s ``lean``),
+and ``torch.use_deterministic_algorithms``, which imports the compiler to set one of
+its flags (:func:`set_deterministic`).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["StartupClock", "process_age_s"]
+import torch
+
+__all__ = [
+    "StartupClock",
+    "lean_adam",
+    "process_age_s",
+    "set_deterministic",
+    "triton_cache_dir",
+    "undecorated",
+]
 
 
 def process_age_s() -> float | None:
@@ -52,6 +66,62 @@ def process_age_s() -> float | None:
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def set_deterministic(mode: bool, warn_only: bool = False) -> None:
+    """``torch.use_deterministic_algorithms(mode, warn_only=warn_only)`` without
+    importing torch's compiler.
+
+    Torch's function also sets ``torch._inductor.config.deterministic``, importing the
+    compiler (and ``torch._dynamo``) for it; here that flag is set only where the
+    compiler is loaded already (``train.compile``). Compilation reads it when it runs,
+    inside the step's own determinism context, which sets it through this function.
+    """
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+
+def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` without the wrappers (``functools.wraps``) torch put around it."""
+    return inspect.unwrap(fn)
+
+
+def lean_adam() -> bool:
+    """Whether torch's Adam can run without importing ``torch._dynamo`` (see
+    :class:`sven.components.Optimizer`); prepares it where it can.
+
+    Adam's step calls the functional ``torch.optim.adam.adam``, which torch wraps in a
+    ``torch._dynamo.disable`` that imports the compiler at its first call and caches
+    the disabled function on the wrapped one (``__dynamo_disable``). Setting that cache
+    to the function itself, before anything compiles, leaves the eager call as it is
+    and skips the import. Not done once the compiler is loaded (a compiled optimizer
+    may rely on the real one), nor on a torch without these attributes.
+    """
+    if "torch._dynamo" in sys.modules:
+        return False
+    from torch.optim import adam
+
+    fn = getattr(adam.adam, "__wrapped__", None)
+    if fn is None or not hasattr(torch.optim.Adam.step, "__wrapped__"):
+        return False
+    if getattr(fn, "__dynamo_disable", None) is None:
+        fn.__dynamo_disable = fn  # type: ignore[attr-defined]
+    return True
+
+
+def triton_cache_dir() -> str:
+    """Where Triton keeps compiled kernels between runs: ``TRITON_CACHE_DIR``, else
+    ``$TRITON_HOME/.triton/cache`` (``TRITON_HOME`` defaults to the home folder).
+
+    A kernel compiled once loads from there in later processes (tens of ms instead of
+    a compilation); the same holds for Sven's hash kernels and, with
+    ``train.compile``, for inductor's, which keeps its own cache under
+    ``TORCHINDUCTOR_CACHE_DIR``.
+    """
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
 
 
 class StartupClock:

@@ -24,6 +24,7 @@ from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import protocol_order
+from sven.startup import set_deterministic
 
 if TYPE_CHECKING:
     from sven.trainer import Trainer
@@ -57,11 +58,12 @@ def torch_determinism_off(active: bool = True) -> Iterator[None]:
         return
     was = torch.are_deterministic_algorithms_enabled()
     warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
+    # sven.startup's setter: torch's own imports its compiler at the first step.
+    set_deterministic(False)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn)
+        set_deterministic(was, warn_only=warn)
 
 
 @contextlib.contextmanager

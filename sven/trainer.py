@@ -57,7 +57,7 @@ from sven.errors import ConfigError, Stopped, SvenError
 from sven.models import MemoryModel, MemoryRows, MemoryState, MemoryUpdate, model_from_config
 from sven.pipeline.batch import Batch
 from sven.pipeline.rank_step import RankStep, naive_writes, read_occurrences
-from sven.startup import StartupClock
+from sven.startup import StartupClock, set_deterministic, triton_cache_dir
 from sven.step import SingleProcessStep
 from sven.tblog import EpochLog
 from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
@@ -119,7 +119,8 @@ class Trainer:
         if tc.deterministic:
             # cuBLAS reads this once, at its first use in the process.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            # Without importing torch's compiler (sven.startup).
+            set_deterministic(True, warn_only=True)
         from sven.dist import init_distributed
 
         t_init = time.perf_counter()
@@ -180,8 +181,9 @@ class Trainer:
             )
         d.attach(self.model)
         t_opt = time.perf_counter()
-        # Apart: torch.optim imports torch's compiler front end at its first call.
-        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device)
+        # lean: torch.optim's compiler wrappers (and their imports) only where the run
+        # compiles (sven.startup).
+        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not tc.compile)
         dt_opt = time.perf_counter() - t_opt
         clock.add("optimizer", dt_opt)
         self.evaluator = Evaluator(
@@ -830,6 +832,16 @@ class Trainer:
             **self.startup.summary(),
             "wall_s": time.perf_counter() - wall0,
         }
+        if self.single is not None:
+            # What the first train and eval step cost on CUDA beyond a replay (0 on CPU).
+            for name, graph in (
+                ("train", self.single.train_graph),
+                ("eval", self.single.eval_graph),
+            ):
+                summary[f"{name}_graph_warmup_s"] = graph.warmup_s
+                summary[f"{name}_graph_capture_s"] = graph.capture_s
+        if self.device.type == "cuda":
+            summary["triton_cache_dir"] = triton_cache_dir()
         if self.rank_step is not None:
             rs = self.rank_step
             summary.update(

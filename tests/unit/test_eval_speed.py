@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from sven.components import EVAL_STREAM, EvalResult
-from sven.datasets.store import write_events
 from sven.metrics import average_precision, batched_link_metrics, link_metrics, mrr
 from sven.pipeline.eval_negatives import TRIES, EvalNegatives, eval_negative_columns
 from sven.pipeline.negatives import hash_counter, sample_negatives
 from sven.trainer import Trainer
+from tests.conftest import write_tiny_store
 
 
 # ------------------------------------------------------------------ the oracles
@@ -210,17 +210,9 @@ def test_split_draws_equal_the_per_batch_draws(protocol: str) -> None:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    rng = np.random.default_rng(1)
-    e, n = 1500, 60
-    src = rng.integers(0, n, e)
-    dst = (src + rng.integers(1, n, e)) % n
     # Coarse times: many events share an instant (MRR's filter has work to do).
-    t = np.sort(rng.integers(0, 300, e))
     path = tmp_path_factory.mktemp("evalspeed") / "store"
-    write_events(
-        path, src, dst, t, edge_feat=rng.random((e, 3)).astype(np.float32), num_nodes=n, name="tiny"
-    )
-    return path
+    return write_tiny_store(path, events=1500, nodes=60, seed=1, t_max=300, edge_dim=3)
 
 
 @pytest.mark.parametrize("selected", ["random", "historical", "inductive"])
