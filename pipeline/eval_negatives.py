@@ -69,13 +69,18 @@ class EvalNegatives:
         first = first.scatter_reduce(
             0, inv, torch.arange(e, device=dev), reduce="amin", include_self=True
         )
+        #: (U,) the sorted unique pair keys src * N + dst; a pair's id is its row here.
+        self.pair_key = uniq
         p_src = uniq // n
         # Order by (source, first occurrence): one sortable key per pair.
         self.order_key, order = torch.sort(p_src * (e + 1) + first)
         self.pair_dst = (uniq % n)[order]
 
-    def _range(self, s: torch.Tensor, first_lo: int, first_hi: int) -> tuple[torch.Tensor, ...]:
-        """Rows [lo, hi) of the pair table: pairs of source s first seen in [first_lo, first_hi)."""
+    def _range(
+        self, s: torch.Tensor, first_lo: torch.Tensor, first_hi: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Rows [lo, hi) of the pair table: pairs of source s first seen in
+        [first_lo, first_hi) (each (B,), or a number)."""
         base = s * (self.num_events + 1)
         lo = torch.searchsorted(self.order_key, base + first_lo)
         hi = torch.searchsorted(self.order_key, base + first_hi)
@@ -104,13 +109,89 @@ class EvalNegatives:
         Returns:
             (B,) int64 negative destinations.
         """
+        return self.draw_batches(
+            protocol, seed, stream, index, batch_start, batch_stop, max(batch_stop - batch_start, 1)
+        )
+
+    def draw_batches(
+        self,
+        protocol: str,
+        seed: int,
+        stream: int,
+        index: torch.Tensor,
+        lo: int,
+        hi: int,
+        batch_size: int,
+        chunk: int = 1 << 21,
+    ) -> torch.Tensor:
+        """:meth:`draw` for the events of many global batches in one vectorised pass.
+
+        The global batches tile [lo, hi) in steps of ``batch_size``; each event's draw
+        is the one :meth:`draw` gives it with its own batch's bounds, bit for bit (the
+        same hashes, the same tries): "not in the batch" is looked up as the key
+        (batch, pair id) among the keys of the events of [lo, hi).
+
+        Args:
+            protocol: "historical" or "inductive".
+            seed: Run seed.
+            stream: Stream id.
+            index: (B,) int64 global indices of events in [lo, hi).
+            lo: First event of the first global batch.
+            hi: One past the last event of the last one.
+            batch_size: Events per global batch (the last may be shorter).
+            chunk: Events drawn at once (bounds the temporary memory).
+
+        Returns:
+            (B,) int64 negative destinations.
+        """
         if protocol not in ("historical", "inductive"):
             raise ValueError(f"unknown negative protocol {protocol!r} (historical or inductive)")
+        b = int(batch_size)
+        n_pairs = int(self.pair_key.numel())
+        if ((hi - lo) // b + 1) * (n_pairs + 1) >= 1 << 62:
+            raise ValueError(f"{hi - lo} events in batches of {b}: batch keys would overflow")
+        out = torch.empty_like(index, dtype=torch.int64)
+        if index.numel() == 0:
+            return out
+        ev = torch.arange(lo, hi, device=self.src.device)
+        pairs = self.src[lo:hi] * self.num_nodes + self.dst[lo:hi]
+        ev_pair = torch.searchsorted(self.pair_key, pairs)
+        batch_keys = torch.unique((ev - lo) // b * n_pairs + ev_pair)
+        for c in range(0, index.numel(), chunk):
+            idx = index[c : c + chunk]
+            k = (idx - lo) // b
+            start = lo + k * b
+            out[c : c + chunk] = self._draw_chunk(protocol, seed, stream, idx, k, start, batch_keys)
+        return out
+
+    def _draw_chunk(
+        self,
+        protocol: str,
+        seed: int,
+        stream: int,
+        index: torch.Tensor,
+        batch: torch.Tensor,
+        batch_start: torch.Tensor,
+        batch_keys: torch.Tensor,
+    ) -> torch.Tensor:
+        """The tries of :meth:`draw_batches` for events (B,) of the batches ``batch``
+        (B,) that start at ``batch_start`` (B,); ``batch_keys``: the sorted
+        (batch, pair id) keys of the batches' events."""
+        n, n_pairs = self.num_nodes, int(self.pair_key.numel())
         s = self.src[index]
-        in_batch = torch.unique(
-            self.src[batch_start:batch_stop] * self.num_nodes + self.dst[batch_start:batch_stop]
-        )
-        first_lo = 0 if protocol == "historical" else min(self.train_stop, batch_start)
+
+        def in_batch(cand: torch.Tensor) -> torch.Tensor:
+            key = s * n + cand
+            # Both tables are non-empty: the events' own pairs and keys are in them.
+            pid = torch.searchsorted(self.pair_key, key).clamp_max(n_pairs - 1)
+            bk = batch * n_pairs + pid
+            at = torch.searchsorted(batch_keys, bk).clamp_max(batch_keys.numel() - 1)
+            return (self.pair_key[pid] == key) & (batch_keys[at] == bk)
+
+        if protocol == "historical":
+            first_lo = torch.zeros_like(batch_start)
+        else:
+            first_lo = batch_start.clamp_max(self.train_stop)
         lo, hi = self._range(s, first_lo, batch_start)
         count = hi - lo
         out = torch.full_like(s, -1)
@@ -118,13 +199,13 @@ class EvalNegatives:
             h = hash_counter(seed, stream, index, j)
             row = lo + h % count.clamp_min(1)
             cand = self.pair_dst[row.clamp_max(self.pair_dst.numel() - 1)]
-            ok = (count > 0) & ~torch.isin(s * self.num_nodes + cand, in_batch) & (out < 0)
+            ok = (count > 0) & ~in_batch(cand) & (out < 0)
             out = torch.where(ok, cand, out)
         c = self.candidates
         for j in range(TRIES):
             h = hash_counter(seed, stream, index, TRIES + j)
             cand = c[h % c.numel()]
-            ok = ~torch.isin(s * self.num_nodes + cand, in_batch) & (out < 0)
+            ok = ~in_batch(cand) & (out < 0)
             # The last try is taken whatever it is: a source that met every candidate
             # in this batch has no valid negative.
             out = torch.where(ok | ((out < 0) & (j == TRIES - 1)), cand, out)
@@ -218,6 +299,7 @@ def eval_negative_columns(
     index: torch.Tensor,
     batch_start: int,
     batch_stop: int,
+    batch_size: int | None = None,
 ) -> torch.Tensor:
     """One negative per event and protocol.
 
@@ -234,6 +316,8 @@ def eval_negative_columns(
         index: (B,) int64 global event indices.
         batch_start: First event of the global batch.
         batch_stop: One past its last event.
+        batch_size: With it, [batch_start, batch_stop) holds many global batches of
+            this many events (a whole split drawn at once, as batch by batch).
 
     Returns:
         (B, len(protocols)) int64 destinations.
@@ -248,5 +332,6 @@ def eval_negative_columns(
             if sampler is None:
                 raise ValueError(f"{p} evaluation negatives need an EvalNegatives sampler")
             s = stream + _PROTOCOL_STREAM[p]
-            cols.append(sampler.draw(p, seed, s, index, batch_start, batch_stop))
+            b = batch_size or max(batch_stop - batch_start, 1)
+            cols.append(sampler.draw_batches(p, seed, s, index, batch_start, batch_stop, b))
     return torch.stack(cols, dim=1)

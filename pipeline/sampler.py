@@ -130,7 +130,11 @@ class TCSR:
         # Stable sort by time keeps equal times in event-id order, so the events are in
         # (t, eid) order; interleaving each event's two entries and stable-sorting by
         # node then gives every node's entries in (t, eid) order without a lexsort.
-        order = torch.argsort(t_t, stable=True)
+        if num_events < 2 or bool((t_t[1:] >= t_t[:-1]).all()):
+            # An event store is sorted already: its stable order is the identity.
+            order = torch.arange(num_events, device=device)
+        else:
+            order = torch.argsort(t_t, stable=True)
         node = torch.stack((src_t[order], dst_t[order]), dim=1).reshape(-1)
         other = torch.stack((dst_t[order], src_t[order]), dim=1).reshape(-1)
         by_node = torch.argsort(node, stable=True)

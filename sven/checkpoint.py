@@ -24,6 +24,7 @@ code from the file, whoever wrote it.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -51,6 +52,51 @@ def _sha256(path: Path) -> str:
 def _fsync(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
+
+
+class _HashingWriter(io.RawIOBase):
+    """A write-only file that hashes the bytes on their way to ``f`` (no seeking)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.h = hashlib.sha256()
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = self.f.write(b)
+        self.h.update(memoryview(b).cast("B")[:n])
+        self.written += n
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save_hashed(obj: Any, fp: Path) -> str:
+    """``torch.save`` to ``fp`` and fsync; returns the file's sha256.
+
+    The digest is taken from the bytes as torch writes them, so a checkpoint is not
+    read back to be hashed (the memory of a 10^7-node graph is gigabytes). Should a
+    torch seek while it writes (the file would then differ from the hashed stream),
+    the file is saved again by path and hashed by reading.
+    """
+    with open(fp, "wb") as f:
+        w = _HashingWriter(f)
+        try:
+            torch.save(obj, w)
+            w.flush()
+            streamed = f.tell() == w.written
+        except (io.UnsupportedOperation, OSError, AttributeError):
+            streamed = False
+        if streamed:
+            os.fsync(f.fileno())
+            return w.h.hexdigest()
+    torch.save(obj, fp)
+    _fsync(fp)
+    return _sha256(fp)
 
 
 def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
@@ -197,9 +243,7 @@ class Checkpointer:
         sums = {}
         for name, obj in mine.items():
             fp = tmp / f"{name}.pt"
-            torch.save(obj, fp)
-            _fsync(fp)
-            sums[fp.name] = _sha256(fp)
+            sums[fp.name] = _save_hashed(obj, fp)
         (tmp / f"sums-rank{rank}.json").write_text(json.dumps(sums))
         sync(f"checkpoint {step}: files")
         if rank == 0:

@@ -20,6 +20,7 @@ docs/contracts.md, "Trainer components"):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +31,16 @@ import torch
 import torch.distributed as dist
 
 from sven.errors import ConfigError, DataError
-from sven.metrics import average_precision, link_metrics, mrr
+from sven.metrics import average_precision, batched_link_metrics, mrr
 from sven.models import MemoryModel
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
     EvalNegatives,
+    eval_negative_columns,
     filtered_mrr_negatives,
 )
 from sven.pipeline.negatives import sample_negatives
+from sven.startup import StartupClock, lean_adam, undecorated
 
 if TYPE_CHECKING:
     from sven.pipeline.exchange import FixedExchange
@@ -106,11 +109,13 @@ class Data:
         device: torch.device,
         dtype: torch.dtype,
         agree: Callable[[Any], Any],
+        clock: StartupClock | None = None,
     ) -> None:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         self.device, self.dtype = device, dtype
         self._agree = agree
+        self._clock = clock or StartupClock()
         self._load()
         self._partition()
         self.sampler: Any = None
@@ -129,11 +134,13 @@ class Data:
             raise ConfigError(
                 f"data.path: no event store at {path} (create one with `sven data convert`)"
             )
+        clock = self._clock
         ev = self._open_store(path)
         self.events = ev
         self.dataset_name = ev.meta.get("name") or Path(path).name
         self.num_nodes = int(ev.num_nodes)
         dev = self.device
+        t_dev = time.perf_counter()
         self.src = torch.as_tensor(np.asarray(ev.src, dtype=np.int64), device=dev)
         self.dst = torch.as_tensor(np.asarray(ev.dst, dtype=np.int64), device=dev)
         self.t = torch.as_tensor(np.array(ev.t), device=dev)
@@ -147,16 +154,24 @@ class Data:
         self.node_feat: torch.Tensor | None = None
         if self.world_size == 1 and ev.node_feat is not None:
             self.node_feat = torch.as_tensor(np.array(ev.node_feat), device=dev).to(self.dtype)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        clock.add("to_device", time.perf_counter() - t_dev)
+        t_tab = time.perf_counter()
         self.edge_dim = 0 if self.edge_feat is None else self.edge_feat.shape[1]
         self.node_dim = 0 if ev.node_feat is None else int(ev.node_feat.shape[1])
         self.ranges = {s: tuple(int(x) for x in ev.split_range(s)) for s in SPLITS}
         check_splits(path, self.ranges, self.rank)
-        self.candidates = torch.unique(self.dst)
+        # torch.unique(dst) (sorted distinct destinations) by counting, not sorting.
+        self.candidates = torch.nonzero(
+            torch.bincount(self.dst, minlength=self.num_nodes)
+        ).flatten()
         self.inductive = {
             s: torch.as_tensor(np.asarray(ev.inductive_mask(s)), dtype=torch.bool)
             for s in ("val", "test")
         }
         self._mrr_setup(path)
+        clock.add("tables", time.perf_counter() - t_tab)
 
     def _mrr_setup(self, path: str) -> None:
         """Picks the MRR's negatives (``eval.mrr_source``); loads the store's fixed ones.
@@ -196,13 +211,15 @@ class Data:
         """
         from sven.datasets.store import TemporalEvents, verify_checksums
 
-        ev = TemporalEvents.load(path)
+        with self._clock.phase("store_open"):
+            ev = TemporalEvents.load(path)
         if not self.cfg.data.verify:
             return ev
         problem = None
         if self.rank == 0:
             try:
-                verify_checksums(ev.path, ev.meta)
+                with self._clock.phase("checksums"):
+                    verify_checksums(ev.path, ev.meta)
             except DataError as exc:
                 problem = str(exc)
         problem = self._agree(problem)
@@ -407,6 +424,39 @@ class Data:
             neg=neg,
         )
 
+    def eval_negative_table(self, split: str, protocols: list[str], columns: int) -> torch.Tensor:
+        """(n, columns + q) every evaluation negative of a split, drawn in one pass.
+
+        The protocol columns (``protocols``, then copies of the first up to
+        ``columns``, so that every split has one width), then the split's q MRR
+        negatives (:meth:`mrr_draw`). Each event's draws are those of its global batch
+        at the training batch size, as a batch-by-batch walk draws them
+        (:meth:`EvalNegatives.draw_batches`).
+
+        Args:
+            split: "val" or "test" (or "train").
+            protocols: The protocols scored on this split (:func:`protocol_order`).
+            columns: Width of the protocol part, >= len(protocols).
+        """
+        lo, hi = self.ranges[split]
+        idx = torch.arange(lo, hi, device=self.device)
+        sampler = self.eval_negatives() if protocols != ["random"] else None
+        cols = eval_negative_columns(
+            protocols,
+            self.candidates,
+            sampler,
+            self.cfg.train.seed,
+            EVAL_STREAM[split],
+            idx,
+            lo,
+            hi,
+            batch_size=self.cfg.train.batch_size,
+        )
+        cols = torch.cat([cols, cols[:, :1].expand(-1, columns - cols.shape[1])], 1)
+        if self.mrr_negatives:
+            cols = torch.cat([cols, self.mrr_draw(split, idx)], 1)
+        return cols
+
     def eval_negatives(self) -> EvalNegatives:
         """The evaluation negative sampler (historical/inductive pair table), built once."""
         if self._eval_neg is None:
@@ -549,23 +599,61 @@ class Optimizer(torch.optim.Adam):
     Its state_dict is Adam's; :meth:`load_state_dict` accepts one saved by any run (CPU
     or GPU) and applies this run's flags.
 
+    ``lean`` (the default, unless the run compiles): torch's ``step``, ``zero_grad``,
+    ``add_param_group`` and ``state_dict`` run without the ``torch._dynamo`` wrappers
+    torch puts around them for ``torch.compile``. Those wrappers import torch's
+    compiler front end (and with it triton) at the first call, which took as long as
+    importing torch itself; outside compilation they do nothing else, so the same code
+    runs and the results are the same (:func:`sven.startup.undecorated`).
+
     Args:
         params: The model's parameters.
         lr: Learning rate.
         device: Where the parameters live.
+        lean: Call torch's methods without their compiler wrappers.
     """
 
-    def __init__(self, params: Any, lr: float, device: torch.device) -> None:
+    def __init__(self, params: Any, lr: float, device: torch.device, *, lean: bool = True) -> None:
         flags = {"cuda": {"fused": True, "capturable": True}, "cpu": {"fused": True}}
         self._flags = flags.get(device.type, {})
+        self._lean = lean and lean_adam()
         super().__init__(params, lr=lr, **self._flags)
+
+    def _call(self, name: str, base: type, *args: Any) -> Any:
+        if self._lean:
+            return undecorated(getattr(base, name))(self, *args)
+        return getattr(super(), name)(*args)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, without its compiler wrapper (``lean``)."""
+        self._call("add_param_group", torch.optim.Optimizer, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's, without its compiler wrapper (``lean``)."""
+        self._call("zero_grad", torch.optim.Optimizer, set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's, without its compiler wrapper (``lean``)."""
+        return self._call("state_dict", torch.optim.Optimizer)
+
+    def step(self, closure: Any = None) -> Any:
+        """Adam's step; ``lean``: without the wrapper that imports ``torch._dynamo`` for
+        a graph break, keeping what it does in eager mode (gradients off)."""
+        if not self._lean:
+            return super().step(closure)
+        prev = torch.is_grad_enabled()
+        torch.set_grad_enabled(self.defaults["differentiable"])
+        try:
+            return undecorated(torch.optim.Adam.step)(self, closure)
+        finally:
+            torch.set_grad_enabled(prev)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads Adam state saved by any run, with this run's flags."""
         for g in state_dict.get("param_groups", []):
             for k in ("fused", "capturable"):
                 g[k] = self._flags.get(k, False)
-        super().load_state_dict(state_dict)
+        self._call("load_state_dict", torch.optim.Optimizer, state_dict)
 
 
 # ----------------------------------------------------------------------- evaluator
@@ -630,6 +718,8 @@ class Evaluator:
         self.cfg, self.data, self.model = cfg, data, model
         #: The step's pass (the trainer sets it).
         self.fast: Callable[[str], EvalResult] | None = None
+        #: Makes a progress bar (description, events); the trainer sets it.
+        self.progress: Callable[[str, int], Any] | None = None
 
     def evaluate(self, split: str) -> EvalResult:
         """Walks a split without gradients, updating memory; returns all scores."""
@@ -654,16 +744,16 @@ class Evaluator:
         )
 
         def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
-            if pos.numel() == 0:
-                return float("nan"), float("nan")
-            aps, aucs = zip(
-                *(link_metrics(pos[i : i + b], neg[i : i + b]) for i in range(0, pos.numel(), b))
-            )
-            return float(np.mean(aps)), float(np.mean(aucs))
+            # All batches at once on the run's device (the batches' sorts are the cost),
+            # equal to a per-batch loop of link_metrics to the last bit.
+            dev = self.data.device
+            return batched_link_metrics(pos.to(dev), neg.to(dev), b)
 
         out[f"{split}_ap"], out[f"{split}_auc"] = per_batch(res.pos, res.neg)
         labels = torch.cat([torch.ones_like(res.pos), torch.zeros_like(res.neg)])
-        out[f"{split}_ap_pooled"] = average_precision(torch.cat([res.pos, res.neg]), labels)
+        out[f"{split}_ap_pooled"] = average_precision(
+            torch.cat([res.pos, res.neg]).to(self.data.device), labels.to(self.data.device)
+        )
         if split in inductive:
             m = inductive[split]
             out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(

@@ -28,7 +28,9 @@ def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
     precision = tp / (tp + fp)
     recall = tp / n_pos
     d_recall = torch.diff(recall, prepend=recall.new_zeros(1))
-    return float((d_recall * precision).sum())
+    # Summed on the host whatever the device: the sum's order decides its last bits,
+    # and so scores on a GPU get the AP that the same scores get on the CPU.
+    return float((d_recall * precision).cpu().sum())
 
 
 def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -88,3 +90,104 @@ def link_metrics(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
     scores = torch.cat([pos.flatten(), neg.flatten()])
     labels = torch.cat([torch.ones(pos.numel()), torch.zeros(neg.numel())])
     return average_precision(scores, labels), roc_auc(scores, labels)
+
+
+def batched_link_metrics(
+    pos: torch.Tensor, neg: torch.Tensor, batch_size: int
+) -> tuple[float, float]:
+    """Mean over batches of :func:`link_metrics`, the batches computed together.
+
+    Equal to the mean (``numpy.mean``) of ``link_metrics(pos[i:i+b], neg[i:i+b])`` over
+    ``i = 0, b, 2b, ...`` to the last bit, in a fixed number of tensor operations
+    instead of ~50 per batch: the full batches are the rows of one matrix, sorted row
+    by row on the scores' device. Every step but one is exact integer or element-wise
+    arithmetic, which the device does as the CPU does; AP's sum over a batch's
+    thresholds is not associative, so those sums run on the host, one ``torch.sum``
+    per batch over the same values in the same order as :func:`average_precision`.
+
+    Args:
+        pos: (n,) positive scores.
+        neg: (n,) or (n, m) negative scores of each positive.
+        batch_size: b, the events per batch (the last batch may be shorter).
+
+    Returns:
+        (mean AP, mean AUC); NaN for n = 0.
+    """
+    n = pos.numel()
+    if n == 0:
+        return float("nan"), float("nan")
+    neg = neg.reshape(n, -1)
+    b = int(batch_size)
+    full = n // b
+    aps: list[torch.Tensor] = []
+    aucs: list[torch.Tensor] = []
+    if full:
+        p = pos[: full * b].reshape(full, b)
+        q = neg[: full * b].reshape(full, -1)
+        aps.append(_rows_ap_terms(p, q))
+        aucs.append(_rows_auc(p, q))
+    if full * b < n:
+        p = pos[full * b :].reshape(1, -1)
+        q = neg[full * b :].reshape(1, -1)
+        aps.append(_rows_ap_terms(p, q))
+        aucs.append(_rows_auc(p, q))
+    ap = []
+    for terms, counts in aps:
+        ap.extend(float(t.sum()) for t in terms.cpu().split(counts.cpu().tolist()))
+    import numpy as np
+
+    auc = torch.cat(aucs).cpu().tolist()
+    return float(np.mean(ap)), float(np.mean(auc))
+
+
+def _rows_sorted(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's scores [positives, negatives] (R, L) in float64 and their labels,
+    sorted by descending score, ties in input order (:func:`average_precision`'s)."""
+    # The concatenation in the scores' dtype, then float64, as link_metrics does.
+    s = torch.cat([p, q], 1).to(torch.float64)
+    y = torch.cat([torch.ones_like(p), torch.zeros_like(q)], 1).to(torch.float64)
+    s, order = torch.sort(s, dim=1, descending=True, stable=True)
+    return s, torch.gather(y, 1, order)
+
+
+def _rows_ap_terms(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The terms ``d_recall * precision`` of each row's thresholds, rows concatenated
+    (T,), and the count of each row's thresholds (R,)."""
+    s, y = _rows_sorted(p, q)
+    rows, width = s.shape
+    tp = torch.cumsum(y, 1)
+    fp = torch.arange(1, width + 1, dtype=torch.float64, device=s.device) - tp
+    last = torch.ones_like(s, dtype=torch.bool)
+    last[:, :-1] = s[:, 1:] != s[:, :-1]
+    n_pos = tp[:, -1:]
+    precision = tp / (tp + fp)
+    recall = tp / n_pos
+    # d_recall between consecutive thresholds of a row, the first against 0.
+    idx = torch.arange(width, device=s.device).expand(rows, -1)
+    prev = torch.where(last, idx, -1)
+    prev = torch.cummax(torch.cat([prev.new_full((rows, 1), -1), prev[:, :-1]], 1), 1).values
+    prev_recall = torch.where(
+        prev >= 0, torch.gather(recall, 1, prev.clamp_min(0)), torch.zeros_like(recall)
+    )
+    terms = (recall - prev_recall) * precision
+    return terms[last], last.sum(1)
+
+
+def _rows_auc(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(R,) AUC of each row (:func:`roc_auc`: tied scores get their mean rank)."""
+    s, y = _rows_sorted(p, q)
+    rows, width = s.shape
+    # Run boundaries of equal scores in descending order: rank (ascending, 1-based) of
+    # descending position j is width - j, so a run [a, e] has mean rank width - (a+e)/2.
+    new = torch.ones_like(s, dtype=torch.bool)
+    new[:, 1:] = s[:, 1:] != s[:, :-1]
+    end = torch.ones_like(s, dtype=torch.bool)
+    end[:, :-1] = new[:, 1:]
+    idx = torch.arange(width, device=s.device).expand(rows, -1)
+    start = torch.cummax(torch.where(new, idx, 0), 1).values
+    stop = torch.where(end, idx, width).flip(1).cummin(1).values.flip(1)
+    ranks = width - (start + stop).to(torch.float64) / 2
+    n_pos = p.shape[1]
+    n_neg = width - n_pos
+    u = (ranks * y).sum(1) - n_pos * (n_pos + 1) / 2
+    return u / (n_pos * n_neg)

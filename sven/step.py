@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,10 +46,7 @@ from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate, MemoryRows
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed
-from sven.pipeline.eval_negatives import (
-    eval_negative_columns,
-    protocol_order,
-)
+from sven.pipeline.eval_negatives import protocol_order
 from sven.pipeline.exchange import (
     Capacities,
     FetchPlan,
@@ -56,6 +54,7 @@ from sven.pipeline.exchange import (
     LocalExchange,
     read_occurrences,
 )
+from sven.startup import set_deterministic
 
 if TYPE_CHECKING:
     from sven.distributed.grads import GradBucket
@@ -69,6 +68,7 @@ __all__ = [
     "no_uninitialized_fill",
     "torch_determinism_off",
     "train_step",
+    "undone",
 ]
 
 
@@ -89,11 +89,12 @@ def torch_determinism_off(active: bool = True) -> Iterator[None]:
         return
     was = torch.are_deterministic_algorithms_enabled()
     warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
+    # sven.startup's setter: torch's own imports its compiler at the first step.
+    set_deterministic(False)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn)
+        set_deterministic(was, warn_only=warn)
 
 
 @contextlib.contextmanager
@@ -319,6 +320,10 @@ class StepGraph:
         self.log = log
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured = False
+        #: Seconds of the capture's warm-up runs (cuBLAS, Triton kernels compiled or
+        #: loaded from the disk cache) and of the capture itself; 0 until captured.
+        self.warmup_s = 0.0
+        self.capture_s = 0.0
 
     def __call__(self) -> None:
         if self.graph is not None:
@@ -340,28 +345,58 @@ class StepGraph:
         self.graph.replay()  # type: ignore[union-attr]
 
     def _capture(self) -> None:
-        saved = [t.detach().clone() for t in self.state()]
-        opt_saved = _optimizer_tensors(self.optimizer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        try:
+        # The warm-up runs real steps (and a failed capture may run part of one): the
+        # state is put back as it was, so the first replay continues where the eager
+        # run would (tested on CPU through rehearse()).
+        with undone(self.state, self.optimizer):
+            t0 = time.perf_counter()
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     self.fn()
             torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            self.warmup_s = time.perf_counter() - t0
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self.fn()
-        finally:
-            # The warm-up ran real steps (and a failed capture may have run part of
-            # one): put the state back as it was.
             torch.cuda.synchronize()
-            with torch.no_grad():
-                for t, s in zip(self.state(), saved, strict=True):
-                    t.copy_(s)
-                _restore_optimizer(self.optimizer, opt_saved)
+            self.capture_s = time.perf_counter() - t0 - self.warmup_s
         self.graph = graph
         self.captured = True
+
+    def rehearse(self) -> None:
+        """The warm-up of a capture without the capture: ``warmup`` eager runs, then the
+        state put back (:func:`undone`). On any device; afterwards the state must be
+        exactly as before (the CPU tests check parameters, optimizer and memory)."""
+        with undone(self.state, self.optimizer):
+            for _ in range(self.warmup):
+                self.fn()
+
+
+@contextlib.contextmanager
+def undone(
+    state: Callable[[], list[torch.Tensor]], optimizer: torch.optim.Optimizer | None = None
+) -> Iterator[None]:
+    """Runs the ``with`` block, then puts back in place the tensors ``state()`` lists and
+    the optimizer's state (state the block created goes to zero: Adam's initial state).
+
+    Args:
+        state: The tensors the block may modify (parameters, memory, accumulators).
+        optimizer: Its state is restored too, or None.
+    """
+    saved = [t.detach().clone() for t in state()]
+    opt_saved = _optimizer_tensors(optimizer)
+    try:
+        yield
+    finally:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        with torch.no_grad():
+            for t, s in zip(state(), saved, strict=True):
+                t.copy_(s)
+            _restore_optimizer(optimizer, opt_saved)
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer | None) -> dict[int, dict[str, Any]]:
@@ -436,6 +471,8 @@ class Step:
             they run on a side stream beside the step's collectives), or None.
         timeline: The rank's :class:`~sven.timeline.Timeline`.
         log: Where notices go.
+        progress: ``progress(split, events)`` -> a bar with ``update(n)`` and
+            ``close()`` for an evaluation pass, or None for none.
     """
 
     def __init__(
@@ -451,6 +488,7 @@ class Step:
         plan_group: Any,
         timeline: Any,
         log: Callable[[str], None],
+        progress: Callable[[str, int], Any] | None = None,
     ) -> None:
         tc, pc, dev = cfg.train, cfg.pipeline, data.device
         self.cfg, self.data, self.model_ref = cfg, data, model
@@ -518,6 +556,7 @@ class Step:
         if self.fixed and dev.type == "cuda" and self.depth:
             self._side = torch.cuda.Stream(dev)
         self._log = log
+        self.progress = progress or (lambda split, n: _NoBar())
 
         def state() -> list[torch.Tensor]:
             ring = [t for item in self._ring for t in _tree_tensors(item)]
@@ -924,37 +963,12 @@ class Step:
     def _negatives(self, split: str) -> torch.Tensor:
         """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
         by the seed): the protocol columns, then the MRR negatives."""
-        if split in self._neg_cache:
-            return self._neg_cache[split]
-        d, tc = self.data, self.cfg.train
-        lo, hi = d.ranges[split]
-        b, seed, q = tc.batch_size, tc.seed, d.mrr_negatives
-        protocols = self.protocols if split == "test" else self.protocols[:1]
-        sampler = d.eval_negatives() if protocols != ["random"] else None
-        cols = []
-        # Historical and inductive draws depend on the global batch; random ones only
-        # on the event, so one call covers the split.
-        step = b if sampler is not None else max(hi - lo, 1)
-        for start in range(lo, hi, step):
-            idx = torch.arange(start, min(start + step, hi), device=self.device)
-            c = eval_negative_columns(
-                protocols,
-                d.candidates,
-                sampler,
-                seed,
-                EVAL_STREAM[split],
-                idx,
-                start,
-                min(start + step, hi),
+        if split not in self._neg_cache:
+            protocols = self.protocols if split == "test" else self.protocols[:1]
+            self._neg_cache[split] = self.data.eval_negative_table(
+                split, protocols, len(self.protocols)
             )
-            # Columns of protocols this split does not score repeat the first one.
-            c = torch.cat([c, c[:, :1].expand(-1, len(self.protocols) - c.shape[1])], 1)
-            if q:
-                c = torch.cat([c, d.mrr_draw(split, idx)], 1)
-            cols.append(c)
-        table = torch.cat(cols) if cols else self.neg_table[:0]
-        self._neg_cache[split] = table
-        return table
+        return self._neg_cache[split]
 
     def evaluate(self, split: str) -> EvalResult:
         """Walks a split through the evaluation step (every rank scores its share);
@@ -971,9 +985,12 @@ class Step:
             # Each event is scored by one rank; the others' rows stay zero, so a sum
             # over ranks assembles the table.
             self.scores.zero_()
+        bar = self.progress(split, hi - lo)
         for start in range(lo, hi, b):
             self._set_batch(self.inp, start, min(start + b, hi), EVAL_STREAM[split])
             self.eval_graph()
+            bar.update(min(start + b, hi) - start)
+        bar.close()
         table = self.scores[: hi - lo]
         if self.distributed and self.world_size > 1:
             import torch.distributed as dist
@@ -989,6 +1006,14 @@ class Step:
             valid = d.mrr_valid(split, idx, negs[:, n_p:])
         protocols = self.protocols if split == "test" else self.protocols[:1]
         return eval_result(scores, protocols, n_p, q, valid)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class _Planned:

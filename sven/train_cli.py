@@ -66,9 +66,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _fit(cfg: Config) -> int:
+    from sven.startup import StartupClock, process_age_s
     from sven.trainer import STOP_SIGNALS, Trainer
 
-    trainer = Trainer(cfg)
+    # The start-up clock counts from process start: the imports are the user's wait too.
+    trainer = Trainer(cfg, startup=StartupClock(process_age_s()))
     try:
         summary = trainer.fit()
     except Stopped:

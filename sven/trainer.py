@@ -57,6 +57,7 @@ from sven.config import Config, dump_config, load_config
 from sven.errors import ConfigError, Stopped, SvenError
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.startup import StartupClock, set_deterministic, triton_cache_dir
 from sven.step import Step
 from sven.tblog import EpochLog
 from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
@@ -92,7 +93,11 @@ class Trainer:
     _where: str = "start"
 
     def __init__(
-        self, config: Config | dict | str | Path | None = None, overrides: list[str] | None = None
+        self,
+        config: Config | dict | str | Path | None = None,
+        overrides: list[str] | None = None,
+        *,
+        startup: StartupClock | None = None,
     ):
         if isinstance(config, Config):
             cfg = (
@@ -105,18 +110,23 @@ class Trainer:
         else:
             cfg = load_config(config, overrides)
         self.cfg = cfg
+        # Start-up phases to the first training step (sven.startup); the CLI's clock
+        # counts from process start.
+        self.startup = clock = startup or StartupClock()
         tc, mc = cfg.train, cfg.model
         if tc.threads:
             torch.set_num_threads(tc.threads)
         if tc.deterministic:
             # cuBLAS reads this once, at its first use in the process.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            # Without importing torch's compiler (sven.startup).
+            set_deterministic(True, warn_only=True)
         from sven.dist import detect_launcher, init_distributed
 
         # Under a launcher even one rank gets a process group: the P-rank step with
         # its collectives, as on many ranks (a plain process runs without one).
         launched = detect_launcher(os.environ).launcher != "single"
+        t_init = time.perf_counter()
         self.ctx = init_distributed(
             cfg.dist.backend, timeout_s=cfg.dist.timeout_s, device=tc.device,
             force_group=launched,
@@ -125,6 +135,13 @@ class Trainer:
         self.device = torch.device(self.ctx.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("train.device is cuda but no CUDA device is available")
+        if self.device.type == "cuda":
+            # CUDA's own start (the context on the device), apart from Sven's phases.
+            torch.empty(1, device=self.device)
+            torch.cuda.synchronize(self.device)
+        clock.add(
+            "cuda_init" if self.device.type == "cuda" else "init", time.perf_counter() - t_init
+        )
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
         self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
@@ -136,7 +153,9 @@ class Trainer:
             device=self.device,
             dtype=self.dtype,
             agree=self._agree,
+            clock=clock,
         )
+        t_model = time.perf_counter()
         torch.manual_seed(tc.seed)
         d = self.data
         lo, hi = d.ranges["train"]
@@ -155,6 +174,8 @@ class Trainer:
             self.dtype,
             time_origin=float(d.t[0]) if d.t.numel() else 0.0,
         )
+        clock.add("model", time.perf_counter() - t_model)
+        t_tables = time.perf_counter()
         self.distributed = self.ctx.backend != "none"
         self.exchange: LocalExchange | FixedExchange
         grads = plan_group = None
@@ -182,7 +203,12 @@ class Trainer:
         else:
             self.exchange = LocalExchange(self.memory)
         d.attach(self.model)
-        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device)
+        t_opt = time.perf_counter()
+        # lean: torch.optim's compiler wrappers (and their imports) only where the run
+        # compiles (sven.startup).
+        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not tc.compile)
+        dt_opt = time.perf_counter() - t_opt
+        clock.add("optimizer", dt_opt)
         if self.distributed:
             grads = GradBucket(self.model.parameters(), None, self.world_size)
         self.grads = grads
@@ -210,6 +236,7 @@ class Trainer:
             plan_group=plan_group,
             timeline=self.timeline,
             log=lambda msg: self._log(msg, force=True),
+            progress=self.progress_bar,
         )
         self.evaluator.fast = self.step.evaluate
         self.checkpoints = RunCheckpoints(
@@ -225,6 +252,7 @@ class Trainer:
         self.predicted_comm = (
             predict_comm(cfg, d, self.model, self.exchange) if self.distributed else None
         )
+        clock.add("tables", time.perf_counter() - t_tables - dt_opt)
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
         """Calls ``fn(trainer)`` before or after every training step, on every rank.
@@ -548,9 +576,13 @@ class Trainer:
         nb = self.num_batches("train")
         lo, hi = self.ranges["train"]
         b = tc.batch_size
+        # The epoch whose best model is the live state (model and memory as saved).
+        best_live: int | None = None
+        self._times = {"eval_s": 0.0, "eval_events": 0, "checkpoint_s": 0.0}
         for epoch in range(start_epoch, tc.epochs):
             if progress["stopped"]:
                 break
+            best_live = None
             if start_batch == 0:
                 self.memory.reset()
                 self.exchange.drop_held()
@@ -560,14 +592,8 @@ class Trainer:
                 # The exchange's fixed sizes, from an exact replay of this epoch's batches.
                 self.step.plan_capacities(epoch)
             last = nb if not tc.max_batches else min(nb, tc.max_batches)
-            bar = self._bar = tqdm(
-                total=last,
-                initial=start_batch,
-                desc=f"epoch {epoch}",
-                disable=cfg.quiet or not main,
-                file=sys.stderr,
-                leave=False,
-                dynamic_ncols=True,
+            bar = self._bar = self.progress_bar(
+                f"epoch {epoch}", min(hi, lo + last * b) - lo, min(hi, lo + start_batch * b) - lo
             )
             tl, prof = self.timeline, self.profiler
             if prof is not None:
@@ -584,10 +610,13 @@ class Trainer:
                 tl.lap("wait")
                 if prof is not None:
                     prof.before(i)
+                t_first = None if self.startup.done else time.perf_counter()
                 # Nothing is read back: the loss accumulates on the device.
                 self.step.train_batch(
                     epoch, i, g_lo, g_hi, _stop_vote(self._stop_signal, self.world_size)
                 )
+                if t_first is not None:
+                    self._first_step_done(t_first, bar)
                 if prof is not None:
                     prof.after(i)
                 for fn in self._hooks["after_step"]:
@@ -595,7 +624,7 @@ class Trainer:
                 progress["epoch_batches"] += 1
                 progress["train_events"] += g_hi - g_lo
                 progress["global_step"] += 1
-                bar.update(1)
+                bar.update(g_hi - g_lo)
                 saved = False
                 stop = self._stop_requested()
                 at_ckpt = (
@@ -632,13 +661,14 @@ class Trainer:
             comm = self.exchange.epoch_bytes() if self.distributed else {}
             stages = self._timeline_line(dt)
             self._where = f"epoch {epoch} validation"
-            val = self.split_metrics("val", self.evaluate("val"))
+            val, val_rate = self._eval_split("val")
             line = {
                 "epoch": epoch,
                 "train_loss": progress["epoch_loss"] / max(progress["epoch_batches"], 1),
                 "val_ap": val["val_ap"],
                 "val_auc": val["val_auc"],
                 "events_per_s": epoch_events / max(progress["epoch_time"], 1e-9),
+                "val_events_per_s": val_rate,
                 **{k: v for k, v in val.items() if k not in ("val_ap", "val_auc")},
                 **comm,
                 **stages,
@@ -651,7 +681,8 @@ class Trainer:
                 self.epoch_log.write(line)
             self._log(
                 f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {_fmt(line['val_ap'])} "
-                f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} events/s)"
+                f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} train events/s, "
+                f"{val_rate:.0f} eval events/s)"
             )
             ck = self.checkpoints
             if improved(tc.select, val, progress):
@@ -669,21 +700,35 @@ class Trainer:
                     "epoch": epoch,
                     "memory_phase": "val_end",
                 }
+                t_ck = time.perf_counter()
                 ck.save(ck.best, epoch, best_state, {"memory": self.memory.state_dict()})
+                self._times["checkpoint_s"] += time.perf_counter() - t_ck
+                # Test continues from this state, unless another epoch trains after it.
+                best_live = epoch
             else:
                 progress["bad_epochs"] += 1
                 if tc.patience and progress["bad_epochs"] >= tc.patience:
                     progress["stopped"] = True
             progress["global_step"] += 1
+            t_ck = time.perf_counter()
             ck.save(ck.latest, progress["global_step"], *self.state_dict(epoch + 1, 0, progress))
+            self._times["checkpoint_s"] += time.perf_counter() - t_ck
 
+        self.startup.finish()
         ck = self.checkpoints
-        step = ck.newest(ck.best)
-        if step is None:
-            raise SvenError(f"no valid best model under {ck.best.root}")
-        best = self._load(ck.best, step)
+        if best_live is not None and best_live == progress["best_epoch"]:
+            # The best model and its memory at the end of validation are the live state
+            # (saved unchanged just now): test continues from them without a reload.
+            best = {"epoch": best_live}
+        else:
+            t_ck = time.perf_counter()
+            step = ck.newest(ck.best)
+            if step is None:
+                raise SvenError(f"no valid best model under {ck.best.root}")
+            best = self._load(ck.best, step)
+            self._times["checkpoint_s"] += time.perf_counter() - t_ck
         self._where = "test"
-        test = self.split_metrics("test", self.evaluate("test"))
+        test, test_rate = self._eval_split("test")
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(best["epoch"], {})
         summary = {
@@ -700,6 +745,11 @@ class Trainer:
             "eval_mrr_source": self.data.mrr_source,
             **test,
             "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
+            "eval_events_per_s": self._times["eval_events"] / max(self._times["eval_s"], 1e-9),
+            "test_events_per_s": test_rate,
+            "eval_s": self._times["eval_s"],
+            "checkpoint_s": self._times["checkpoint_s"],
+            **self.startup.summary(),
             "wall_s": time.perf_counter() - wall0,
         }
         st = self.step
@@ -709,6 +759,12 @@ class Trainer:
             pipeline_staleness=st.staleness,
             step_captured=any(g.captured for g in st.train_graphs),
         )
+        # What the first train and eval step cost on CUDA beyond a replay (0 on CPU).
+        for name, graphs in (("train", st.train_graphs), ("eval", [st.eval_graph])):
+            summary[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
+            summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
+        if self.device.type == "cuda":
+            summary["triton_cache_dir"] = triton_cache_dir()
         if self.distributed:
             caps = self.exchange.capacities.get("train")
             if caps is not None:
@@ -747,6 +803,41 @@ class Trainer:
             f"summary in {self.out / 'summary.json'}"
         )
         return summary
+
+    def progress_bar(self, desc: str, events: int, initial: int = 0) -> tqdm:
+        """A progress bar over ``events`` events on rank 0 (events/s and the time left),
+        disabled when quiet."""
+        return tqdm(
+            total=events,
+            initial=initial,
+            desc=desc,
+            unit="ev",
+            unit_scale=True,
+            disable=self.cfg.quiet or self.rank != 0,
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+        )
+
+    def _first_step_done(self, t_step: float, bar: tqdm) -> None:
+        """Ends the start-up clock at the end of the first training step (waited for)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.startup.add("first_step", time.perf_counter() - t_step)
+        self.startup.finish()
+        if self.rank == 0 and not self.cfg.quiet:
+            bar.write(self.startup.line(), file=sys.stderr)
+
+    def _eval_split(self, split: str) -> tuple[dict[str, float], float]:
+        """Evaluates ``split`` and computes its metrics; returns them and the events/s
+        of the two together (the negatives drawn, the pass, the metrics)."""
+        t0 = time.perf_counter()
+        metrics = self.split_metrics(split, self.evaluate(split))
+        dt = time.perf_counter() - t0
+        lo, hi = self.ranges[split]
+        self._times["eval_s"] += dt
+        self._times["eval_events"] += hi - lo
+        return metrics, (hi - lo) / max(dt, 1e-9)
 
     def _flush_step(self, progress: dict[str, Any]) -> None:
         """Waits for the queued steps and moves the device-side loss into ``progress``.

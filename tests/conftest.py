@@ -26,3 +26,20 @@ def _deterministic_torch():
 
     torch.manual_seed(0)
     yield
+
+
+def write_tiny_store(
+    path: Path, *, events: int, nodes: int, seed: int, t_max: int, edge_dim: int = 0
+) -> Path:
+    """A random event store (no self-loops, sorted times in [0, t_max)) at ``path``."""
+    import numpy as np
+
+    from sven.datasets.store import write_events
+
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, nodes, events)
+    dst = (src + rng.integers(1, nodes, events)) % nodes
+    t = np.sort(rng.integers(0, t_max, events))
+    feat = rng.random((events, edge_dim)).astype(np.float32) if edge_dim else None
+    write_events(path, src, dst, t, edge_feat=feat, num_nodes=nodes, name="tiny")
+    return path

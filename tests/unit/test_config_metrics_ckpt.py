@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,25 @@ def test_select_must_be_known() -> None:
 
     with pytest.raises(ConfigError, match=r"train\.select"):
         TrainConfig(select="auc")
+
+
+def test_checkpoint_digest_is_taken_while_writing(tmp_path, monkeypatch) -> None:
+    """The streamed sha256 is the file's; a torch that cannot stream falls back."""
+    from sven.checkpoint import _save_hashed, _sha256
+
+    obj = {"memory": torch.randn(300, 7), "step": 3, "nested": {"ids": torch.arange(11)}}
+    fp = tmp_path / "a.pt"
+    assert _save_hashed(obj, fp) == _sha256(fp)
+    assert torch.equal(torch.load(fp, weights_only=True)["memory"], obj["memory"])
+
+    real_save = torch.save
+
+    def seeking_save(o, f, *a, **k):
+        if not isinstance(f, (str, os.PathLike)):
+            f.seek(0)  # what a seeking writer would do: unsupported on the stream
+        return real_save(o, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", seeking_save)
+    fb = tmp_path / "b.pt"
+    assert _save_hashed(obj, fb) == _sha256(fb)
+    assert torch.equal(torch.load(fb, weights_only=True)["nested"]["ids"], torch.arange(11))

@@ -1,0 +1,271 @@
+"""Time to a result (issue 22): what a user waits for, from typing ``sven train`` to
+``summary.json``, on one GPU. One command, every step a child process with its own
+time limit under one overall deadline; ``<out>/ttr.json`` is rewritten after each step,
+so what came before a step that hangs is kept.
+
+Steps, in order (each records its command, process time and the run's summary):
+
+1. ``env``: torch, CUDA, the GPU; the process time of ``import torch`` and of
+   ``import torch`` plus CUDA's initialisation (a tensor on the device), the floor that
+   any CUDA program pays.
+2. ``wiki-convert``: ``sven data convert`` of JODIE's Wikipedia (not part of the timed
+   runs).
+3. ``wiki-cold``: ``sven train --config configs/tgn.yaml data.path=WIKI train.epochs=3
+   out=OUT --quiet`` with an empty Triton cache (``TRITON_CACHE_DIR`` set to a fresh
+   folder): the process time, ``startup_s`` and its phases, first against warm epoch
+   rate, evaluation events/s against training's.
+4. ``wiki-warm``: the same command again with that cache kept (a second run of a user:
+   the Triton kernels load from disk).
+5. ``syn6``: ``sven data synth --events 1000000 --nodes 10000 --seed 0``, then two
+   epochs of ``configs/tgn.yaml`` on it: start-up to the first step on a 10^6-event
+   store, epoch 0 against epoch 1, evaluation (all three protocols on test) against
+   training events/s.
+6. ``syn7`` (when the deadline leaves room): ``sven data synth --events 10000000
+   --nodes 100000``, then one epoch at batch 600 (``train.epochs=1``, the issue's run):
+   training and validation time.
+
+Usage (GPU machine, repository root)::
+
+    python3 benchmarks/bench_ttr.py --setup --wiki .device_data/wikipedia/wikipedia.csv.gz \\
+        --out $OUT --deadline-s 330
+
+``--device cpu --quick`` runs the same steps on CPU with small sizes (a check of the
+script itself on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+class Runner:
+    """Runs steps as child processes under one deadline and keeps ``ttr.json`` current."""
+
+    def __init__(self, out: Path, deadline_s: float, env: dict[str, str]) -> None:
+        self.out = out
+        self.t0 = time.perf_counter()
+        self.deadline_s = deadline_s
+        self.env = env
+        self.record: dict[str, Any] = {"steps": {}}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline_s - (time.perf_counter() - self.t0)
+
+    def save(self) -> None:
+        self.record["elapsed_s"] = round(time.perf_counter() - self.t0, 2)
+        tmp = self.out / ".ttr.json.tmp"
+        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
+        os.replace(tmp, self.out / "ttr.json")
+
+    def run(
+        self, name: str, cmd: list[str], limit_s: float, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Runs ``cmd``; records its exit code, process time and output tail."""
+        limit = max(1.0, min(limit_s, self.left()))
+        t = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=ROOT,
+                env={**self.env, **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=limit,
+            )
+            rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            rc = "timeout"
+            tail = ((exc.stdout or b"").decode() + (exc.stderr or b"").decode())[-3000:]
+        rec = {
+            "cmd": " ".join(cmd),
+            "rc": rc,
+            "process_s": round(time.perf_counter() - t, 3),
+            "limit_s": round(limit, 1),
+        }
+        if rc != 0:
+            rec["tail"] = tail
+        self.record["steps"][name] = rec
+        self.save()
+        print(f"{name}: rc={rc} {rec['process_s']:.1f} s", flush=True)
+        return rec
+
+
+def run_facts(out: Path) -> dict[str, Any]:
+    """The parts of a run's summary.json and metrics.jsonl that the issue asks for."""
+    facts: dict[str, Any] = {}
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        return facts
+    s = json.loads(summary_path.read_text())
+    keep = (
+        "wall_s",
+        "train_events_per_s",
+        "eval_events_per_s",
+        "test_events_per_s",
+        "eval_s",
+        "checkpoint_s",
+        "test_ap",
+        "val_ap",
+        "triton_cache_dir",
+    )
+    facts.update({k: s.get(k) for k in keep if k in s})
+    facts.update({k: v for k, v in s.items() if k.startswith("startup_")})
+    facts.update({k: v for k, v in s.items() if k.endswith("_graph_warmup_s")})
+    facts.update({k: v for k, v in s.items() if k.endswith("_graph_capture_s")})
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    facts["epochs"] = [
+        {k: e.get(k) for k in ("epoch", "events_per_s", "val_events_per_s", "val_ap") if k in e}
+        for e in epochs
+    ]
+    rates = [e.get("events_per_s") or 0.0 for e in epochs]
+    if len(rates) >= 2 and max(rates[1:]) > 0:
+        warm = sum(rates[1:]) / len(rates[1:])
+        facts["first_over_warm_epoch_rate"] = round(rates[0] / warm, 4)
+    if s.get("train_events_per_s"):
+        facts["eval_over_train_events_per_s"] = round(
+            s["eval_events_per_s"] / s["train_events_per_s"], 3
+        )
+    return facts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "ttr-out"))
+    ap.add_argument("--wiki", default=".device_data/wikipedia/wikipedia.csv.gz")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--deadline-s", type=float, default=330.0)
+    ap.add_argument("--quick", action="store_true", help="small sizes (CPU check)")
+    ap.add_argument("--setup", action="store_true", help="pip install -e . (offline) first")
+    ap.add_argument("--skip-syn7", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    work = Path(tempfile.mkdtemp(prefix="ttr-"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    r = Runner(out, args.deadline_s, env)
+    if args.setup:
+        r.run(
+            "setup",
+            [PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
+            120,
+        )
+    sven = [PY, "-m", "sven"]
+    quick = args.quick
+
+    def synth(events: str, nodes: str, out: Path) -> list[str]:
+        return [
+            *sven,
+            "data",
+            "synth",
+            "--events",
+            events,
+            "--nodes",
+            nodes,
+            "--seed",
+            "0",
+            "--out",
+            str(out),
+        ]
+
+    def train(data: Path, run_out: Path, *extra: str) -> list[str]:
+        cap = ["train.max_batches=20"] if quick else []
+        return [
+            *sven,
+            "train",
+            *extra,
+            f"data.path={data}",
+            f"out={run_out}",
+            "--quiet",
+            f"train.device={args.device}",
+            *cap,
+        ]
+
+    # 1. env and the floor every CUDA process pays.
+    probe = (
+        "import json, torch; print(json.dumps({'torch': torch.__version__, "
+        "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name(0) "
+        "if torch.cuda.is_available() else None}))"
+    )
+    try:
+        r.record["env"] = json.loads(subprocess.check_output([PY, "-c", probe], text=True))
+    except (subprocess.CalledProcessError, ValueError):
+        pass
+    r.run("import-torch", [PY, "-c", "import torch"], 60)
+    if args.device == "cuda":
+        r.run(
+            "import-torch-cuda-init",
+            [PY, "-c", "import torch; torch.empty(1, device='cuda'); torch.cuda.synchronize()"],
+            60,
+        )
+
+    # 2-4. Wikipedia, three epochs, cold then warm Triton cache.
+    wiki = work / "wiki"
+    if Path(args.wiki).is_file():
+        r.run("wiki-convert", [*sven, "data", "convert", args.wiki, "--out", str(wiki)], 120)
+    triton_cache = work / "triton-cache"
+    for name in ("wiki-cold", "wiki-warm"):
+        if not (wiki / "meta.json").is_file() or r.left() < 30:
+            break
+        run_out = work / name
+        cmd = train(wiki, run_out, "--config", "configs/tgn.yaml", "train.epochs=3")
+        rec = r.run(name, cmd, 150, env={"TRITON_CACHE_DIR": str(triton_cache)})
+        rec.update(run_facts(run_out))
+        r.save()
+
+    # 5. The 10^6-event store: start-up to the first step, epochs, evaluation.
+    syn6 = work / "syn6"
+    events6 = "20000" if quick else "1000000"
+    rec = r.run(
+        "syn6-synth",
+        synth(events6, "10000", syn6),
+        120,
+    )
+    if rec["rc"] == 0 and r.left() > 30:
+        run_out = work / "syn6-run"
+        cmd = train(syn6, run_out, "--config", "configs/tgn.yaml", "train.epochs=2")
+        rec = r.run("syn6", cmd, 150, env={"TRITON_CACHE_DIR": str(triton_cache)})
+        rec.update(run_facts(run_out))
+        r.save()
+
+    # 6. The 10^7-event graph, one epoch at batch 600 (the issue's run).
+    if not args.skip_syn7 and r.left() > 150:
+        syn7 = work / "syn7"
+        events7 = "60000" if quick else "10000000"
+        rec = r.run(
+            "syn7-synth",
+            synth(events7, "100000", syn7),
+            100,
+        )
+        if rec["rc"] == 0 and r.left() > 60:
+            run_out = work / "syn7-run"
+            cmd = train(syn7, run_out, "train.batch_size=600", "train.epochs=1")
+            rec = r.run("syn7", cmd, 240, env={"TRITON_CACHE_DIR": str(triton_cache)})
+            facts = run_facts(run_out)
+            rec.update(facts)
+            meta = json.loads((syn7 / "meta.json").read_text())
+            counts = meta["split"]["counts"]
+            ep = (facts.get("epochs") or [{}])[0]
+            if ep.get("events_per_s") and ep.get("val_events_per_s"):
+                train_events = counts["train"] if not quick else min(counts["train"], 20 * 600)
+                rec["train_s"] = round(train_events / ep["events_per_s"], 2)
+                rec["val_s"] = round(counts["val"] / ep["val_events_per_s"], 2)
+                rec["train_plus_val_s"] = round(rec["train_s"] + rec["val_s"], 2)
+            r.save()
+    r.save()
+    print(json.dumps(r.record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

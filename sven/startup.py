@@ -1,0 +1,190 @@
+"""Start-up of a run, from process start to the first training step, timed by phase.
+
+A user feels the whole run, not the warm epoch's rate; :class:`StartupClock` says where
+the seconds before the first step go (``summary.json``'s ``startup_s`` and
+``startup_<phase>_s``, and one line of progress output). Phases:
+
+- ``imports``: process start to the trainer's construction (the interpreter, torch,
+  Sven's modules); measured from the kernel's record of the process start where there
+  is one (Linux ``/proc``), so it includes what no Python timer sees;
+- ``cuda_init``: CUDA's own initialisation (context creation on the device), apart so
+  that Sven's part can be read without it;
+- ``store_open``: ``meta.json``, headers and the value checks of the event store;
+- ``checksums``: the store's sha256 over every byte
+  (:func:`sven.datasets.store.verify_checksums`);
+- ``to_device``: the event columns copied to the run's device;
+- ``model``, ``tables``: the model, the T-CSR sampler and the step's event tables;
+- ``optimizer``: Adam's construction, where ``torch.optim`` imports ``torch._dynamo``;
+- ``first_step``: the first training step: on CUDA its warm-up runs (cuBLAS, Triton
+  kernels compiled or loaded from the on-disk cache), the graph capture and the first
+  replay, waited for.
+
+What a run imports is kept to what it needs: pandas, pyarrow, torch_geometric,
+matplotlib and (on CPU) triton are not imported by ``sven train``
+(``tests/integration/test_startup.py``). Torch itself would import its compiler front
+end (``torch._dynamo``, and with it triton: about as long as importing torch) in two
+places a run without ``train.compile`` does not need it: ``torch.optim``'s methods,
+wrapped for ``torch.compile`` (see :class:`sven.components.Optimizer`'s ``lean``),
+and ``torch.use_deterministic_algorithms``, which imports the compiler to set one of
+its flags (:func:`set_deterministic`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = [
+    "StartupClock",
+    "lean_adam",
+    "process_age_s",
+    "set_deterministic",
+    "triton_cache_dir",
+    "undecorated",
+]
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started, from ``/proc`` (Linux); None elsewhere.
+
+    The kernel records the start in clock ticks since boot (10 ms on most systems).
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        # Field 22 (starttime), counted after the command name's closing parenthesis.
+        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_deterministic(mode: bool, warn_only: bool = False) -> None:
+    """``torch.use_deterministic_algorithms(mode, warn_only=warn_only)`` without
+    importing torch's compiler.
+
+    Torch's function also sets ``torch._inductor.config.deterministic``, importing the
+    compiler (and ``torch._dynamo``) for it; here that flag is set only where the
+    compiler is loaded already (``train.compile``). Compilation reads it when it runs,
+    inside the step's own determinism context, which sets it through this function.
+    """
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+
+def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` without the wrappers (``functools.wraps``) torch put around it."""
+    return inspect.unwrap(fn)
+
+
+def lean_adam() -> bool:
+    """Whether torch's Adam can run without importing ``torch._dynamo`` (see
+    :class:`sven.components.Optimizer`); prepares it where it can.
+
+    Adam's step calls the functional ``torch.optim.adam.adam``, which torch wraps in a
+    ``torch._dynamo.disable`` that imports the compiler at its first call and caches
+    the disabled function on the wrapped one (``__dynamo_disable``). Setting that cache
+    to the function itself, before anything compiles, leaves the eager call as it is
+    and skips the import. Not done once the compiler is loaded (a compiled optimizer
+    may rely on the real one), nor on a torch without these attributes.
+    """
+    if "torch._dynamo" in sys.modules:
+        return False
+    from torch.optim import adam
+
+    fn = getattr(adam.adam, "__wrapped__", None)
+    if fn is None or not hasattr(torch.optim.Adam.step, "__wrapped__"):
+        return False
+    if getattr(fn, "__dynamo_disable", None) is None:
+        fn.__dynamo_disable = fn  # type: ignore[attr-defined]
+    return True
+
+
+def triton_cache_dir() -> str:
+    """Where Triton keeps compiled kernels between runs: ``TRITON_CACHE_DIR``, else
+    ``$TRITON_HOME/.triton/cache`` (``TRITON_HOME`` defaults to the home folder).
+
+    A kernel compiled once loads from there in later processes (tens of ms instead of
+    a compilation); the same holds for Sven's hash kernels and, with
+    ``train.compile``, for inductor's, which keeps its own cache under
+    ``TORCHINDUCTOR_CACHE_DIR``.
+    """
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
+
+
+class StartupClock:
+    """Wall time of each start-up phase (seconds), in the order they ran.
+
+    Args:
+        age_s: Seconds the process had run when the clock was made (the ``imports``
+            phase); None where unknown (the phase is then left out).
+    """
+
+    def __init__(self, age_s: float | None = None) -> None:
+        self.parts: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+        self._offset = age_s or 0.0
+        if age_s is not None:
+            self.parts["imports"] = age_s
+        self.done = False
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Adds the time of the ``with`` block to phase ``name``."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Adds ``seconds`` to phase ``name``."""
+        if not self.done:
+            self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+    def finish(self) -> None:
+        """Stops the clock (at the end of the first training step); later phases are
+        ignored."""
+        if not self.done:
+            self.total = self._offset + time.perf_counter() - self._t0
+            self.done = True
+
+    def elapsed(self) -> float:
+        """Seconds from process start (or the clock's creation) to now or to finish."""
+        if self.done:
+            return self.total
+        return self._offset + time.perf_counter() - self._t0
+
+    def summary(self) -> dict[str, float]:
+        """``startup_s`` (process start to the end of the first step), each measured
+        phase as ``startup_<phase>_s`` (``startup_other_s`` is the rest: folders,
+        config, logging) and ``startup_s_without_cuda_init``; flat, for summary.json."""
+        total = self.elapsed()
+        out = {"startup_s": round(total, 4)}
+        for k, v in self.parts.items():
+            out[f"startup_{k}_s"] = round(v, 4)
+        out["startup_other_s"] = round(max(total - sum(self.parts.values()), 0.0), 4)
+        out["startup_s_without_cuda_init"] = round(total - self.parts.get("cuda_init", 0.0), 4)
+        return out
+
+    def line(self) -> str:
+        """One line of progress output: the total and the phases over 10 ms."""
+        s = self.summary()
+        parts = ", ".join(
+            f"{k[len('startup_') : -2]} {v:.2f}"
+            for k, v in s.items()
+            if k != "startup_s" and k.startswith("startup_") and k.endswith("_s") and v >= 0.01
+        )
+        return f"start-up {s['startup_s']:.2f} s to the first step ({parts})"

@@ -1,0 +1,86 @@
+"""Start-up (issue 22): what ``sven train`` imports, what it reports, what it refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sven.cli import main
+from tests.integration.test_safety import _train
+from tests.integration.test_safety import store as store  # the fixture
+
+#: Packages a CPU training run needs none of (readers, plots, the PyG baseline, and
+#: Triton, which only CUDA kernels use).
+NOT_NEEDED = ("torch_geometric", "pandas", "pyarrow", "matplotlib", "sklearn", "triton")
+
+
+def test_train_imports_only_what_it_needs_and_reports_its_start_up(store, tmp_path) -> None:
+    out = tmp_path / "run"
+    code = (
+        "import json, sys\n"
+        "from sven.cli import main\n"
+        f"rc = main({_train(store, out)!r})\n"
+        f"print(json.dumps([rc, sorted(m for m in {NOT_NEEDED!r} if m in sys.modules)]))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    rc, imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rc == 0
+    assert imported == []
+    summary = json.loads((out / "summary.json").read_text())
+    parts = {
+        k: v
+        for k, v in summary.items()
+        if k.startswith("startup_") and k.endswith("_s") and k != "startup_s"
+    }
+    # Every phase up to the first step, and nothing unaccounted for but small change.
+    for phase in ("imports", "store_open", "checksums", "to_device", "model", "tables"):
+        assert parts[f"startup_{phase}_s"] >= 0, phase
+    assert parts["startup_first_step_s"] > 0
+    assert sum(parts.values()) == pytest.approx(summary["startup_s"], abs=2e-3)
+    assert summary["startup_s"] < summary["wall_s"] + parts["startup_imports_s"] + 1
+    assert summary["eval_events_per_s"] > 0 and summary["test_events_per_s"] > 0
+    line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["val_events_per_s"] > 0 and line["events_per_s"] > 0
+
+
+def test_a_same_size_rewrite_keeping_mtime_and_inode_is_refused_next_run(
+    store, tmp_path, capsys
+) -> None:
+    """Whatever an earlier run saw, the next one hashes every byte again."""
+    import shutil
+
+    bad = tmp_path / "store"
+    shutil.copytree(store, bad)
+    assert main(_train(bad, tmp_path / "run1")) == 0
+    f = bad / "src.npy"
+    st = os.stat(f)
+    src = np.load(f)
+    # Another valid node id, written in place: same size, name and inode; then the
+    # old timestamps put back, so no (path, size, mtime, inode) key could tell.
+    i = 7
+    new = (int(src[i]) + 1) % 30  # a valid id: only the checksum can tell
+    offset = f.stat().st_size - src.nbytes + i * src.itemsize
+    with open(f, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(np.array([new], dtype=src.dtype).tobytes())
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(f)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+    )
+    capsys.readouterr()
+    assert main(_train(bad, tmp_path / "run2")) == 3
+    err = capsys.readouterr().err
+    assert "src.npy: checksum mismatch" in err
+    assert not (tmp_path / "run2").exists()
