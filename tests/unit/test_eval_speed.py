@@ -60,7 +60,7 @@ def _oracle_draw(
 
 def _oracle_table(tr: Trainer, split: str) -> torch.Tensor:
     """The one-process step's negatives table before issue 22: a loop over batches."""
-    step = tr.single
+    step = tr.step
     lo, hi = tr.ranges[split]
     b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
     protocols = step.protocols if split == "test" else step.protocols[:1]
@@ -237,10 +237,10 @@ def test_evaluation_metrics_equal_the_per_batch_code(store, tmp_path, selected: 
         ],
     )
     lo, hi = tr.ranges["train"]
-    for start in range(lo, hi, 64):
-        tr.single.train_batch(0, start, min(start + 64, hi))
+    for i, start in enumerate(range(lo, hi, 64)):
+        tr.step.train_batch(0, i, start, min(start + 64, hi))
     for split in ("val", "test"):
-        assert torch.equal(tr.single._negatives(split), _oracle_table(tr, split))
+        assert torch.equal(tr.step._negatives(split), _oracle_table(tr, split))
         res = tr.evaluate(split)
         assert res.protocol_neg or split == "val"
         _same(tr.split_metrics(split, res), _oracle_metrics(tr, split, res))

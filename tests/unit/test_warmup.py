@@ -58,7 +58,7 @@ def _state(tr: Trainer) -> dict[str, Any]:
             for k, v in st.items()
         },
         "memory": {k: v.clone() for k, v in tr.memory.state_dict().items()},
-        "loss_sum": tr.single.loss_sum.clone(),
+        "loss_sum": tr.step.loss_sum.clone(),
         "rng": torch.get_rng_state(),
     }
 
@@ -78,21 +78,27 @@ def _equal(a: dict[str, Any], b: dict[str, Any]) -> None:
 def _run(store, out, model: str, rehearse_at: set[int]) -> tuple[dict[str, Any], Any]:
     torch.manual_seed(0)
     tr = _trainer(store, out, model)
-    step = tr.single
+    step = tr.step
     lo, hi = tr.ranges["train"]
     for i, start in enumerate(range(lo, hi, B)):
         stop = min(start + B, hi)
         if i in rehearse_at:
             # What train_batch sets before the graph's first call, then its warm-up.
-            step._set(start=start, stop=stop, stream=0, npred=float((stop - start) * 2))
+            step._fill(
+                step.inp, start=start, stop=stop, gstart=start, stream=0,
+                npred=float((stop - start) * 2),
+            )  # fmt: skip
             step.train_graph.rehearse()
-        step.train_batch(0, start, stop)
+        step.train_batch(0, i, start, stop)
     train_state = _state(tr)
     if rehearse_at:
         # The eval graph's warm-up, as at the first batch of the first evaluation.
         vlo, vhi = tr.ranges["val"]
         step.neg_table[: vhi - vlo].copy_(step._negatives("val"))
-        step._set(split_lo=vlo, stream=EVAL_STREAM["val"], start=vlo, stop=vlo + B)
+        step._fill(
+            step.inp, split_lo=vlo, stream=EVAL_STREAM["val"], start=vlo, stop=vlo + B,
+            gstart=vlo,
+        )  # fmt: skip
         step.eval_graph.rehearse()
     res = tr.evaluate("val")
     return train_state, (res, _state(tr))
@@ -113,11 +119,11 @@ def test_warm_up_leaves_the_state_exactly_as_without(store, tmp_path, model: str
 def test_without_the_restore_the_warm_up_would_change_the_state(store, tmp_path) -> None:
     """The check above can fail: the same warm-up, nothing put back, moves the state."""
     tr = _trainer(store, tmp_path / "c", "tgn")
-    step = tr.single
+    step = tr.step
     lo = tr.ranges["train"][0]
     before = _state(tr)
-    step._set(start=lo, stop=lo + B, stream=0, npred=float(2 * B))
-    StepGraph(step._train, mode="off", device=tr.device, state=lambda: []).rehearse()
+    step._fill(step.inp, start=lo, stop=lo + B, gstart=lo, stream=0, npred=float(2 * B))
+    StepGraph(step._train_fn(0), mode="off", device=tr.device, state=lambda: []).rehearse()
     after = _state(tr)
     assert any(not torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
     assert any(not torch.equal(before["memory"][k], after["memory"][k]) for k in before["memory"])
