@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +23,24 @@ from typing import Any, get_type_hints
 import yaml
 
 from sven.errors import ConfigError
+
+_INT64 = 2**63
+
+
+def _check_numbers(section: Any, prefix: str) -> None:
+    """Every number of a config section is finite and fits the int64 the code uses.
+
+    Runs first in each section's ``__post_init__``: a NaN passes every ``<`` and
+    ``>=`` range check below (``nan <= 0`` is false), and an infinite learning rate
+    trains into NaN scores.
+    """
+    hints = get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if hints[f.name] is float and not math.isfinite(value):
+            raise ConfigError(f"{prefix}.{f.name} must be a finite number, got {value}")
+        if hints[f.name] is int and not -_INT64 <= value < _INT64:
+            raise ConfigError(f"{prefix}.{f.name} is out of range, got {value}")
 
 
 @dataclass(kw_only=True)
@@ -76,6 +95,7 @@ class ModelConfig:
     CUDA; docs/performance.md)."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "model")
         self.name = self.name.lower()
         if self.name not in ("tgn", "jodie", "apan", "dyrep"):
             raise ConfigError(f"model.name: unknown model {self.name!r} (tgn, jodie, apan, dyrep)")
@@ -136,9 +156,11 @@ class TrainConfig:
     the keys in ``RESUME_MAY_CHANGE`` (epochs, patience, quiet...); otherwise the run
     stops with exit code 2 and names the keys that differ."""
     overwrite: bool = False
-    """Delete ``out`` before training when it holds an earlier run (a folder with
-    Sven's ``config.json``); never any other folder. Without it (or ``resume``), a
-    non-empty ``out`` is an error, so that two runs never mix their checkpoints."""
+    """Delete the earlier run in ``out`` before training (a folder with Sven's
+    ``config.json``): only the files a run writes; where ``out`` holds anything else,
+    or another process is training into it, the run stops and names it. Without it (or
+    ``resume``), a non-empty ``out`` is an error, so that two runs never mix their
+    checkpoints."""
     device: str = "auto"
     """auto (CUDA when available, else CPU), cpu, cuda, or cuda:N. Under a
     multi-process launch, auto and cuda give each rank ``cuda:<local rank>`` on a GPU
@@ -161,6 +183,7 @@ class TrainConfig:
     kernels; the first steps take longer)."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "train")
         for f in ("epochs", "batch_size", "num_neg", "keep_latest_k"):
             if getattr(self, f) <= 0:
                 raise ConfigError(f"train.{f} must be positive, got {getattr(self, f)}")
@@ -212,6 +235,7 @@ class EvalConfig:
     negative columns); false: only ``eval.negatives``."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "eval")
         self.negatives = self.negatives.lower()
         if self.negatives not in ("random", "historical", "inductive"):
             raise ConfigError(
@@ -246,6 +270,7 @@ class DistConfig:
     """Collective timeout; a rank that does not answer within it is named in the error."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "dist")
         if self.strategy not in ("hash", "range", "ldg", "metis", "minmax"):
             raise ConfigError(f"dist.strategy: unknown strategy {self.strategy!r}")
         if self.backend not in ("auto", "nccl", "gloo"):
@@ -282,6 +307,7 @@ class PipelineConfig:
     this changes the results (the push then also overlaps batch i + 1's reads)."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "pipeline")
         if self.prefetch < 0:
             raise ConfigError(f"pipeline.prefetch must be >= 0, got {self.prefetch}")
         if self.micro_batches not in ("1", "2", "4", "auto"):
@@ -306,6 +332,7 @@ class LogConfig:
     """With ``profile=true``: how many training steps the trace records."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "log")
         if self.profile_start < 0:
             raise ConfigError(f"log.profile_start must be >= 0, got {self.profile_start}")
         if self.profile_steps < 1:
@@ -485,6 +512,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             d = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: invalid YAML: {exc}") from None
+        if not isinstance(d, dict):
+            kind = {list: "a list", str: "a string", int: "a number", float: "a number"}
+            raise ConfigError(
+                f"{p}: the top level must be a mapping of sections (data:, model:, "
+                f"train:, ...), got {kind.get(type(d), type(d).__name__)}"
+            )
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
