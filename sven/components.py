@@ -196,21 +196,21 @@ class Data:
         Rank 0's verdict is shared, so that every rank stops with the same error
         instead of the others waiting for rank 0 in a collective.
         """
-        from sven.datasets.store import TemporalEvents, verify_checksums
+        from sven.datasets.store import open_verified_store
 
-        ev = TemporalEvents.load(path)
-        if not self.cfg.data.verify:
-            return ev
-        problem = None
-        if self.rank == 0:
-            try:
-                verify_checksums(ev.path, ev.meta)
-            except DataError as exc:
-                problem = str(exc)
+        ev, problem = None, None
+        try:
+            ev = open_verified_store(
+                path,
+                verify=self.cfg.data.verify and self.rank == 0,
+                hint="set data.verify=false to train anyway",
+            )
+        except DataError as exc:
+            problem = str(exc)
         problem = self._agree(problem)
-        if problem is not None:
-            err = DataError(f"{problem} (set data.verify=false to train anyway)")
-            err.quiet = self.rank != 0
+        if problem is not None or ev is None:
+            err = DataError(problem or "the store could not be opened on this rank")
+            err.quiet = self.rank != 0 and problem is not None
             raise err
         return ev
 
@@ -226,8 +226,13 @@ class Data:
             dc = self.cfg.dist
             if dc.partition:
                 from sven.partition import load_partition
+                from sven.partition.store import check_matches
 
                 part = load_partition(dc.partition)
+                try:
+                    check_matches(part, self.events, dc.partition)
+                except DataError as exc:
+                    raise ConfigError(f"dist.partition: {exc}") from None
                 owner, assign = np.asarray(part.owner), np.asarray(part.assign)
                 meta = dict(part.meta)
                 if int(meta.get("parts", p)) != p:
