@@ -888,15 +888,13 @@ class Trainer:
         ck = self.checkpoints
         step = ck.newest(ck.latest)
         kept = (
-            f"the last good checkpoint is {ck.latest.path(step)} (train.resume=true "
-            "continues from it)"
+            f"the last checkpoint at a finite loss is {ck.latest.path(step)}"
             if step is not None
-            else "no checkpoint was written before it (train.checkpoint_every=N keeps one "
-            "every N batches)"
+            else "no checkpoint was written before it"
         )
         err = Diverged(
             f"the training loss is {'NaN' if math.isnan(loss) else 'infinite'} by "
-            f"{self._where}; training stopped and kept nothing of that state; {kept}. "
+            f"{self._where}; training stopped, keeping nothing of that state ({kept}). "
             f"Lower train.lr (now {self.cfg.train.lr:g}) or check the data's features"
         )
         err.quiet = self.rank != 0
