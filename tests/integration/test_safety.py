@@ -442,6 +442,17 @@ def test_2_partition_overwrite_keeps_a_users_file(store, tmp_path, capsys) -> No
     assert (part / "owner.npy").is_file()
 
 
+def test_train_overwrite_keeps_a_users_file_in_the_run_folder(store, tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    assert main(_train(store, run)) == 0
+    (run / "notes.txt").write_text("my notes")
+    capsys.readouterr()
+    assert main(_train(store, run, "train.overwrite=true")) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"out={run} holds notes.txt, not written by Sven" in line
+    assert (run / "notes.txt").read_text() == "my notes" and (run / "summary.json").is_file()
+
+
 def _same_size_change(store: Path, to: Path) -> Path:
     """A copy of ``store`` whose src.npy has one id changed to another valid id: the
     structure and the value checks pass, only the checksum can tell."""
