@@ -642,6 +642,30 @@ def test_11_a_killed_converts_partial_folder_is_swept_by_the_next_run(tmp_path, 
     assert sorted(p.name for p in stores.iterdir()) == ["c"]
 
 
+def test_11_sigterm_during_partition_leaves_nothing(tmp_path) -> None:
+    import signal
+
+    src, dst, t, _ = _events(200_000, nodes=5_000)
+    big = tmp_path / "big"
+    write_events(big, src, dst, t, num_nodes=5_000)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [*SVEN, "partition", str(big), "--parts", "4", "--strategy", "ldg", "--quiet"]
+    proc = subprocess.Popen(
+        [*argv, "--out", str(parts / "p")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    # Its lock file appears before any work; frozen there, it is stopped mid-way.
+    _wait_for(lambda: (parts / ".p.sven-lock").is_file(), proc, "its lock file")
+    proc.send_signal(signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143
+    assert "stopped by SIGTERM" in _one_line(err.decode())
+    assert list(parts.iterdir()) == []
+
+
 def test_12_plot_without_matplotlib_is_one_line_and_writes_nothing(store, tmp_path) -> None:
     run = tmp_path / "run"
     assert main(_train(store, run)) == 0
