@@ -146,23 +146,26 @@ def _convert(args: argparse.Namespace) -> int:
         feat=tuple(c.strip() for c in args.feat.split(",") if c.strip()) if args.feat else (),
         label=args.label,
     )
+    from sven.ownership import stop_on_sigterm
+
     start = time.perf_counter()
     try:
-        ev = convert(
-            args.input,
-            args.out,
-            args.format,
-            name=args.name,
-            val_frac=args.val_frac,
-            test_frac=args.test_frac,
-            overwrite=args.overwrite,
-            columns=columns,
-            sep=args.sep,
-            header=not args.no_header,
-            string_ids=args.string_ids,
-            bipartite=True if args.bipartite else None,
-            block_bytes=args.block_mb << 20,
-        )
+        with stop_on_sigterm(args.out):
+            ev = convert(
+                args.input,
+                args.out,
+                args.format,
+                name=args.name,
+                val_frac=args.val_frac,
+                test_frac=args.test_frac,
+                overwrite=args.overwrite,
+                columns=columns,
+                sep=args.sep,
+                header=not args.no_header,
+                string_ids=args.string_ids,
+                bipartite=True if args.bipartite else None,
+                block_bytes=args.block_mb << 20,
+            )
     except OSError as exc:  # disk full, permissions: a message, not a traceback
         raise SvenError(f"{exc.filename or args.out}: {exc.strerror or exc}") from None
     print(_summary(ev.meta, str(ev.path), time.perf_counter() - start))

@@ -24,6 +24,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sven.errors import ConfigError, DataError, SvenError
+from sven.ownership import (
+    discard_partial,
+    foreign_files,
+    lock_folder,
+    make_partial,
+    publish_partial,
+    refuse_foreign,
+    report_swept,
+    sweep_partials,
+)
 
 if TYPE_CHECKING:
     from torch_geometric.data import TemporalData
@@ -38,6 +48,7 @@ __all__ = [
     "describe_replaced",
     "is_store",
     "iter_ranges",
+    "open_verified_store",
     "refuse_existing_negatives",
     "sha256_file",
     "verify_checksums",
@@ -419,9 +430,12 @@ class StoreWriter:
     bucketed by time on disk and sorted bucket by bucket).
 
     Atomicity: everything is written to a hidden temporary directory beside
-    ``out_dir`` and renamed into place at close; on any error (or on leaving the
-    ``with`` block by an exception) the temporary directory is removed, so a failed
-    conversion leaves nothing behind.
+    ``out_dir`` (``.NAME.partial-*``) and renamed into place at close; on any error
+    (or on leaving the ``with`` block by an exception, SIGTERM included under
+    :func:`sven.ownership.stop_on_sigterm`) the temporary directory is removed, so a
+    failed conversion leaves nothing behind. One writer at a time: the writer holds
+    ``out_dir``'s lock (:func:`sven.ownership.lock_folder`) from construction to
+    close, and first removes the partial folders that dead writers left beside it.
 
     Args:
         out_dir: Target directory; must not exist (or be empty) unless ``overwrite``.
@@ -466,7 +480,7 @@ class StoreWriter:
                 f"got val={val_frac}, test={test_frac}"
             )
         self.out_dir = Path(out_dir)
-        _check_target(self.out_dir, overwrite)
+        _check_target(self.out_dir, overwrite)  # early, before the arguments' checks
         self.name = name or self.out_dir.name
         self.overwrite = overwrite
         self.val_frac, self.test_frac = float(val_frac), float(test_frac)
@@ -492,14 +506,24 @@ class StoreWriter:
         self.node_feat = node_feat
         self.id_map = id_map
 
-        self._tmp = self.out_dir.parent / f".{self.out_dir.name}.partial-{uuid.uuid4().hex[:12]}"
+        # Everything below runs under the lock, released on any failure.
+        self._lock = lock_folder(self.out_dir, "writing an event store")
+        self._tmp: Path | None = None
         try:
-            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-            self._tmp.mkdir()
-        except OSError as exc:
-            raise SvenError(f"cannot create {self._tmp}: {exc.strerror or exc}") from None
-        self._spool_dir = self._tmp / "_spool"
-        self._spool_dir.mkdir()
+            _check_target(self.out_dir, overwrite)
+            report_swept(sweep_partials(self.out_dir.parent))
+            self._tmp = make_partial(self.out_dir)
+            self._spool_dir = self._tmp / "_spool"
+            self._spool_dir.mkdir()
+        except BaseException as exc:
+            if self._tmp is not None:
+                discard_partial(self._tmp)
+            self._lock.release()
+            if isinstance(exc, OSError):
+                raise SvenError(
+                    f"cannot create a folder beside {self.out_dir}: {exc.strerror or exc}"
+                ) from None
+            raise
         self._spools: dict[str, _Spool] = {
             "src": _Spool(self._spool_dir / "src"),
             "dst": _Spool(self._spool_dir / "dst"),
@@ -683,9 +707,12 @@ class StoreWriter:
     def abort(self) -> None:
         """Discards everything written so far."""
         self._closed = True
-        for spool in self._spools.values():
-            spool.finish()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        try:
+            for spool in self._spools.values():
+                spool.finish()
+        finally:
+            discard_partial(self._tmp)
+            self._lock.release()
 
     def close(self) -> TemporalEvents:
         """Sorts, compacts, splits, checksums and renames the store into place.
@@ -701,6 +728,7 @@ class StoreWriter:
             self.abort()
             raise
         self._closed = True
+        self._lock.release()
         # Just written and checked value by value on append: the structure is enough.
         return TemporalEvents.load(self.out_dir, check_values=False)
 
@@ -989,6 +1017,20 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def store_manifest(meta: dict[str, Any]) -> set[str]:
+    """The names a store's writers put in its folder: ``meta.json`` and the column
+    files its checksums list."""
+    sums = meta.get("checksums")
+    return {"meta.json", *(f"{c}.npy" for c in (sums if isinstance(sums, dict) else ()))}
+
+
+def _is_store_file(manifest: set[str], name: str) -> bool:
+    # write_eval_negatives' temporaries (".neg_val.npy.<tag>", ".meta.json.<tag>"),
+    # left where it was killed between its two renames.
+    temp = name.startswith((".neg_", ".meta.json.")) and name.count(".") >= 3
+    return name in manifest or temp
+
+
 def check_target(
     out_dir: str | os.PathLike[str],
     overwrite: bool,
@@ -997,8 +1039,10 @@ def check_target(
     """Checks that a store may be written at ``out_dir``; nothing is changed.
 
     A missing folder or an empty one may always be written. ``overwrite`` replaces
-    only an event store (a folder whose ``meta.json`` is one of ours), never an
-    ordinary folder or file, and never a folder that holds one of ``inputs``.
+    only an event store (a folder whose ``meta.json`` is one of ours) that holds
+    nothing but the store's own files (:func:`store_manifest`), never an ordinary
+    folder or file, never a store beside which the user keeps files of their own,
+    and never a folder that holds one of ``inputs``.
 
     Args:
         out_dir: The target directory.
@@ -1024,7 +1068,12 @@ def check_target(
             f"{out} is not an event store (no meta.json of Sven's); --overwrite only "
             "replaces an event store: remove it yourself or choose another --out"
         )
-    return _read_json_object(out / "meta.json")
+    meta = _read_json_object(out / "meta.json") or {}
+    manifest = store_manifest(meta)
+    foreign = foreign_files(out, lambda name: _is_store_file(manifest, name))
+    if foreign:
+        raise SvenError(refuse_foreign(out, foreign, "--overwrite"))
+    return meta
 
 
 def describe_replaced(out_dir: str | os.PathLike[str], meta: dict[str, Any]) -> str:
@@ -1042,24 +1091,10 @@ def _check_target(out_dir: Path, overwrite: bool) -> None:
 
 
 def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Renames the finished temporary store into place."""
+    """Renames the finished temporary store into place (checked again: the user may
+    have put a file into the old store meanwhile)."""
     _check_target(out_dir, overwrite)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        # Move the old store aside so that the new one appears in a single rename.
-        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
-        os.rename(out_dir, old)
-        try:
-            os.rename(tmp, out_dir)
-        except BaseException:
-            os.rename(old, out_dir)
-            raise
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-    else:
-        # rename(2) replaces an empty directory atomically.
-        os.rename(tmp, out_dir)
+    publish_partial(tmp, out_dir)
 
 
 def write_events(
@@ -1342,6 +1377,13 @@ def write_eval_negatives(
     if split not in NEG_SPLITS:
         raise ValueError(f"split must be one of {NEG_SPLITS}, got {split!r}")
     path = Path(path)
+    with lock_folder(path, "sven data negatives"):
+        _write_eval_negatives(path, split, negatives, source, overwrite)
+
+
+def _write_eval_negatives(
+    path: Path, split: str, negatives: np.ndarray, source: dict[str, Any], overwrite: bool
+) -> None:
     meta = _load_meta(path)
     file = path / f"neg_{split}.npy"
     if not overwrite:
@@ -1414,6 +1456,49 @@ def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None =
                 files[col],
             )
     return len(sums)
+
+
+def open_verified_store(
+    path: str | os.PathLike[str], *, verify: bool = True, hint: str = ""
+) -> TemporalEvents:
+    """Opens a store for a command that reads it: the one check every reader shares.
+
+    The structure (headers, dtypes, shapes, byte counts), the values (id ranges, time
+    order, split labels) and, with ``verify``, every file's sha256 against
+    ``meta.json`` (:func:`verify_checksums`), so that a byte changed on disk is found
+    before it partitions, trains or evaluates anything. Structure first: a truncated
+    column is reported as truncated, not as a checksum mismatch.
+
+    Args:
+        path: The store directory.
+        verify: Also compare the checksums (reads every byte once).
+        hint: Added in parentheses to a checksum error (how to go on anyway).
+
+    Returns:
+        The store, memory-mapped.
+
+    Raises:
+        DataError: The store is damaged; the message names the file.
+    """
+    events = TemporalEvents.load(path)
+    if verify:
+        verify_store(events, hint)
+    return events
+
+
+def verify_store(events: TemporalEvents, hint: str = "") -> None:
+    """The checksum half of :func:`open_verified_store`, for an opened store (a caller
+    that times the two halves apart).
+
+    Raises:
+        DataError: A file's sha256 differs from ``meta.json``; ``hint`` in parentheses.
+    """
+    try:
+        verify_checksums(events.path, events.meta)
+    except DataError as exc:
+        if not hint:
+            raise
+        raise DataError(f"{exc} ({hint})") from None
 
 
 class TemporalEvents:

@@ -854,10 +854,12 @@ def run_synth(args: argparse.Namespace) -> int:
         replaced = None
     else:
         from sven.datasets.store import check_target
+        from sven.ownership import stop_on_sigterm
 
         path = args.out
         replaced = check_target(path, args.overwrite)
-        write_synth(params, path, chunk_size=args.chunk_size, overwrite=args.overwrite)
+        with stop_on_sigterm(path):
+            write_synth(params, path, chunk_size=args.chunk_size, overwrite=args.overwrite)
     secs = time.perf_counter() - start
     print(
         f"synth: wrote {params.events:,} events, {params.nodes:,} nodes to {path} "

@@ -34,6 +34,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError, DataError, SvenError
@@ -144,7 +145,15 @@ def _run(args: argparse.Namespace) -> int:
         return _report(args, pos[1], pos[2])
     if len(pos) != 1:
         raise ConfigError(f"expected one event store, got {' '.join(pos)}")
-    return _partition(args, pos[0])
+    if args.out is None:
+        raise ConfigError("sven partition DATA needs --parts, --strategy and --out")
+    from sven.ownership import lock_folder, report_swept, stop_on_sigterm, sweep_partials
+
+    # The folder is this process's from the check of --out to the rename into place;
+    # SIGTERM leaves nothing behind, nor do writers into the same parent that died.
+    with stop_on_sigterm(args.out), lock_folder(args.out, "sven partition"):
+        report_swept(sweep_partials(Path(args.out).absolute().parent))
+        return _partition(args, pos[0])
 
 
 def _say(args: argparse.Namespace, msg: str) -> None:
@@ -216,7 +225,7 @@ def _simulate(args: argparse.Namespace, report: Any) -> dict[str, Any]:
 
 def _partition(args: argparse.Namespace, data: str) -> int:
     """``sven partition DATA ...``."""
-    from sven.datasets.store import TemporalEvents
+    from sven.datasets.store import open_verified_store
     from sven.partition.api import evaluate_store, partition_store, store_info
     from sven.partition.cost import Access, recent_sampler, row_bytes
     from sven.partition.store import check_target, is_partition, write_partition
@@ -239,7 +248,7 @@ def _partition(args: argparse.Namespace, data: str) -> int:
     # Before any work: a wrong --out fails at once, and never loses data.
     check_target(args.out, args.overwrite, inputs=(data,))
     replacing = args.overwrite and is_partition(args.out)
-    events = TemporalEvents.load(data)
+    events = open_verified_store(data)
     if events.num_events == 0:
         raise DataError("the store has no events", data)
     if args.parts > events.num_nodes:
@@ -308,26 +317,15 @@ def _partition(args: argparse.Namespace, data: str) -> int:
 
 def _report(args: argparse.Namespace, data: str, part_dir: str) -> int:
     """``sven partition report DATA PART_DIR``."""
-    from sven.datasets.store import TemporalEvents
-    from sven.partition.api import evaluate_store, store_info
+    from sven.datasets.store import open_verified_store
+    from sven.partition.api import evaluate_store
     from sven.partition.cost import Access, row_bytes
-    from sven.partition.store import load_partition
+    from sven.partition.store import check_matches, load_partition
 
-    events = TemporalEvents.load(data)
-    part = load_partition(part_dir)
+    events = open_verified_store(data)
+    part = load_partition(part_dir, verify=True)
+    check_matches(part, events, part_dir)
     meta = part.meta
-    recorded = meta.get("store", {})
-    current = store_info(events)
-    for key in ("num_events", "num_nodes"):
-        if recorded.get(key) is not None and recorded[key] != current[key]:
-            raise DataError(
-                f"partition was built for a store with {key}={recorded[key]}, "
-                f"this one has {current[key]}",
-                part_dir,
-            )
-    for col, digest in recorded.get("checksums", {}).items():
-        if current["checksums"].get(col) not in (None, digest):
-            raise DataError(f"partition was built for other data ({col} differs)", part_dir)
     widths = row_bytes(args.memory_dim, args.mail_dim)
     report = evaluate_store(
         events,

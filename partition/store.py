@@ -21,8 +21,9 @@ is never used with other data), ``checksums`` (``{file name: sha256}`` of every
 cost report's summary, see ``CostReport.summary``) and ``per_rank`` (its per-rank
 arrays, ``CostReport.to_dict()["per_rank"]``, which ``sven plot PART`` draws).
 
-The directory is written next to its final place under a temporary name and renamed
-into place, so a reader sees either nothing or a complete partition.
+The directory is written next to its final place under a temporary name
+(``.NAME.partial-*``, see :mod:`sven.ownership`) and renamed into place, so a reader
+sees either nothing or a complete partition; one writer at a time holds its lock.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,19 @@ from typing import Any
 import numpy as np
 
 from sven.errors import DataError
+from sven.ownership import (
+    discard_partial,
+    foreign_files,
+    lock_folder,
+    make_partial,
+    publish_partial,
+    refuse_foreign,
+)
 
 __all__ = [
     "FORMAT_VERSION",
     "Partition",
+    "check_matches",
     "check_target",
     "is_partition",
     "load_partition",
@@ -105,6 +113,16 @@ def is_partition(path: str | os.PathLike[str]) -> bool:
     return isinstance(meta, dict) and "parts" in meta and "format_version" in meta
 
 
+def _manifest(part_dir: Path):
+    """Whether a name in a partition folder is one Sven writes there."""
+    try:
+        sums = json.loads((part_dir / "meta.json").read_text()).get("checksums")
+    except (OSError, ValueError, AttributeError):
+        sums = None
+    names = {"meta.json", "plots", *(sums if isinstance(sums, dict) else ())}
+    return names.__contains__
+
+
 def check_target(
     out_dir: str | os.PathLike[str],
     overwrite: bool,
@@ -113,7 +131,9 @@ def check_target(
     """Checks that a partition may be written at ``out_dir``; changes nothing.
 
     A missing or empty folder may be written if its parent can be; ``overwrite``
-    replaces only a partition folder, never another folder or one holding ``inputs``.
+    replaces only a partition folder holding nothing but a partition's own files
+    (``meta.json``, the ``.npy`` files its checksums list, ``sven plot``'s ``plots``),
+    never another folder or one holding ``inputs``.
 
     Raises:
         DataError: If the target may not be written.
@@ -132,6 +152,9 @@ def check_target(
                 "a partition: remove it yourself or choose another --out",
                 out,
             )
+        foreign = foreign_files(out, _manifest(out))
+        if foreign:
+            raise DataError(refuse_foreign(out, foreign, "--overwrite"))
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -173,9 +196,21 @@ def write_partition(
         raise DataError(f"owner values outside [0, {parts})", out)
     if assign.size and (assign.min() < 0 or assign.max() >= parts):
         raise DataError(f"assign values outside [0, {parts})", out)
-    check_target(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    with lock_folder(out, "writing a partition"):
+        check_target(out, overwrite)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return _write(out, owner, assign, meta, parts, overwrite)
+
+
+def _write(
+    out: Path,
+    owner: np.ndarray,
+    assign: np.ndarray,
+    meta: dict[str, Any],
+    parts: int,
+    overwrite: bool,
+) -> Partition:
+    tmp = make_partial(out)
     try:
         files = {
             "owner.npy": owner.astype(np.int32),
@@ -202,17 +237,11 @@ def write_partition(
         with open(tmp / "meta.json", "w") as f:
             json.dump(full, f, indent=2, sort_keys=True)
             f.write("\n")
-        if out.exists():
-            # Swap the old directory out first so that the rename below cannot fail on a
-            # non-empty target; it is deleted only once the new one is in place.
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        # Checked again: the user may have put a file into the old one meanwhile.
+        check_target(out, overwrite)
+        publish_partial(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_partial(tmp)
         raise
     return Partition(files["owner.npy"], files["assign.npy"], full, events)
 
@@ -247,10 +276,23 @@ def load_partition(
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as exc:
         raise DataError(f"meta.json is not valid JSON: {exc}", meta_path) from exc
+    if not isinstance(meta, dict) or "parts" not in meta:
+        if isinstance(meta, dict) and "num_events" in meta and "split" in meta:
+            raise DataError(
+                "an event store, not a partition (give the folder that `sven partition "
+                "--out` wrote)",
+                d,
+            )
+        raise DataError("not a partition directory (its meta.json has no parts)", d)
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(
             f"format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}", meta_path
         )
+    for key in ("parts", "num_nodes", "num_events"):
+        if not isinstance(meta.get(key), int) or isinstance(meta[key], bool) or meta[key] < 0:
+            raise DataError(f"corrupt meta.json: {key} is {meta.get(key)!r}", meta_path)
+    if not isinstance(meta.get("checksums"), dict):
+        raise DataError("corrupt meta.json: no checksums", meta_path)
     parts = int(meta["parts"])
     if rank is not None and not 0 <= rank < parts:
         raise DataError(f"rank {rank} outside [0, {parts})", d)
@@ -269,3 +311,27 @@ def load_partition(
         raise DataError("owner.npy or assign.npy does not match meta.json's counts", d)
     events = {r: np.load(d / f"events_rank{r}.npy", mmap_mode=mode) for r in ranks}
     return Partition(owner, assign, meta, events)
+
+
+def check_matches(part: Partition, events: Any, part_dir: str | os.PathLike[str]) -> None:
+    """Refuses a partition built for other data than ``events`` (an opened store).
+
+    Compares the counts and the ``src``/``dst``/``t`` checksums the partition recorded
+    (``meta["store"]``) with the store's; with the store verified
+    (:func:`sven.datasets.store.open_verified_store`) those are its bytes.
+
+    Raises:
+        DataError: The partition was built for another store.
+    """
+    recorded = part.meta.get("store") or {}
+    current = {"num_events": int(events.num_events), "num_nodes": int(events.num_nodes)}
+    for key, value in current.items():
+        if recorded.get(key) is not None and recorded[key] != value:
+            raise DataError(
+                f"partition was built for a store with {key}={recorded[key]}, this one has {value}",
+                part_dir,
+            )
+    sums = events.meta.get("checksums", {})
+    for col, digest in (recorded.get("checksums") or {}).items():
+        if sums.get(col) not in (None, digest):
+            raise DataError(f"partition was built for other data ({col} differs)", part_dir)

@@ -27,9 +27,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -111,15 +113,33 @@ def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any
             than tensors and plain values (one line, naming the file).
     """
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        # torch warns about files of other versions and layouts on the way; the error
+        # below (or nothing) is what the user gets.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise SvenError(f"{path}: no such checkpoint file") from None
     except Exception as exc:  # pickle, zip and torch raise many kinds
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SvenError(
-            f"{path}: not a readable Sven checkpoint (truncated, corrupt, or holding "
-            f"more than tensors and plain values): {first[:200]}"
-        ) from None
+        raise SvenError(f"{path}: {_unreadable(exc)}") from None
+
+
+def _unreadable(exc: Exception) -> str:
+    """Why torch could not load a file, as one whole sentence (torch's own message is
+    a page of advice, with terminal escapes, to load it unsafely)."""
+    text = str(exc)
+    if "Weights only load failed" in text or "weights_only" in text:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        named = f" (it names {found.group(1)})" if found else ""
+        return (
+            f"not a Sven checkpoint: it holds more than tensors and plain values{named}; "
+            "Sven never loads such a file, since loading it could run code from it."
+        )
+    first = re.sub(r"\x1b\[[0-9;]*m", "", (text.strip().splitlines() or [""])[0]).strip()
+    first = first or type(exc).__name__
+    if len(first) > 160:
+        first = first[:157].rsplit(" ", 1)[0] + " ..."
+    return f"not a readable Sven checkpoint (truncated or corrupt): {first.rstrip('.')}."
 
 
 def verify_folder(folder: str | Path) -> bool:
@@ -162,9 +182,14 @@ def find_checkpoint(path: str | Path) -> Path:
     for root in (p / "best", p / "checkpoints", p):
         ck = Checkpointer(root)
         if ck.steps():
-            step = ck.latest()
+            step = ck.latest(quiet=True)
             if step is None:
-                raise SvenError(f"no valid checkpoint under {root}: all are corrupt or incomplete")
+                bad = ", ".join(ck.path(s).name for s in ck.steps())
+                raise SvenError(
+                    f"no valid checkpoint under {root}: {bad} "
+                    f"{'is' if len(ck.steps()) == 1 else 'are'} corrupt or incomplete "
+                    "(their checksums do not match)"
+                )
             return ck.path(step)
     raise SvenError(f"no checkpoint at {path}")
 
@@ -283,15 +308,25 @@ class Checkpointer:
         """Loads one file of a checkpoint (verification is :meth:`latest`'s job)."""
         return load_file(self.path(step) / f"{name}.pt", map_location)
 
-    def latest(self) -> int | None:
-        """The newest checkpoint that verifies; says so on stderr and skips broken ones."""
+    def latest(self, quiet: bool = False) -> int | None:
+        """The newest checkpoint that verifies, skipping broken ones.
+
+        Args:
+            quiet: Say nothing; otherwise a ``sven: warning:`` line names the broken
+                ones skipped, and what is used instead (an older one, or none).
+        """
+        bad = []
         for step in reversed(self.steps()):
             if self.verify(step):
+                if bad and not quiet:
+                    warn(
+                        f"checkpoint {', '.join(bad)} is corrupt or incomplete; using the "
+                        f"older {self.path(step)}"
+                    )
                 return step
-            warn(
-                f"checkpoint {self.path(step)} is corrupt or incomplete; "
-                "falling back to an older one"
-            )
+            bad.append(str(self.path(step)))
+        if bad and not quiet:
+            warn(f"checkpoint {', '.join(bad)} is corrupt or incomplete, and there is no older one")
         return None
 
     def state_dict(self) -> dict[str, Any]:

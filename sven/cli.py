@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from sven import __version__
-from sven.errors import SvenError
+from sven.errors import SvenError, Terminated
 
 # (subcommand, module that defines ``add_parser(subparsers)``); imported lazily so that
 # a broken or heavy stage does not slow down or break the others.
@@ -91,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # SIGPIPE would, stop quietly. Output still buffered must not fail again at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Terminated as exc:
+        print(f"sven: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("sven: interrupted", file=sys.stderr)
         return 130

@@ -209,23 +209,23 @@ class Data:
         Rank 0's verdict is shared, so that every rank stops with the same error
         instead of the others waiting for rank 0 in a collective.
         """
-        from sven.datasets.store import TemporalEvents, verify_checksums
+        from sven.datasets.store import open_verified_store, verify_store
 
-        with self._clock.phase("store_open"):
-            ev = TemporalEvents.load(path)
-        if not self.cfg.data.verify:
-            return ev
-        problem = None
-        if self.rank == 0:
-            try:
+        ev, problem = None, None
+        try:
+            # Structure on every rank, checksums (every byte) on rank 0; one function
+            # for every command that reads a store (sven.datasets.store).
+            with self._clock.phase("store_open"):
+                ev = open_verified_store(path, verify=False)
+            if self.cfg.data.verify and self.rank == 0:
                 with self._clock.phase("checksums"):
-                    verify_checksums(ev.path, ev.meta)
-            except DataError as exc:
-                problem = str(exc)
+                    verify_store(ev, "set data.verify=false to train anyway")
+        except DataError as exc:
+            problem = str(exc)
         problem = self._agree(problem)
-        if problem is not None:
-            err = DataError(f"{problem} (set data.verify=false to train anyway)")
-            err.quiet = self.rank != 0
+        if problem is not None or ev is None:
+            err = DataError(problem or "the store could not be opened on this rank")
+            err.quiet = self.rank != 0 and problem is not None
             raise err
         return ev
 
@@ -241,8 +241,13 @@ class Data:
             dc = self.cfg.dist
             if dc.partition:
                 from sven.partition import load_partition
+                from sven.partition.store import check_matches
 
                 part = load_partition(dc.partition)
+                try:
+                    check_matches(part, self.events, dc.partition)
+                except DataError as exc:
+                    raise ConfigError(f"dist.partition: {exc}") from None
                 owner, assign = np.asarray(part.owner), np.asarray(part.assign)
                 meta = dict(part.meta)
                 if int(meta.get("parts", p)) != p:

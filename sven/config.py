@@ -24,6 +24,24 @@ import yaml
 
 from sven.errors import ConfigError
 
+_INT64 = 2**63
+
+
+def _check_numbers(section: Any, prefix: str) -> None:
+    """Every number of a config section is finite and fits the int64 the code uses.
+
+    Runs first in each section's ``__post_init__``: a NaN passes every ``<`` and
+    ``>=`` range check below (``nan <= 0`` is false), and an infinite learning rate
+    trains into NaN scores.
+    """
+    hints = get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if hints[f.name] is float and not math.isfinite(value):
+            raise ConfigError(f"{prefix}.{f.name} must be a finite number, got {value}")
+        if hints[f.name] is int and not -_INT64 <= value < _INT64:
+            raise ConfigError(f"{prefix}.{f.name} is out of range, got {value}")
+
 
 @dataclass(kw_only=True)
 class DataConfig:
@@ -77,6 +95,7 @@ class ModelConfig:
     CUDA; docs/performance.md)."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "model")
         self.name = self.name.lower()
         if self.name not in ("tgn", "jodie", "apan", "dyrep"):
             raise ConfigError(f"model.name: unknown model {self.name!r} (tgn, jodie, apan, dyrep)")
@@ -137,9 +156,11 @@ class TrainConfig:
     the keys in ``RESUME_MAY_CHANGE`` (epochs, patience, quiet...); otherwise the run
     stops with exit code 2 and names the keys that differ."""
     overwrite: bool = False
-    """Delete ``out`` before training when it holds an earlier run (a folder with
-    Sven's ``config.json``); never any other folder. Without it (or ``resume``), a
-    non-empty ``out`` is an error, so that two runs never mix their checkpoints."""
+    """Delete the earlier run in ``out`` before training (a folder with Sven's
+    ``config.json``): only the files a run writes; where ``out`` holds anything else,
+    or another process is training into it, the run stops and names it. Without it (or
+    ``resume``), a non-empty ``out`` is an error, so that two runs never mix their
+    checkpoints."""
     device: str = "auto"
     """auto (CUDA when available, else CPU), cpu, cuda, or cuda:N. Under a
     multi-process launch, auto and cuda give each rank ``cuda:<local rank>`` on a GPU
@@ -162,6 +183,7 @@ class TrainConfig:
     kernels; the first steps take longer)."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "train")
         for f in ("epochs", "batch_size", "num_neg", "keep_latest_k"):
             if getattr(self, f) <= 0:
                 raise ConfigError(f"train.{f} must be positive, got {getattr(self, f)}")
@@ -213,6 +235,7 @@ class EvalConfig:
     negative columns); false: only ``eval.negatives``."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "eval")
         self.negatives = self.negatives.lower()
         if self.negatives not in ("random", "historical", "inductive"):
             raise ConfigError(
@@ -254,6 +277,7 @@ class DistConfig:
     run with a message naming the capacity; padding is never counted as traffic."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "dist")
         if not (math.isfinite(self.capacity_slack) and self.capacity_slack >= 1.0):
             raise ConfigError(f"dist.capacity_slack must be >= 1, got {self.capacity_slack}")
         if self.strategy not in ("hash", "range", "ldg", "metis", "minmax"):
@@ -293,6 +317,7 @@ class PipelineConfig:
     (an epoch's end, a checkpoint, an evaluation) the held write-back is committed."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "pipeline")
         if self.prefetch < 0:
             raise ConfigError(f"pipeline.prefetch must be >= 0, got {self.prefetch}")
         if self.micro_batches not in ("1", "2", "4", "auto"):
@@ -317,6 +342,7 @@ class LogConfig:
     """With ``profile=true``: how many training steps the trace records."""
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "log")
         if self.profile_start < 0:
             raise ConfigError(f"log.profile_start must be >= 0, got {self.profile_start}")
         if self.profile_steps < 1:
@@ -496,6 +522,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             d = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: invalid YAML: {exc}") from None
+        if not isinstance(d, dict):
+            kind = {list: "a list", str: "a string", int: "a number", float: "a number"}
+            raise ConfigError(
+                f"{p}: the top level must be a mapping of sections (data:, model:, "
+                f"train:, ...), got {kind.get(type(d), type(d).__name__)}"
+            )
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")

@@ -4,7 +4,8 @@ Exit codes of ``sven``:
 
 =====  ==========================================================================
 0      success
-1      :class:`SvenError` (other expected errors, e.g. no valid checkpoint)
+1      :class:`SvenError` (other expected errors, e.g. no valid checkpoint, a folder
+       in use by another Sven process, a training loss that turned NaN)
 2      :class:`ConfigError`: a bad configuration or override; rerunning fails again
 3      :class:`DataError`: bad input data; rerunning fails again
 4      :class:`sven.dist.DistError`: a launch that cannot start, or a rank that died
@@ -12,6 +13,8 @@ Exit codes of ``sven``:
 75     :class:`Stopped`: training stopped on SIGTERM or SIGUSR1 after a checkpoint
        (``EX_TEMPFAIL``: try again); ``train.resume=true`` continues exactly
 130    interrupted by Ctrl-C (SIGINT)
+143    :class:`Terminated`: ``sven data convert``/``synth`` or ``sven partition``
+       stopped by SIGTERM; its partial output is removed, nothing is written
 141    the output pipe was closed by its reader (``sven data info STORE | head``),
        as for a tool ended by SIGPIPE; nothing is written to stderr
 =====  ==========================================================================
@@ -79,3 +82,18 @@ class Stopped(SvenError):
         self.signal_name = signal_name
         self.checkpoint = str(checkpoint)
         self.quiet = quiet
+
+
+class Diverged(SvenError):
+    """The training loss became NaN or infinite; nothing of the diverged state is kept
+    (the message names the last checkpoint written before it)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM stopped a command that writes a store or a partition (exit code 143).
+
+    A BaseException, as KeyboardInterrupt: no ``except Exception`` on the way may take
+    it for an error of its own; the writers' cleanup runs and the CLI says one line.
+    """
+
+    exit_code = 143

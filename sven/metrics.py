@@ -2,7 +2,9 @@
 
 AP equals ``sklearn.metrics.average_precision_score`` (step-wise precision-recall over
 distinct thresholds) and AUC equals ``roc_auc_score`` (Mann-Whitney U with tied ranks
-averaged); tests check both against sklearn.
+averaged); tests check both against sklearn. A NaN or infinite score makes every
+metric NaN (reported as null): sorting would otherwise rank NaN scores somewhere and
+a diverged model could read as a perfect one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
     s = scores.detach().to(torch.float64).flatten()
     y = labels.detach().to(torch.float64).flatten()
     n_pos = y.sum()
-    if n_pos == 0:
+    if n_pos == 0 or not bool(torch.isfinite(s).all()):
         return float("nan")
     order = torch.argsort(s, descending=True, stable=True)
     s, y = s[order], y[order]
@@ -39,7 +41,7 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     y = labels.detach().to(torch.bool).flatten()
     n_pos = int(y.sum())
     n_neg = y.numel() - n_pos
-    if n_pos == 0 or n_neg == 0:
+    if n_pos == 0 or n_neg == 0 or not bool(torch.isfinite(s).all()):
         return float("nan")
     order = torch.argsort(s, stable=True)
     s_sorted = s[order]
@@ -81,6 +83,8 @@ def mrr(
     pos = pos_scores.detach().to(torch.float64)[:, None]
     neg = neg_scores.detach().to(torch.float64)
     keep = torch.ones_like(neg, dtype=torch.bool) if valid is None else valid.to(torch.bool)
+    if not (bool(torch.isfinite(pos).all()) and bool(torch.isfinite(neg[keep]).all())):
+        return float("nan")
     rank = 1 + ((neg > pos) & keep).sum(1) + 0.5 * ((neg == pos) & keep).sum(1)
     return float((1.0 / rank).mean())
 

@@ -37,13 +37,21 @@ _STAGE_KEY = re.compile(r"^stage_(?P<name>.+)_s_per_rank$")
 _NAIVE, _FREE = "#bbbbbb", "#1f77b4"
 
 
-def _figure(cols: int, width: float = 5.2, height: float = 4.0) -> tuple[Any, list[Any]]:
-    """A figure with ``cols`` panels on an Agg canvas."""
+def _require_matplotlib() -> None:
+    """Fails with the install hint before anything is read or written."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib.backends.backend_agg
+        import matplotlib.figure
+        import matplotlib.ticker  # noqa: F401
     except ImportError:
         raise SvenError(f"sven plot needs matplotlib: {INSTALL_HINT}") from None
+
+
+def _figure(cols: int, width: float = 5.2, height: float = 4.0) -> tuple[Any, list[Any]]:
+    """A figure with ``cols`` panels on an Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width * cols, height), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, cols, squeeze=False)[0]
@@ -95,6 +103,7 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
     Raises:
         DataError: No epoch line in ``metrics.jsonl``.
     """
+    _require_matplotlib()
     run = Path(run)
     lines = _read_lines(run / "metrics.jsonl")
     if not lines:
@@ -216,6 +225,7 @@ def plot_partition(part: str | Path, out: str | Path | None = None) -> list[Path
     Returns:
         The path written.
     """
+    _require_matplotlib()
     from matplotlib.ticker import MaxNLocator
 
     from sven.partition.store import load_partition

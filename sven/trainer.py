@@ -54,7 +54,7 @@ from sven.components import (
     predict_comm,
 )
 from sven.config import Config, dump_config, load_config
-from sven.errors import ConfigError, Stopped, SvenError
+from sven.errors import ConfigError, Diverged, Stopped, SvenError
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
 from sven.startup import StartupClock, set_deterministic, triton_cache_dir
@@ -248,7 +248,9 @@ class Trainer:
             barrier=self._barrier,
             agree=self._agree,
         )
-        self._log(self.ctx.describe() if self.distributed else "single process")
+        self._log(self._describe_run())
+        if self.distributed:
+            self._log(self.ctx.describe())
         self.predicted_comm = (
             predict_comm(cfg, d, self.model, self.exchange) if self.distributed else None
         )
@@ -269,22 +271,49 @@ class Trainer:
             raise ValueError(f"when must be one of {sorted(self._hooks)}, got {when!r}")
         self._hooks[when].append(fn)
 
+    def _describe_run(self) -> str:
+        """The first line a run prints: what is trained, on what, where it goes."""
+        d, ev = self.data, self.data.events
+        counts = f"{ev.num_events:,} events, {ev.num_nodes:,} nodes"
+        if self.cfg.data.path:
+            data = f"{d.dataset_name} ({ev.path}: {counts})"
+        else:
+            data = f"the built-in synthetic dataset ({counts}; cached at {ev.path})"
+        procs = "one process" if self.world_size == 1 else f"{self.world_size} ranks"
+        return (
+            f"training {self.cfg.model.name} on {data}, on {self.device.type} ({procs}); "
+            f"run folder {self.out}"
+        )
+
     # ------------------------------------------------------------------ out
+    _out_lock: Any = None
+
     def _claim_out(self) -> None:
-        """Rank 0 checks ``out`` (see :func:`prepare_out`); every rank learns its verdict
-        before anything is written, and all stop together on a refusal."""
+        """Rank 0 locks ``out`` for this run (:func:`sven.ownership.lock_folder`) and
+        checks it (see :func:`prepare_out`); every rank learns its verdict before
+        anything is written, and all stop together on a refusal. The lock is held
+        until fit returns (:meth:`_release_out`)."""
+        from sven.ownership import FolderBusy, lock_folder
+
         tc = self.cfg.train
         problem = None
         if self.rank == 0:
             try:
+                self._out_lock = lock_folder(self.out, "sven train")
                 prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
-            except ConfigError as exc:
-                problem = str(exc)
+            except (ConfigError, FolderBusy) as exc:
+                self._release_out()
+                problem = (isinstance(exc, FolderBusy), str(exc))
         problem = self._agree(problem)
         if problem is not None:
-            err = ConfigError(problem)
+            err = (FolderBusy if problem[0] else ConfigError)(problem[1])
             err.quiet = self.rank != 0
             raise err
+
+    def _release_out(self) -> None:
+        if self._out_lock is not None:
+            self._out_lock.release()
+            self._out_lock = None
 
     def _agree(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (a no-op on one process)."""
@@ -457,6 +486,7 @@ class Trainer:
                 # After the teardown: a SIGTERM that srun sends once another rank has
                 # exited must not kill this one halfway through.
                 restore()
+                self._release_out()
 
     def _catch_stop_signals(self) -> Callable[[], None]:
         """Makes SIGTERM/SIGUSR1 set a flag; returns what puts the old handlers back.
@@ -634,18 +664,27 @@ class Trainer:
                     tl.pause()  # the checkpoint is no stage of the epoch's training
                     t_save = time.perf_counter()
                     self._flush_step(progress)
+                    # The epoch's training time so far goes into the checkpoint (the
+                    # epoch's end adds it to progress), so that a resumed run's events/s
+                    # divides all its events by all their time.
+                    so_far = t_save - ep_t0 - paused
+                    snap = {
+                        **progress,
+                        "epoch_time": progress["epoch_time"] + so_far,
+                        "train_time": progress["train_time"] + so_far,
+                    }
                     if at_ckpt:
                         self.checkpoints.save(
                             self.checkpoints.latest,
                             progress["global_step"],
-                            *self.state_dict(epoch, i + 1, progress),
+                            *self.state_dict(epoch, i + 1, snap),
                         )
                         saved = True
                     paused += time.perf_counter() - t_save
                     tl.begin()
                 if stop:
                     bar.close()
-                    raise self._stop(stop, epoch, i + 1, last, progress, saved)
+                    raise self._stop(stop, epoch, i + 1, last, snap, saved)
             self._flush_step(progress)
             tl.lap("wait")
             # Wall time of the epoch's training, device work included (the steps run
@@ -846,6 +885,30 @@ class Trainer:
         evaluation sees it; a batch that overflowed an exchange capacity stops the run.
         """
         progress["epoch_loss"] += self.step.take_loss()
+        if not math.isfinite(progress["epoch_loss"]):
+            raise self._diverged(progress["epoch_loss"])
+
+    def _diverged(self, loss: float) -> Diverged:
+        """The error of a loss that turned NaN/inf, naming the last good checkpoint.
+
+        Raised where the loss is read (checkpoints, epoch ends), before anything of
+        the diverged state is saved, validated or logged: every checkpoint on disk
+        was written at a finite loss. All ranks see the same summed loss.
+        """
+        ck = self.checkpoints
+        step = ck.newest(ck.latest)
+        kept = (
+            f"the last checkpoint at a finite loss is {ck.latest.path(step)}"
+            if step is not None
+            else "no checkpoint was written before it"
+        )
+        err = Diverged(
+            f"the training loss is {'NaN' if math.isnan(loss) else 'infinite'} by "
+            f"{self._where}; training stopped, keeping nothing of that state ({kept}). "
+            f"Lower train.lr (now {self.cfg.train.lr:g}) or check the data's features"
+        )
+        err.quiet = self.rank != 0
+        return err
 
     # ---------------------------------------------------------------- comm
     def _timeline_line(self, epoch_s: float) -> dict[str, Any]:
@@ -922,6 +985,20 @@ def is_run_folder(path: str | Path) -> bool:
     return isinstance(cfg, dict) and {"data", "model", "train", "out"} <= set(cfg)
 
 
+#: What a run writes into its folder (its manifest): ``train.overwrite=true`` deletes
+#: these and refuses to run where anything else is there. ``plots`` is ``sven plot``'s.
+RUN_FILES = frozenset(
+    {"config.json", "metrics.jsonl", "summary.json", "checkpoints", "best", "tb", "traces"}
+    | {"logs", "plots"}
+)
+
+
+def _is_run_file(name: str) -> bool:
+    # _atomic_write_text's temporaries (".summary.json.tmp-<pid>"), where it was killed.
+    temp = name.startswith(".") and ".tmp-" in name and name[1:].split(".tmp-")[0] in RUN_FILES
+    return name in RUN_FILES or temp
+
+
 def prepare_out(
     out: Path, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print
 ) -> None:
@@ -929,7 +1006,9 @@ def prepare_out(
 
     A missing or empty ``out`` is used as is. A non-empty one is refused unless it is
     a Sven run folder and ``resume`` (continue it) or ``overwrite`` (delete it first)
-    is set, so that the checkpoints of two runs never mix.
+    is set, so that the checkpoints of two runs never mix. ``overwrite`` deletes only
+    what a run writes (:data:`RUN_FILES`) and refuses, naming them, where the folder
+    holds anything else.
 
     Raises:
         ConfigError: ``out`` may not be used; the message says what to do.
@@ -952,6 +1031,11 @@ def prepare_out(
             )
         import shutil
 
+        from sven.ownership import foreign_files, refuse_foreign
+
+        foreign = foreign_files(out, _is_run_file)
+        if foreign:
+            raise ConfigError("out=" + refuse_foreign(out, foreign, "train.overwrite=true"))
         for p in content:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)

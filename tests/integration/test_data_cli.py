@@ -147,5 +147,5 @@ def test_unwritable_output_is_a_message(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert main(["data", "convert", str(raw), "--out", str(tmp_path / "file" / "s")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"sven: error: cannot create {tmp_path / 'file'}/.s.partial-")
+    assert err.startswith(f"sven: error: cannot create {tmp_path / 'file' / 's'}: ")
     assert err.count("\n") == 1

@@ -322,7 +322,7 @@ def test_loading_a_checkpoint_never_runs_code_from_it(store, tmp_path, capsys) -
     meta["files"]["state.pt"] = _sha256(step_dir / "state.pt")
     (step_dir / "meta.json").write_text(json.dumps(meta))
     assert main(["eval", "--checkpoint", str(step_dir)]) == 1
-    assert "not a readable Sven checkpoint" in _one_line(capsys.readouterr().err)
+    assert "holds more than tensors and plain values" in _one_line(capsys.readouterr().err)
     assert not marker.exists()
 
 
@@ -379,3 +379,382 @@ def test_the_first_bad_line_is_reported(tmp_path, capsys) -> None:
     raw.write_text("1 2 10\n2 3 11\n5 6 x\n4 y 13\n1 5 14\n")
     assert main(["data", "convert", str(raw), "--out", str(tmp_path / "s")]) == 3
     assert "line 3: unparseable time 'x'" in _one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------- issue 24: nothing lost, nothing wrong
+# One test per numbered item of the issue, each failing on the code before the fix.
+
+
+def _partial_dirs(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name)
+
+
+def _raw_events(path: Path, n: int) -> Path:
+    """A SNAP-style text file of ``n`` events (large enough to take a while to convert)."""
+    i = np.arange(n)
+    rows = np.stack([i % 997, (i * 7 + 1) % 991, i], axis=1)
+    path.write_text("\n".join(" ".join(map(str, r)) for r in rows.tolist()) + "\n")
+    return path
+
+
+def _wait_for(predicate, proc: subprocess.Popen, what: str, limit: float = 240.0) -> None:
+    """Polls until ``predicate()`` holds (no timing is asserted: the limit only ends a
+    hung test)."""
+    import time
+
+    end = time.monotonic() + limit
+    while not predicate():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"exited {proc.returncode} before {what}: {err}")
+        assert time.monotonic() < end, f"no {what} within {limit} s"
+        time.sleep(0.02)
+
+
+def test_1_convert_overwrite_keeps_a_users_file_in_the_store(tmp_path, capsys) -> None:
+    raw = tmp_path / "events.txt"
+    raw.write_text("1 2 10\n2 3 11\n3 1 12\n1 3 13\n2 1 14\n3 2 15\n1 2 16\n")
+    out = tmp_path / "st"
+    assert main(["data", "convert", str(raw), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("my notes")
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    assert main(["data", "convert", str(raw), "--out", str(out), "--overwrite"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "notes.txt" in line and "not written by Sven" in line
+    assert (out / "notes.txt").read_text() == "my notes"
+    assert sorted(p.name for p in out.iterdir()) == before
+    # Once the user's file is gone, the store is replaced as before.
+    (out / "notes.txt").unlink()
+    assert main(["data", "convert", str(raw), "--out", str(out), "--overwrite"]) == 0
+
+
+def test_2_partition_overwrite_keeps_a_users_file(store, tmp_path, capsys) -> None:
+    part = tmp_path / "part"
+    base = ["partition", str(store), "--strategy", "hash", "--parts", "4", "--quiet"]
+    assert main([*base, "--out", str(part)]) == 0
+    (part / "notes.txt").write_text("my notes")
+    capsys.readouterr()
+    assert main([*base, "--out", str(part), "--overwrite"]) == 3
+    line = _one_line(capsys.readouterr().err)
+    assert "notes.txt" in line and "not written by Sven" in line
+    assert (part / "notes.txt").read_text() == "my notes"
+    assert (part / "owner.npy").is_file()
+
+
+def test_train_overwrite_keeps_a_users_file_in_the_run_folder(store, tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    assert main(_train(store, run)) == 0
+    (run / "notes.txt").write_text("my notes")
+    capsys.readouterr()
+    assert main(_train(store, run, "train.overwrite=true")) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"out={run} holds notes.txt, not written by Sven" in line
+    assert (run / "notes.txt").read_text() == "my notes" and (run / "summary.json").is_file()
+
+
+def _same_size_change(store: Path, to: Path) -> Path:
+    """A copy of ``store`` whose src.npy has one id changed to another valid id: the
+    structure and the value checks pass, only the checksum can tell."""
+    bad = _copy_store(store, to)
+    src = np.load(bad / "src.npy")
+    src[5] = (src[5] + 1) % 30
+    size = (bad / "src.npy").stat().st_size
+    np.save(bad / "src.npy", src)
+    assert (bad / "src.npy").stat().st_size == size
+    return bad
+
+
+def test_3_partition_and_report_refuse_changed_bytes(store, tmp_path, capsys) -> None:
+    bad = _same_size_change(store, tmp_path / "bad")
+    base = ["--strategy", "hash", "--parts", "2", "--quiet"]
+    assert main(["partition", str(bad), *base, "--out", str(tmp_path / "p")]) == 3
+    assert f"{bad / 'src.npy'}: checksum mismatch" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "p").exists()
+    # A partition of the intact store is not reported against the changed one.
+    assert main(["partition", str(store), *base, "--out", str(tmp_path / "good")]) == 0
+    capsys.readouterr()
+    assert main(["partition", "report", str(bad), str(tmp_path / "good")]) == 3
+    assert "checksum mismatch" in _one_line(capsys.readouterr().err)
+
+
+@pytest.fixture
+def running_train(store, tmp_path):
+    """A `sven train` subprocess into ``tmp_path/run``, frozen (SIGSTOP) once it has
+    claimed its out, so that it holds the folder for as long as the test needs."""
+    import signal
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [*SVEN, *_train(store, run, "train.epochs=100000", "train.patience=0")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        _wait_for(lambda: (run / "config.json").is_file(), proc, "config.json")
+        proc.send_signal(signal.SIGSTOP)
+        yield proc, run
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_4_two_resumes_into_one_out_at_once(store, running_train, capsys) -> None:
+    proc, run = running_train
+    assert main(_train(store, run, "train.resume=true")) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert f"pid {proc.pid}" in line and "in use" in line
+    assert (run / "metrics.jsonl").read_text() == ""  # the second run wrote nothing
+    # The OS releases the lock of a process that dies: the next resume proceeds.
+    proc.kill()
+    proc.communicate()
+    assert main(_train(store, run, "train.resume=true")) == 0
+    epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0]
+
+
+def test_5_overwrite_of_a_running_run_is_refused(store, running_train, capsys) -> None:
+    proc, run = running_train
+    before = (run / "config.json").read_text()
+    assert main(_train(store, run, "train.overwrite=true", "model.name=jodie")) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert f"pid {proc.pid}" in line and "in use" in line
+    assert (run / "config.json").read_text() == before
+
+
+def test_6_a_yaml_whose_top_level_is_not_a_mapping(tmp_path, capsys) -> None:
+    cfg = tmp_path / "list.yaml"
+    cfg.write_text("- train\n- model\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"{cfg}: the top level must be a mapping" in line and "got a list" in line
+
+
+@pytest.mark.parametrize("key", ["train.lr", "model.dropout", "dist.timeout_s"])
+def test_7_nan_is_refused_for_every_float_key(store, tmp_path, key, capsys) -> None:
+    assert main(_train(store, tmp_path / "run", f"{key}=nan")) == 2
+    assert f"{key} must be a finite number, got nan" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_8_infinite_lr_is_refused_and_a_diverging_loss_stops_training(
+    store, tmp_path, capsys
+) -> None:
+    assert main(_train(store, tmp_path / "inf", "train.lr=inf")) == 2
+    assert "train.lr must be a finite number, got inf" in _one_line(capsys.readouterr().err)
+    # A finite but absurd learning rate: the loss turns NaN after the first step.
+    run = tmp_path / "run"
+    argv = _train(store, run, "train.lr=1e30", "train.checkpoint_every=1", "train.epochs=2")
+    assert main(argv) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "the training loss is NaN" in line and "epoch 0" in line
+    last_good = Checkpointer(run / "checkpoints")
+    assert last_good.latest() is not None and f"{last_good.path(last_good.latest())}" in line
+    # No metrics line with a made-up AP, no summary, no best model of the NaN state.
+    assert (run / "metrics.jsonl").read_text() == ""
+    assert not (run / "summary.json").exists() and not (run / "best").exists()
+    state = last_good.load(last_good.latest())
+    assert all(bool(v.isfinite().all()) for v in state["model"].values())
+
+
+def test_8_nan_scores_are_no_perfect_ap() -> None:
+    import math
+
+    import torch
+
+    from sven.metrics import average_precision, link_metrics, roc_auc
+
+    nan = torch.full((4,), float("nan"))
+    labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    assert math.isnan(average_precision(nan, labels)) and math.isnan(roc_auc(nan, labels))
+    ap, auc = link_metrics(torch.tensor([0.9, float("nan")]), torch.tensor([0.1, 0.2]))
+    assert math.isnan(ap) and math.isnan(auc)
+
+
+def test_9_nan_balance_is_refused(store, tmp_path, capsys) -> None:
+    assert main(_train(store, tmp_path / "run", "dist.balance=nan")) == 2
+    assert "dist.balance must be a finite number, got nan" in _one_line(capsys.readouterr().err)
+
+
+def test_10_report_of_a_store_given_as_the_partition(store, capsys) -> None:
+    assert main(["partition", "report", str(store), str(store)]) == 3
+    line = _one_line(capsys.readouterr().err)
+    assert f"{store}: an event store, not a partition" in line
+
+
+def _convert_in_background(raw: Path, out: Path) -> subprocess.Popen:
+    import signal
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [*SVEN, "data", "convert", str(raw), "--out", str(out), "--block-mb", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    mine = f".{out.name}.partial-"
+    _wait_for(
+        lambda: any(p.startswith(mine) for p in _partial_dirs(out.parent)), proc, "its partial"
+    )
+    # Frozen halfway, holding its partial folder, for as long as the test needs.
+    proc.send_signal(signal.SIGSTOP)
+    return proc
+
+
+def test_11_sigterm_during_convert_leaves_nothing(tmp_path) -> None:
+    import signal
+
+    raw = _raw_events(tmp_path / "big.txt", 200_000)
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    proc = _convert_in_background(raw, stores / "big")
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143
+    line = _one_line(err.decode())
+    assert "stopped by SIGTERM" in line and str(stores / "big") in line
+    assert list(stores.iterdir()) == []
+
+
+def test_11_a_killed_converts_partial_folder_is_swept_by_the_next_run(tmp_path, capsys) -> None:
+    import signal
+
+    raw = _raw_events(tmp_path / "big.txt", 200_000)
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    killed = _convert_in_background(raw, stores / "a")
+    killed.kill()
+    killed.communicate()
+    left = _partial_dirs(stores)
+    assert len(left) == 1 and left[0].startswith(".a.partial-")
+    # The next convert into the same parent removes it, and says so.
+    live = _convert_in_background(raw, stores / "b")
+    try:
+        live_partial = _partial_dirs(stores)
+        assert len(live_partial) == 1 and live_partial[0].startswith(".b.partial-")
+        # A convert in progress beside another run keeps its partial folder.
+        small = tmp_path / "small.txt"
+        small.write_text("1 2 10\n2 3 11\n3 1 12\n1 3 13\n2 1 14\n3 2 15\n1 2 16\n")
+        assert main(["data", "convert", str(small), "--out", str(stores / "c")]) == 0
+        assert "removed" not in capsys.readouterr().err
+        assert _partial_dirs(stores) == live_partial
+    finally:
+        live.send_signal(signal.SIGTERM)
+        live.send_signal(signal.SIGCONT)
+        _, err = live.communicate(timeout=240)
+    assert f"sven: warning: removed {stores / left[0]}, left by an interrupted run" in err.decode()
+    assert live.returncode == 143 and _partial_dirs(stores) == []
+    assert sorted(p.name for p in stores.iterdir()) == ["c"]
+
+
+def test_11_sigterm_during_partition_leaves_nothing(tmp_path) -> None:
+    import signal
+
+    src, dst, t, _ = _events(200_000, nodes=5_000)
+    big = tmp_path / "big"
+    write_events(big, src, dst, t, num_nodes=5_000)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [*SVEN, "partition", str(big), "--parts", "4", "--strategy", "ldg", "--quiet"]
+    proc = subprocess.Popen(
+        [*argv, "--out", str(parts / "p")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    # Its lock file appears before any work; frozen there, it is stopped mid-way.
+    _wait_for(lambda: (parts / ".p.sven-lock").is_file(), proc, "its lock file")
+    proc.send_signal(signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143
+    assert "stopped by SIGTERM" in _one_line(err.decode())
+    assert list(parts.iterdir()) == []
+
+
+def test_12_plot_without_matplotlib_is_one_line_and_writes_nothing(store, tmp_path) -> None:
+    run = tmp_path / "run"
+    assert main(_train(store, run)) == 0
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from sven.cli import main\n"
+        f"sys.exit(main(['plot', {str(run)!r}, '--out', {str(tmp_path / 'figs')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "sven plot needs matplotlib" in _one_line(done.stderr)
+    assert not (tmp_path / "figs").exists() and not (run / "plots").exists()
+
+
+# ---------------------------------------------- issue 24: also seen, fixed while there
+
+
+def test_the_first_line_of_the_default_run_says_what_is_trained(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SVEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "train.device=cpu", "train.epochs=1", "train.max_batches=1",
+            "train.threads=1", "model.memory_dim=8", "model.time_dim=4", "model.embed_dim=8",
+            "model.num_neighbors=3", "train.batch_size=2000"]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    for words in ("tgn", "the built-in synthetic dataset", str(tmp_path / "cache"), "cpu",
+                  "runs/default"):  # fmt: skip
+        assert words in first, first
+
+
+def test_a_resumed_runs_events_per_s_counts_the_time_before_the_stop(store, tmp_path) -> None:
+    import signal
+
+    from sven.errors import Stopped
+    from sven.trainer import Trainer
+
+    run = tmp_path / "run"
+    argv = _train(store, run, "train.batch_size=20")[1:]
+    trainer = Trainer(None, argv)
+    steps = []
+
+    def stop_at_the_third(tr) -> None:
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.add_hook("after_step", stop_at_the_third)
+    with pytest.raises(Stopped):
+        trainer.fit()
+    ck = Checkpointer(run / "checkpoints")
+    progress = ck.load(ck.latest())["progress"]
+    assert progress["train_events"] == 60
+    # The three steps' time is in the checkpoint, so that the resumed run's events/s
+    # divides all its events by all their time.
+    assert progress["train_time"] > 0 and progress["epoch_time"] > 0
+
+
+def test_a_corrupt_best_model_under_eval_is_one_line(store, tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    assert main(_train(store, run)) == 0
+    best = Checkpointer(run / "best")
+    step_dir = best.path(best.latest())
+    (step_dir / "state.pt").write_bytes(b"broken")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "falling back" not in line
+    assert f"no valid checkpoint under {run / 'best'}: {step_dir.name} is corrupt" in line
+
+
+def test_the_tensors_only_refusal_is_a_whole_sentence(store, tmp_path) -> None:
+    import torch
+
+    run = tmp_path / "run"
+    assert main(_train(store, run)) == 0
+    best = Checkpointer(run / "best")
+    step_dir = best.path(best.latest())
+    torch.save({"config": {}, "payload": _Exploit(tmp_path / "marker")}, step_dir / "state.pt")
+    meta = json.loads((step_dir / "meta.json").read_text())
+    meta["files"]["state.pt"] = _sha256(step_dir / "state.pt")
+    (step_dir / "meta.json").write_text(json.dumps(meta))
+    done = subprocess.run(
+        [*SVEN, "eval", "--checkpoint", str(step_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    line = _one_line(done.stderr)
+    assert "Warning" not in line and "\x1b" not in line
+    assert line.endswith(
+        "holds more than tensors and plain values (it names getattr); Sven never loads "
+        "such a file, since loading it could run code from it."
+    ), line
+    assert not (tmp_path / "marker").exists()
