@@ -645,9 +645,11 @@ def test_11_a_killed_converts_partial_folder_is_swept_by_the_next_run(tmp_path, 
 def test_11_sigterm_during_partition_leaves_nothing(tmp_path) -> None:
     import signal
 
-    src, dst, t, _ = _events(200_000, nodes=5_000)
+    # Large enough that the partition is still running when the signal comes (the
+    # store's checksums hash in parallel now, so a small one can end first).
+    src, dst, t, _ = _events(2_000_000, nodes=50_000)
     big = tmp_path / "big"
-    write_events(big, src, dst, t, num_nodes=5_000)
+    write_events(big, src, dst, t, num_nodes=50_000)
     parts = tmp_path / "parts"
     parts.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
