@@ -346,21 +346,21 @@ class SingleProcessStep:
         else:
             self.inp = {**dict.fromkeys(names, 0), "npred": 1.0}
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        rows = max(hi - lo for lo, hi in tr.ranges.values()) + 1  # + a scratch row
-        # Evaluation negatives: one column per protocol (test scores them all), then the
-        # MRR negatives; drawn before each pass into a table the captured step reads, so
-        # that every split uses one graph of one width.
+        # Evaluation negatives: one column per protocol the split reports (test: all of
+        # them, with eval.all_protocols), then the MRR negatives; drawn once per split
+        # into a table the captured step reads. One graph per width: scoring val at
+        # test's width would score columns no metric reads (with all protocols, 2 of
+        # val's 5 roots per event).
         ec = tr.cfg.eval
         self.protocols = protocol_order(ec.negatives, ec.all_protocols)
-        self.width = len(self.protocols) + tr.mrr_negatives
-        self.neg_table = torch.zeros(rows, self.width, dtype=torch.int64, device=dev)
         self._neg_cache: dict[str, torch.Tensor] = {}
-        self.scores = torch.zeros(rows, 1 + self.width, dtype=tr.dtype, device=dev)
+        self._evals: dict[int, tuple[torch.Tensor, torch.Tensor, StepGraph]] = {}
 
         def memory_state() -> list[torch.Tensor]:
             return list(tr.memory.full.values())
 
         log = lambda msg: tr._log(msg, force=True)  # noqa: E731
+        self._memory_state, self._graph_log = memory_state, log
         self.train_graph = StepGraph(
             self._train,
             mode=tc.cuda_graph,
@@ -369,13 +369,6 @@ class SingleProcessStep:
                 [p.data for p in tr.model.parameters()] + memory_state() + [self.loss_sum]
             ),
             optimizer=tr.optimizer,
-            log=log,
-        )
-        self.eval_graph = StepGraph(
-            self._eval,
-            mode=tc.cuda_graph,
-            device=dev,
-            state=lambda: [*memory_state(), self.scores],
             log=log,
         )
 
@@ -420,17 +413,46 @@ class SingleProcessStep:
             )
             self.loss_sum += loss
 
-    def _eval(self) -> None:
+    def _eval(self, neg_table: torch.Tensor, scores_out: torch.Tensor) -> None:
         tr = self.tr
         with self._determinism():
-            batch = self._batch(self.width, self.neg_table)
+            batch = self._batch(neg_table.shape[1], neg_table)
             out = eval_step(self.model, tr.memory, batch)
-            scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
+            scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
             rows = batch.index - self.inp["split_lo"]
             if batch.valid is not None:
-                rows = torch.where(batch.valid, rows, self.scores.shape[0] - 1)
+                rows = torch.where(batch.valid, rows, scores_out.shape[0] - 1)
             # Padded events all write the scratch row; real ones distinct rows.
-            self.scores.index_copy_(0, rows, scores)
+            scores_out.index_copy_(0, rows, scores)
+
+    def split_protocols(self, split: str) -> list[str]:
+        """The protocols ``split`` scores: all on test, ``eval.negatives`` elsewhere."""
+        return self.protocols if split == "test" else self.protocols[:1]
+
+    def eval_graph(self, split: str) -> tuple[torch.Tensor, torch.Tensor, StepGraph]:
+        """The negatives table (rows, width), scores (rows, 1 + width) and evaluation
+        graph of ``split``'s width, made at the first pass of that width (each split
+        of a width fits its rows, plus a scratch row)."""
+        tr = self.tr
+
+        def width(s: str) -> int:
+            return len(self.split_protocols(s)) + tr.mrr_negatives
+
+        w = width(split)
+        if w not in self._evals:
+            rows = max(hi - lo for s, (lo, hi) in tr.ranges.items() if width(s) == w) + 1
+            dev = tr.device
+            neg = torch.zeros(rows, w, dtype=torch.int64, device=dev)
+            scores = torch.zeros(rows, 1 + w, dtype=tr.dtype, device=dev)
+            graph = StepGraph(
+                lambda: self._eval(neg, scores),
+                mode=tr.cfg.train.cuda_graph,
+                device=dev,
+                state=lambda: [*self._memory_state(), scores],
+                log=self._graph_log,
+            )
+            self._evals[w] = (neg, scores, graph)
+        return self._evals[w]
 
     def train_batch(self, epoch: int, lo: int, hi: int) -> None:
         """Queues the training step of global batch [lo, hi) of ``epoch``."""
@@ -450,9 +472,9 @@ class SingleProcessStep:
         """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
         by the seed): the protocol columns, then the MRR negatives."""
         if split not in self._neg_cache:
-            protocols = self.protocols if split == "test" else self.protocols[:1]
+            protocols = self.split_protocols(split)
             self._neg_cache[split] = self.tr.data.eval_negative_table(
-                split, protocols, len(self.protocols)
+                split, protocols, len(protocols)
             )
         return self._neg_cache[split]
 
@@ -462,19 +484,20 @@ class SingleProcessStep:
         lo, hi = d.ranges[split]
         b, q = tr.cfg.train.batch_size, d.mrr_width(split)
         negs = self._negatives(split)
-        self.neg_table[: hi - lo].copy_(negs)
+        neg_table, scores_out, graph = self.eval_graph(split)
+        neg_table[: hi - lo].copy_(negs)
         self._set(split_lo=lo, stream=EVAL_STREAM[split])
         bar = tr.progress_bar(split, hi - lo)
         for start in range(lo, hi, b):
             self._set(start=start, stop=min(start + b, hi))
-            self.eval_graph()
+            graph()
             bar.update(min(start + b, hi) - start)
         bar.close()
-        scores = self.scores[: hi - lo].cpu()
-        n_p = len(self.protocols)
+        scores = scores_out[: hi - lo].cpu()
+        protocols = self.split_protocols(split)
+        n_p = len(protocols)
         valid = None
         if q:
             idx = torch.arange(lo, hi, device=tr.device)
             valid = d.mrr_valid(split, idx, negs[:, n_p:])
-        protocols = self.protocols if split == "test" else self.protocols[:1]
         return eval_result(scores, protocols, n_p, q, valid)

@@ -833,13 +833,12 @@ class Trainer:
             "wall_s": time.perf_counter() - wall0,
         }
         if self.single is not None:
-            # What the first train and eval step cost on CUDA beyond a replay (0 on CPU).
-            for name, graph in (
-                ("train", self.single.train_graph),
-                ("eval", self.single.eval_graph),
-            ):
-                summary[f"{name}_graph_warmup_s"] = graph.warmup_s
-                summary[f"{name}_graph_capture_s"] = graph.capture_s
+            # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
+            evals = [g for _, _, g in self.single._evals.values()]
+            summary["train_graph_warmup_s"] = self.single.train_graph.warmup_s
+            summary["train_graph_capture_s"] = self.single.train_graph.capture_s
+            summary["eval_graph_warmup_s"] = sum(g.warmup_s for g in evals)
+            summary["eval_graph_capture_s"] = sum(g.capture_s for g in evals)
         if self.device.type == "cuda":
             summary["triton_cache_dir"] = triton_cache_dir()
         if self.rank_step is not None:
