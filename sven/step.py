@@ -354,6 +354,7 @@ class SingleProcessStep:
         ec = tr.cfg.eval
         self.protocols = protocol_order(ec.negatives, ec.all_protocols)
         self._neg_cache: dict[str, torch.Tensor] = {}
+        self._valid_cache: dict[str, torch.Tensor] = {}
         self._evals: dict[int, tuple[torch.Tensor, torch.Tensor, StepGraph]] = {}
 
         def memory_state() -> list[torch.Tensor]:
@@ -498,6 +499,9 @@ class SingleProcessStep:
         n_p = len(protocols)
         valid = None
         if q:
-            idx = torch.arange(lo, hi, device=tr.device)
-            valid = d.mrr_valid(split, idx, negs[:, n_p:])
+            # Fixed by the seed like the negatives: TGB's filter runs once per split.
+            if split not in self._valid_cache:
+                idx = torch.arange(lo, hi, device=tr.device)
+                self._valid_cache[split] = d.mrr_valid(split, idx, negs[:, n_p:])
+            valid = self._valid_cache[split]
         return eval_result(scores, protocols, n_p, q, valid)

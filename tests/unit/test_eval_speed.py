@@ -240,6 +240,9 @@ def test_evaluation_metrics_equal_the_per_batch_code(store, tmp_path, selected: 
     for start in range(lo, hi, 64):
         tr.single.train_batch(0, start, min(start + 64, hi))
     for split in ("val", "test"):
+        # The inductive masks, now from the device columns, are the store's.
+        store_mask = torch.from_numpy(np.asarray(tr.data.events.inductive_mask(split)))
+        assert torch.equal(tr.data.inductive[split], store_mask)
         # The old table repeated a split's first column up to the widest split's width;
         # each split now has its own width.
         old = _oracle_table(tr, split)
