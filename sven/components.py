@@ -141,8 +141,10 @@ class Data:
         self.num_nodes = int(ev.num_nodes)
         dev = self.device
         t_dev = time.perf_counter()
-        self.src = torch.as_tensor(np.asarray(ev.src, dtype=np.int64), device=dev)
-        self.dst = torch.as_tensor(np.asarray(ev.dst, dtype=np.int64), device=dev)
+        # Ids travel in the store's width (int32 for most graphs) and widen on the
+        # device: half the bytes read into host memory and copied.
+        self.src = torch.from_numpy(np.array(ev.src)).to(dev).to(torch.int64)
+        self.dst = torch.from_numpy(np.array(ev.dst)).to(dev).to(torch.int64)
         self.t = torch.as_tensor(np.array(ev.t), device=dev)
         self.edge_feat = (
             None
@@ -166,10 +168,17 @@ class Data:
         self.candidates = torch.nonzero(
             torch.bincount(self.dst, minlength=self.num_nodes)
         ).flatten()
-        self.inductive = {
-            s: torch.as_tensor(np.asarray(ev.inductive_mask(s)), dtype=torch.bool)
-            for s in ("val", "test")
-        }
+        # TemporalEvents.inductive_mask, from the device columns: the nodes seen in
+        # training marked once, then each split's events looked up (host masks, as the
+        # metrics index host scores with them).
+        seen = torch.zeros(self.num_nodes, dtype=torch.bool, device=dev)
+        t_lo, t_hi = self.ranges["train"]
+        seen[self.src[t_lo:t_hi]] = True
+        seen[self.dst[t_lo:t_hi]] = True
+        self.inductive = {}
+        for s in ("val", "test"):
+            lo, hi = self.ranges[s]
+            self.inductive[s] = (~seen[self.src[lo:hi]] | ~seen[self.dst[lo:hi]]).cpu()
         self._mrr_setup(path)
         clock.add("tables", time.perf_counter() - t_tab)
 

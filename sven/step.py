@@ -540,16 +540,14 @@ class Step:
         self._status_events: list[Any] = [None, None]
         self._steps = 0
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        rows = max(hi - lo for lo, hi in data.ranges.values()) + 1  # + a scratch row
-        # Evaluation negatives: one column per protocol (test scores them all), then the
-        # MRR negatives; drawn once per split into a table the captured step reads, so
-        # that every split uses one graph of one width.
+        # Evaluation negatives: one column per protocol the split reports (test: all of
+        # them, with eval.all_protocols), then the MRR negatives; drawn once per split
+        # into a table the captured step reads. One graph per width: scoring val at
+        # test's width would score columns no metric reads.
         ec = cfg.eval
         self.protocols = protocol_order(ec.negatives, ec.all_protocols)
-        self.width = len(self.protocols) + data.mrr_negatives
-        self.neg_table = torch.zeros(rows, self.width, dtype=torch.int64, device=dev)
         self._neg_cache: dict[str, torch.Tensor] = {}
-        self.scores = torch.zeros(rows, 1 + self.width, dtype=fdt, device=dev)
+        self._evals: dict[int, tuple[torch.Tensor, torch.Tensor, StepGraph]] = {}
         self._ring: list[StepInput | None] = [None] * (self.depth + 1)
         self._epoch: tuple[int, int, int] | None = None
         self._side: Any = None
@@ -579,14 +577,6 @@ class Step:
             )
             for k in range(self.depth + 1)
         ]
-        self.eval_graph = StepGraph(
-            self._eval,
-            mode=tc.cuda_graph,
-            device=dev,
-            state=lambda: [*memory.full.values(), *exchange.state_tensors(), self.scores],
-            log=log,
-        )
-        self._eval_caps = False
 
     # ------------------------------------------------------------- layout
     def _rank_events(self, data: Any) -> None:
@@ -924,50 +914,83 @@ class Step:
         self.exchange.set_capacities("train", caps)
         return caps
 
-    def _plan_eval_capacities(self) -> None:
-        """The evaluation capacities, exact: its negatives are fixed by the seed."""
-        if self._eval_caps or not self.distributed:
+    def _plan_eval_capacities(self, w: int) -> None:
+        """The capacities of the evaluation step of width ``w``, exact: its negatives
+        are fixed by the seed (a replay of every split of that width)."""
+        if not self.distributed:
             return
         p = self.world_size
         if p == 1:
-            self.exchange.set_capacities("eval", Capacities(self.capacity, [[0]], [[0]]))
-        else:
-            f = [0] * p
-            w = [0] * p
-            for split in ("val", "test"):
-                lo, hi = self.data.ranges[split]
-                if hi <= lo:
-                    continue
-                negs = self._negatives(split)
-                self.neg_table[: hi - lo].copy_(negs)
-                fs, ws = self.measure(split, EVAL_STREAM[split], self.width, self.neg_table)
-                f = [max(a, c) for a, c in zip(f, fs)]
-                w = [max(a, c) for a, c in zip(w, ws)]
-            caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
-            self.exchange.set_capacities("eval", caps)
-        self._eval_caps = True
+            self.exchange.set_capacities(f"eval{w}", Capacities(self.capacity, [[0]], [[0]]))
+            return
+        f, wr = [0] * p, [0] * p
+        neg_table = self._evals[w][0]
+        for split in self.data.ranges:
+            lo, hi = self.data.ranges[split]
+            if split == "train" or hi <= lo or self.split_width(split) != w:
+                continue
+            neg_table[: hi - lo].copy_(self._negatives(split))
+            fs, ws = self.measure(split, EVAL_STREAM[split], w, neg_table)
+            f = [max(a, c) for a, c in zip(f, fs)]
+            wr = [max(a, c) for a, c in zip(wr, ws)]
+        caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(wr))
+        self.exchange.set_capacities(f"eval{w}", caps)
 
     # -------------------------------------------------------------- eval
-    def _eval(self) -> None:
+    def _eval(self, neg_table: torch.Tensor, scores_out: torch.Tensor) -> None:
+        w = neg_table.shape[1]
         with self._determinism():
-            item = self._build(self.inp, self.width, "eval", self.neg_table)
+            item = self._build(self.inp, w, f"eval{w}", neg_table)
             batch = item.micro[0]
-            out = eval_step(self.model, _Planned(self.exchange, item.plan), batch)
-            scores = torch.cat([out.pos[:, None], out.neg], 1).to(self.scores.dtype)
+            out = eval_step(self.model, _Planned(self.exchange, item.plan, f"eval{w}"), batch)
+            scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
             rows = batch.index - self.inp["split_lo"]
             if batch.valid is not None:
-                rows = torch.where(batch.valid, rows, self.scores.shape[0] - 1)
+                rows = torch.where(batch.valid, rows, scores_out.shape[0] - 1)
             # Padded events all write the scratch row; real ones distinct rows.
-            self.scores.index_copy_(0, rows, scores)
+            scores_out.index_copy_(0, rows, scores)
+
+    def split_protocols(self, split: str) -> list[str]:
+        """The protocols ``split`` scores: all on test, ``eval.negatives`` elsewhere."""
+        return self.protocols if split == "test" else self.protocols[:1]
+
+    def split_width(self, split: str) -> int:
+        """Negatives scored per event of ``split``: its protocols, then the MRR ones."""
+        return len(self.split_protocols(split)) + self.data.mrr_negatives
+
+    def eval_graph(self, split: str) -> tuple[torch.Tensor, torch.Tensor, StepGraph]:
+        """The negatives table (rows, width), scores (rows, 1 + width) and evaluation
+        graph of ``split``'s width, made at the first pass of that width (each split
+        of a width fits its rows, plus a scratch row), with its exchange capacities."""
+        w = self.split_width(split)
+        if w not in self._evals:
+            rows = 1 + max(
+                hi - lo for s, (lo, hi) in self.data.ranges.items() if self.split_width(s) == w
+            )
+            dev, fdt = self.device, self.memory.dtype
+            neg = torch.zeros(rows, w, dtype=torch.int64, device=dev)
+            scores = torch.zeros(rows, 1 + w, dtype=fdt, device=dev)
+            graph = StepGraph(
+                lambda: self._eval(neg, scores),
+                mode=self.cfg.train.cuda_graph,
+                device=dev,
+                state=lambda: [
+                    *self.memory.full.values(),
+                    *self.exchange.state_tensors(),
+                    scores,
+                ],
+                log=self._log,
+            )
+            self._evals[w] = (neg, scores, graph)
+            self._plan_eval_capacities(w)
+        return self._evals[w]
 
     def _negatives(self, split: str) -> torch.Tensor:
         """(n, width) evaluation negatives of a split, drawn once and kept (they are fixed
         by the seed): the protocol columns, then the MRR negatives."""
         if split not in self._neg_cache:
-            protocols = self.protocols if split == "test" else self.protocols[:1]
-            self._neg_cache[split] = self.data.eval_negative_table(
-                split, protocols, len(self.protocols)
-            )
+            protocols = self.split_protocols(split)
+            self._neg_cache[split] = self.data.eval_negative_table(split, protocols, len(protocols))
         return self._neg_cache[split]
 
     def evaluate(self, split: str) -> EvalResult:
@@ -977,21 +1000,21 @@ class Step:
         lo, hi = d.ranges[split]
         b, q = self.cfg.train.batch_size, d.mrr_width(split)
         self.exchange.flush()
-        self._plan_eval_capacities()
         negs = self._negatives(split)
-        self.neg_table[: hi - lo].copy_(negs)
+        neg_table, scores_out, graph = self.eval_graph(split)
+        neg_table[: hi - lo].copy_(negs)
         self._fill(self.inp, split_lo=lo, stream=EVAL_STREAM[split])
         if self.distributed:
             # Each event is scored by one rank; the others' rows stay zero, so a sum
             # over ranks assembles the table.
-            self.scores.zero_()
+            scores_out.zero_()
         bar = self.progress(split, hi - lo)
         for start in range(lo, hi, b):
             self._set_batch(self.inp, start, min(start + b, hi), EVAL_STREAM[split])
-            self.eval_graph()
+            graph()
             bar.update(min(start + b, hi) - start)
         bar.close()
-        table = self.scores[: hi - lo]
+        table = scores_out[: hi - lo]
         if self.distributed and self.world_size > 1:
             import torch.distributed as dist
 
@@ -999,12 +1022,12 @@ class Step:
             dist.all_reduce(table, group=self.exchange.group)
         self.exchange.check()
         scores = table.cpu()
-        n_p = len(self.protocols)
+        protocols = self.split_protocols(split)
+        n_p = len(protocols)
         valid = None
         if q:
             idx = torch.arange(lo, hi, device=self.device)
             valid = d.mrr_valid(split, idx, negs[:, n_p:])
-        protocols = self.protocols if split == "test" else self.protocols[:1]
         return eval_result(scores, protocols, n_p, q, valid)
 
 
@@ -1019,14 +1042,14 @@ class _NoBar:
 class _Planned:
     """An exchange whose next fetch uses a plan made beforehand (the eval step's)."""
 
-    def __init__(self, exchange: LocalExchange | FixedExchange, plan: Any) -> None:
-        self.exchange, self.plan = exchange, plan
+    def __init__(self, exchange: LocalExchange | FixedExchange, plan: Any, mode: str) -> None:
+        self.exchange, self.plan, self.mode = exchange, plan, mode
 
     def fetch(self, batch: Batch, mode: str) -> MemoryRows:
-        return self.exchange.fetch(batch if self.plan is None else self.plan, mode)
+        return self.exchange.fetch(batch if self.plan is None else self.plan, self.mode)
 
     def push(self, update: DenseUpdate, mode: str) -> None:
-        self.exchange.push(update, mode)
+        self.exchange.push(update, self.mode)
 
     def wait(self) -> None:
         self.exchange.wait()

@@ -798,8 +798,9 @@ class Trainer:
             pipeline_staleness=st.staleness,
             step_captured=any(g.captured for g in st.train_graphs),
         )
-        # What the first train and eval step cost on CUDA beyond a replay (0 on CPU).
-        for name, graphs in (("train", st.train_graphs), ("eval", [st.eval_graph])):
+        # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
+        evals = [g for _, _, g in st._evals.values()]
+        for name, graphs in (("train", st.train_graphs), ("eval", evals)):
             summary[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
             summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
         if self.device.type == "cuda":

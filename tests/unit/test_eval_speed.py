@@ -240,7 +240,14 @@ def test_evaluation_metrics_equal_the_per_batch_code(store, tmp_path, selected: 
     for i, start in enumerate(range(lo, hi, 64)):
         tr.step.train_batch(0, i, start, min(start + 64, hi))
     for split in ("val", "test"):
-        assert torch.equal(tr.step._negatives(split), _oracle_table(tr, split))
+        # The inductive masks, now from the device columns, are the store's.
+        store_mask = torch.from_numpy(np.asarray(tr.data.events.inductive_mask(split)))
+        assert torch.equal(tr.data.inductive[split], store_mask)
+        # The old table repeated a split's first column up to the widest split's width;
+        # each split now has its own width.
+        old = _oracle_table(tr, split)
+        n_p, n_all = len(tr.step.split_protocols(split)), len(tr.step.protocols)
+        assert torch.equal(tr.step._negatives(split), torch.cat([old[:, :n_p], old[:, n_all:]], 1))
         res = tr.evaluate(split)
         assert res.protocol_neg or split == "val"
         _same(tr.split_metrics(split, res), _oracle_metrics(tr, split, res))
