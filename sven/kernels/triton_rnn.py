@@ -108,11 +108,20 @@ def _rnn_fwd_kernel(gi_ptr, gh_ptr, out_ptr, N, Hd, s_gi, s_gh, BLOCK: tl.conste
 
 
 @triton.jit
-def _rnn_bwd_kernel(out_ptr, dout_ptr, dpre_ptr, N, Hd, s_do, BLOCK: tl.constexpr):
+def _rnn_bwd_kernel(
+    gi_ptr, gh_ptr, dout_ptr, dpre_ptr, N, Hd, s_gi, s_gh, s_do, BLOCK: tl.constexpr
+):
+    # tanh' from the fp32 pre-activation, not from the rounded output: near saturation a
+    # bf16 output is 1 or 1 - 2^-8, so 1 - y^2 computed from it is 0 or 2^-7 whatever
+    # the true slope (the reference's bf16 autograd has that error; this kernel not).
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = idx < N
-    y = tl.load(out_ptr + idx, mask=m, other=0.0).to(tl.float32)
-    g = tl.load(dout_ptr + (idx // Hd) * s_do + idx % Hd, mask=m, other=0.0).to(tl.float32)
+    row = idx // Hd
+    col = idx % Hd
+    a = tl.load(gi_ptr + row * s_gi + col, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(gh_ptr + row * s_gh + col, mask=m, other=0.0).to(tl.float32)
+    y = _tanh(a + b)
+    g = tl.load(dout_ptr + row * s_do + col, mask=m, other=0.0).to(tl.float32)
     tl.store(dpre_ptr + idx, (g * (1.0 - y * y)).to(dpre_ptr.dtype.element_ty), mask=m)
 
 
@@ -190,19 +199,20 @@ class _RNNCell(torch.autograd.Function):
                 gi, gh, out, out.numel(), out.shape[1], gi.stride(0), gh.stride(0),
                 BLOCK=_BLOCK,
             )  # fmt: skip
-        ctx.save_for_backward(x, h, w_ih, w_hh, out)
+        ctx.save_for_backward(x, h, w_ih, w_hh, gi, gh)
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dout):  # type: ignore[override]
-        out = ctx.saved_tensors[4]
+        gi, gh = ctx.saved_tensors[4:]
         dout = _rows(dout)
-        d_pre = torch.empty_like(out)
-        if out.numel():
-            _rnn_bwd_kernel[_grid(out.numel())](
-                out, dout, d_pre, out.numel(), out.shape[1], dout.stride(0), BLOCK=_BLOCK
-            )
+        d_pre = torch.empty(gi.shape, device=gi.device, dtype=gi.dtype)
+        if d_pre.numel():
+            _rnn_bwd_kernel[_grid(d_pre.numel())](
+                gi, gh, dout, d_pre, d_pre.numel(), d_pre.shape[1],
+                gi.stride(0), gh.stride(0), dout.stride(0), BLOCK=_BLOCK,
+            )  # fmt: skip
         return _linear_grads(ctx, d_pre, d_pre, None)
 
 
