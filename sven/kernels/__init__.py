@@ -107,10 +107,15 @@ def hash_backend(t: torch.Tensor) -> str:
     As :func:`backend_for`, except that ``auto`` picks Triton for CUDA tensors when
     triton is installed: the hashes are chains of a dozen int64 element-wise kernels
     that :mod:`.triton_hash` runs as one, and the captured step is bound by its kernel
-    count (docs/performance.md has the measurement).
+    count (docs/performance.md has the measurement). Inside ``torch.compile`` ``auto``
+    gives the reference: Inductor fuses that chain into one kernel itself, and lowering
+    the hand-written kernel failed in torch 2.11 (``InductorError: AttributeError:
+    'int' object has no attribute 'xreplace'``, from its Python-int arguments).
     """
     mode, _, has_triton = _read_state()
     if mode == "auto":
+        if torch.compiler.is_compiling():
+            return "reference"
         return "triton" if t.is_cuda and has_triton else "reference"
     return backend_for(t)
 
