@@ -47,8 +47,17 @@ def _elements(N, W, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _tanh_grad(x):
+    # 1 - tanh(x)^2 as 4 e / (1 + e)^2, e = exp(-2|x|): no cancellation where tanh
+    # saturates, which 1 - y^2 from a computed (or stored, rounded) y = tanh(x) has.
+    e = tl.exp(-2.0 * tl.abs(x))
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+@triton.jit
 def _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh):
-    """Pre-activations of one block of (row, col): r, z, n and the hidden part of n."""
+    """The gates of one block of (row, col): r, z, n, the hidden part of n's
+    pre-activation and that pre-activation."""
     gi = gi_ptr + row * s_gi + col
     gh = gh_ptr + row * s_gh + col
     i_r = tl.load(gi, mask=m, other=0.0).to(tl.float32)
@@ -59,15 +68,8 @@ def _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh):
     h_n = tl.load(gh + 2 * Hd, mask=m, other=0.0).to(tl.float32)
     r = _sigmoid(i_r + h_r)
     z = _sigmoid(i_z + h_z)
-    n = _tanh(i_n + r * h_n)
-    return r, z, n, h_n
-
-
-@triton.jit
-def _rnn_out(gi_ptr, gh_ptr, row, col, m, s_gi, s_gh):
-    a = tl.load(gi_ptr + row * s_gi + col, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(gh_ptr + row * s_gh + col, mask=m, other=0.0).to(tl.float32)
-    return _tanh(a + b)
+    a_n = i_n + r * h_n
+    return r, z, _tanh(a_n), h_n, a_n
 
 
 @triton.jit
@@ -81,11 +83,13 @@ def _cell_fwd_kernel(
     idx, m, row, col = _elements(N, Hd, BLOCK)
     ty = out_ptr.dtype.element_ty
     if GRU:
-        _, z, n, _ = _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh)
+        _, z, n, _, _ = _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh)
         h = tl.load(h_ptr + row * s_h + col, mask=m, other=0.0).to(tl.float32)
         new = ((1.0 - z) * n + z * h).to(ty)
     else:
-        new = _rnn_out(gi_ptr, gh_ptr, row, col, m, s_gi, s_gh).to(ty)
+        a = tl.load(gi_ptr + row * s_gi + col, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(gh_ptr + row * s_gh + col, mask=m, other=0.0).to(tl.float32)
+        new = _tanh(a + b).to(ty)
     if MASKED:
         has = tl.load(has_ptr + row, mask=m, other=0) != 0
         keep = tl.load(h_ptr + row * s_h + col, mask=m, other=0.0).to(ty)
@@ -111,9 +115,9 @@ def _cell_bwd_kernel(
         g = g_out
     ty = dgi_ptr.dtype.element_ty
     if GRU:
-        r, z, n, h_n = _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh)
+        r, z, n, h_n, a_n = _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh)
         h = tl.load(h_ptr + row * s_h + col, mask=m, other=0.0).to(tl.float32)
-        d_n = g * (1.0 - z) * (1.0 - n * n)
+        d_n = g * (1.0 - z) * _tanh_grad(a_n)
         d_z = g * (h - n) * z * (1.0 - z)
         d_r = d_n * h_n * r * (1.0 - r)
         base = row * 3 * Hd + col
@@ -131,8 +135,9 @@ def _cell_bwd_kernel(
         # tanh' from the fp32 pre-activation, not from the rounded output: near
         # saturation a bf16 output is 1 or 1 - 2^-8, so 1 - y^2 computed from it is 0 or
         # 2^-7 whatever the true slope (the reference's bf16 autograd has that error).
-        y = _rnn_out(gi_ptr, gh_ptr, row, col, m, s_gi, s_gh)
-        tl.store(dgi_ptr + idx, (g * (1.0 - y * y)).to(ty), mask=m)
+        a = tl.load(gi_ptr + row * s_gi + col, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(gh_ptr + row * s_gh + col, mask=m, other=0.0).to(tl.float32)
+        tl.store(dgi_ptr + idx, (g * _tanh_grad(a + b)).to(ty), mask=m)
         if MASKED:
             direct = tl.where(has, 0.0, g_out)
             tl.store(dh_ptr + idx, direct.to(dh_ptr.dtype.element_ty), mask=m)
