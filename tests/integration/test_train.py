@@ -206,7 +206,7 @@ def test_captured_step_equals_eager_step(store: str, tmp_path, model: str) -> No
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("model", ["tgn", "jodie"])
+@pytest.mark.parametrize("model", ["tgn"])
 def test_compiled_captured_step_trains_like_the_eager_step(store: str, tmp_path, model) -> None:
     """``train.compile=true`` on CUDA: the model compiled by Inductor inside the captured
     step trains as the eager step does. Inductor fuses and reorders reductions, so the
