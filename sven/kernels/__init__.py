@@ -149,13 +149,14 @@ def hash_backend(t: torch.Tensor) -> str:
     return backend_for(t)
 
 
-def _dispatch(name: str) -> Callable[..., torch.Tensor]:
+def _dispatch(name: str, **ref_kwargs: Any) -> Callable[..., torch.Tensor]:
+    """The public function ``name``; ``ref_kwargs`` go to its reference only."""
     ref = getattr(reference, name)
     impl: dict[str, Any] = {}
 
     def call(*args: Any, **kwargs: Any) -> torch.Tensor:
         if backend_for(args[0], name) == "reference":
-            return ref(*args, **kwargs)
+            return ref(*args, **kwargs, **ref_kwargs)
         if not impl:
             # Imported at first use: triton.jit reads TRITON_INTERPRET when the kernels
             # are defined, and CPU-only runs never pay for importing triton.
@@ -168,7 +169,10 @@ def _dispatch(name: str) -> Callable[..., torch.Tensor]:
 
 
 temporal_attention = _dispatch("temporal_attention")
-temporal_attention_fused = _dispatch("temporal_attention_fused")
+# The reference builds keys and values with cuBLAS, then runs the dispatched attention:
+# ``SVEN_KERNELS=auto,temporal_attention=triton`` keeps the projections and fuses the
+# masked softmax into one kernel.
+temporal_attention_fused = _dispatch("temporal_attention_fused", attention=temporal_attention)
 # The CPU form of the fused attention (fewer multiply-adds, no Triton kernel): the
 # reference itself, tested against ``temporal_attention_fused``.
 temporal_attention_factored = reference.temporal_attention_factored

@@ -6,6 +6,8 @@ kernels are tested against them (forward and backward). Keep them simple and exa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -245,6 +247,7 @@ def temporal_attention_fused(
     time_b: torch.Tensor,
     w_kv_time: torch.Tensor,
     kv_edge: torch.Tensor | None = None,
+    attention: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Temporal attention whose keys and values are built from per-node projections.
 
@@ -265,6 +268,10 @@ def temporal_attention_fused(
         time_b: (T,) time-encoding phases.
         w_kv_time: (2 O, T) projection of the time encoding (no bias).
         kv_edge: (R, K, 2 O) edge contributions, or None.
+        attention: The attention over the built keys and values, with
+            :func:`temporal_attention`'s arguments; that function by default (the
+            dispatch passes its own choice, so that the projections stay on cuBLAS
+            while the masked softmax runs as one Triton kernel).
 
     Returns:
         (R, O) attention output; zero rows where no slot is valid.
@@ -277,4 +284,5 @@ def temporal_attention_fused(
     if kv_edge is not None:
         kv = kv + kv_edge
     key, val = kv.chunk(2, dim=2)
-    return temporal_attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)
+    attention = attention or temporal_attention
+    return attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)

@@ -100,3 +100,24 @@ def test_bad_choices_name_the_accepted_ones(monkeypatch, value) -> None:
     monkeypatch.setenv("SVEN_KERNELS", value)
     with pytest.raises(ValueError, match="SVEN_KERNELS"):
         kernels.backend_for(torch.zeros(1))
+
+
+def test_fused_attention_reference_runs_the_chosen_core(monkeypatch, device) -> None:
+    """``temporal_attention=triton`` alone: the fused attention keeps the reference's
+    projections and gather, and its masked softmax runs as the Triton kernel."""
+    monkeypatch.setenv("SVEN_KERNELS", "reference,temporal_attention=triton")
+    gen = torch.Generator().manual_seed(1)
+    r, k, h, d, t, u = 5, 4, 2, 8, 6, 7
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    nbr = torch.randint(0, u, (r, k), generator=gen).to(device)
+    mask = (torch.rand(r, k, generator=gen) < 0.7).to(device)
+    mask[0] = False
+    args = (randn(r, h, d).requires_grad_(), randn(u, 2 * h * d), nbr, randn(r, k).abs(), mask)
+    args += (randn(t), randn(t), randn(2 * h * d, t) / 3)
+    out = kernels.temporal_attention_fused(*args)
+    assert type(out.grad_fn).__name__ == "_TemporalAttentionBackward"
+    want = kernels.reference.temporal_attention_fused(*args)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
