@@ -139,8 +139,9 @@ def hash_backend(t: torch.Tensor) -> str:
     count (docs/performance.md has the measurement). Inside ``torch.compile`` ``auto``
     gives the reference: Inductor fuses that chain into one kernel itself, and the
     hand-written kernel (keyed dropout's, the compiled model's only user-defined Triton
-    kernel) is where the compiled step failed in torch 2.11 (``InductorError:
-    AttributeError: 'int' object has no attribute 'xreplace'``; docs/kernels.md).
+    kernel) is the likely place where the compiled step failed in torch 2.11
+    (``InductorError: AttributeError: 'int' object has no attribute 'xreplace'``;
+    docs/kernels.md).
     """
     mode, _, has_triton, _ = _read_state()
     if mode == "auto":
