@@ -138,7 +138,7 @@ def _tests(runner: Any, args: argparse.Namespace) -> None:
     cmd = [PY, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
     if args.quick:
         cmd += ["tests/kernels/test_updater.py", "tests/kernels/test_cells.py"]
-    rec = runner.run("tests", cmd, 200)
+    rec = runner.run("tests", cmd, 240)
     lines = rec.pop("lines", [])
     summary = [x.strip() for x in lines if SUMMARY.search(x) and " in " in x]
     rec["summary"] = summary[-1] if summary else None
