@@ -16,7 +16,10 @@ Each public function runs either its PyTorch reference in :mod:`sven.kernels.ref
 - ``SVEN_KERNELS=reference``: the reference everywhere;
 - ``SVEN_KERNELS=triton``: Triton everywhere; on CPU tensors that is Triton's
   interpreter, so it needs ``TRITON_INTERPRET=1`` (set before the first call), and an
-  error otherwise.
+  error otherwise;
+- per function, after the mode: ``SVEN_KERNELS=auto,recurrent_update=triton`` (comma
+  separated ``name=backend`` pairs, backend ``triton`` or ``reference``), so that one
+  kernel can be measured in the step against the reference with the rest unchanged.
 
 The environment is read once per process, at the first call; :func:`reset_backend`
 makes the next call read it again (for tests).
@@ -38,6 +41,7 @@ __all__ = [
     "backend_for",
     "gru_cell",
     "hash_backend",
+    "recurrent_update",
     "reset_backend",
     "rnn_cell",
     "temporal_attention",
@@ -52,9 +56,11 @@ _TRITON_MODULE = {
     "temporal_attention_fused": "sven.kernels.triton_attention",
     "gru_cell": "sven.kernels.triton_rnn",
     "rnn_cell": "sven.kernels.triton_rnn",
+    "recurrent_update": "sven.kernels.triton_rnn",
 }
-# The cached choice: (mode, interpreter on, triton importable); None until first read.
-_state: tuple[str, bool, bool] | None = None
+# The cached choice: (mode, interpreter on, triton importable, per-function backends);
+# None until first read.
+_state: tuple[str, bool, bool, dict[str, str]] | None = None
 
 
 def reset_backend() -> None:
@@ -63,12 +69,32 @@ def reset_backend() -> None:
     _state = None
 
 
-def _read_state() -> tuple[str, bool, bool]:
+def _parse(value: str) -> tuple[str, dict[str, str]]:
+    """(mode, per-function backends) from ``SVEN_KERNELS``."""
+    mode, per_fn = "auto", {}
+    for i, part in enumerate(p.strip().lower() for p in value.split(",")):
+        if "=" not in part:
+            if i or part not in _MODES:
+                raise ValueError(
+                    f"SVEN_KERNELS={value!r}: expected one of {', '.join(_MODES)}, "
+                    "then name=triton|reference pairs"
+                )
+            mode = part
+            continue
+        name, backend = (x.strip() for x in part.split("=", 1))
+        if name not in _TRITON_MODULE or backend not in ("triton", "reference"):
+            raise ValueError(
+                f"SVEN_KERNELS={value!r}: {part!r} is not name=triton|reference with name "
+                f"one of {', '.join(sorted(_TRITON_MODULE))}"
+            )
+        per_fn[name] = backend
+    return mode, per_fn
+
+
+def _read_state() -> tuple[str, bool, bool, dict[str, str]]:
     global _state
     if _state is None:
-        mode = os.environ.get("SVEN_KERNELS", "auto").strip().lower() or "auto"
-        if mode not in _MODES:
-            raise ValueError(f"SVEN_KERNELS={mode!r}: expected one of {', '.join(_MODES)}")
+        mode, per_fn = _parse(os.environ.get("SVEN_KERNELS", "auto").strip() or "auto")
         interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
         # Whether triton is installed, without importing it (0.5 s): a run that takes
         # the reference path (every CPU run) never loads it.
@@ -76,21 +102,24 @@ def _read_state() -> tuple[str, bool, bool]:
             has_triton = importlib.util.find_spec("triton") is not None
         except (ImportError, ValueError):
             has_triton = False
-        _state = (mode, interpret, has_triton)
+        _state = (mode, interpret, has_triton, per_fn)
     return _state
 
 
-def backend_for(t: torch.Tensor) -> str:
+def backend_for(t: torch.Tensor, name: str | None = None) -> str:
     """Names the backend a call on tensor ``t`` dispatches to ("triton" or "reference").
 
+    Args:
+        t: The call's first tensor.
+        name: The public function, for a per-function choice in ``SVEN_KERNELS``.
+
     Raises:
-        RuntimeError: ``SVEN_KERNELS=triton`` where Triton cannot run ``t`` (triton not
-            installed, or a CPU tensor without ``TRITON_INTERPRET=1``).
+        RuntimeError: Triton asked for where it cannot run ``t`` (triton not installed,
+            or a CPU tensor without ``TRITON_INTERPRET=1``).
     """
-    mode, interpret, has_triton = _read_state()
-    if mode == "reference":
-        return "reference"
-    if mode == "auto":
+    mode, interpret, has_triton, per_fn = _read_state()
+    mode = per_fn.get(name, mode) if name is not None else mode
+    if mode in ("reference", "auto"):
         return "reference"
     if not has_triton:
         raise RuntimeError("SVEN_KERNELS=triton but the triton package is not installed")
@@ -109,21 +138,29 @@ def hash_backend(t: torch.Tensor) -> str:
     As :func:`backend_for`, except that ``auto`` picks Triton for CUDA tensors when
     triton is installed: the hashes are chains of a dozen int64 element-wise kernels
     that :mod:`.triton_hash` runs as one, and the captured step is bound by its kernel
-    count (docs/performance.md has the measurement).
+    count (docs/performance.md has the measurement). Inside ``torch.compile`` ``auto``
+    gives the reference: Inductor fuses that chain into one kernel itself, and the
+    hand-written kernel (keyed dropout's, the compiled model's only user-defined Triton
+    kernel) is the likely place where the compiled step failed in torch 2.11
+    (``InductorError: AttributeError: 'int' object has no attribute 'xreplace'``;
+    docs/kernels.md).
     """
-    mode, _, has_triton = _read_state()
+    mode, _, has_triton, _ = _read_state()
     if mode == "auto":
+        if torch.compiler.is_compiling():
+            return "reference"
         return "triton" if t.is_cuda and has_triton else "reference"
     return backend_for(t)
 
 
-def _dispatch(name: str) -> Callable[..., torch.Tensor]:
+def _dispatch(name: str, **ref_kwargs: Any) -> Callable[..., torch.Tensor]:
+    """The public function ``name``; ``ref_kwargs`` go to its reference only."""
     ref = getattr(reference, name)
     impl: dict[str, Any] = {}
 
     def call(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if backend_for(args[0]) == "reference":
-            return ref(*args, **kwargs)
+        if backend_for(args[0], name) == "reference":
+            return ref(*args, **kwargs, **ref_kwargs)
         if not impl:
             # Imported at first use: triton.jit reads TRITON_INTERPRET when the kernels
             # are defined, and CPU-only runs never pay for importing triton.
@@ -136,9 +173,16 @@ def _dispatch(name: str) -> Callable[..., torch.Tensor]:
 
 
 temporal_attention = _dispatch("temporal_attention")
-temporal_attention_fused = _dispatch("temporal_attention_fused")
+# The reference builds keys and values with cuBLAS, then runs the dispatched attention:
+# ``SVEN_KERNELS=auto,temporal_attention=triton`` keeps the projections and fuses the
+# masked softmax into one kernel.
+temporal_attention_fused = _dispatch("temporal_attention_fused", attention=temporal_attention)
 # The CPU form of the fused attention (fewer multiply-adds, no Triton kernel): the
 # reference itself, tested against ``temporal_attention_fused``.
 temporal_attention_factored = reference.temporal_attention_factored
 gru_cell = _dispatch("gru_cell")
 rnn_cell = _dispatch("rnn_cell")
+
+# The memory updater: the reference composes the reference cells; Triton fuses it
+# (four kernels forward, docs/kernels.md).
+recurrent_update = _dispatch("recurrent_update")

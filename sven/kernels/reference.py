@@ -6,6 +6,8 @@ kernels are tested against them (forward and backward). Keep them simple and exa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -191,6 +193,50 @@ def rnn_cell(
     return torch.tanh(F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh))
 
 
+def recurrent_update(
+    mail: torch.Tensor,
+    mail_ts: torch.Tensor,
+    last_update: torch.Tensor,
+    has_mail: torch.Tensor,
+    h: torch.Tensor,
+    time_w: torch.Tensor,
+    time_b: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+    cell: str = "gru",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The memory updater of TGN/JODIE/DyRep/APAN: pending mail applied with a cell.
+
+    The cell's input is ``[mail, cos(dt time_w + time_b)]`` with ``dt = mail_ts -
+    last_update`` (in ``h``'s dtype, encoded in ``time_w``'s); rows without mail keep
+    their state and last update time.
+
+    Args:
+        mail: (U, M) pending mail (or the message built from it).
+        mail_ts: (U,) its time.
+        last_update: (U,) the time of each row's state.
+        has_mail: (U,) bool, whether the row has pending mail.
+        h: (U, Hd) the stored state.
+        time_w: (T,) time-encoding frequencies.
+        time_b: (T,) time-encoding phases.
+        w_ih: (G Hd, M + T) input weights (G = 3 for the GRU, 1 for the RNN).
+        w_hh: (G Hd, Hd) hidden weights.
+        b_ih: (G Hd,) or None.
+        b_hh: (G Hd,) or None.
+        cell: "gru" or "rnn".
+
+    Returns:
+        (U, Hd) the updated state, and (U,) its last update time.
+    """
+    dt = (mail_ts - last_update).to(h.dtype)
+    te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b)
+    x = torch.cat([mail, te.to(mail.dtype)], dim=1)
+    new = (gru_cell if cell == "gru" else rnn_cell)(x, h, w_ih, w_hh, b_ih, b_hh)
+    return torch.where(has_mail[:, None], new, h), torch.where(has_mail, mail_ts, last_update)
+
+
 def temporal_attention_fused(
     q: torch.Tensor,
     kv_node: torch.Tensor,
@@ -201,6 +247,7 @@ def temporal_attention_fused(
     time_b: torch.Tensor,
     w_kv_time: torch.Tensor,
     kv_edge: torch.Tensor | None = None,
+    attention: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Temporal attention whose keys and values are built from per-node projections.
 
@@ -221,6 +268,10 @@ def temporal_attention_fused(
         time_b: (T,) time-encoding phases.
         w_kv_time: (2 O, T) projection of the time encoding (no bias).
         kv_edge: (R, K, 2 O) edge contributions, or None.
+        attention: The attention over the built keys and values, with
+            :func:`temporal_attention`'s arguments; that function by default (the
+            dispatch passes its own choice, so that the projections stay on cuBLAS
+            while the masked softmax runs as one Triton kernel).
 
     Returns:
         (R, O) attention output; zero rows where no slot is valid.
@@ -233,4 +284,5 @@ def temporal_attention_fused(
     if kv_edge is not None:
         kv = kv + kv_edge
     key, val = kv.chunk(2, dim=2)
-    return temporal_attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)
+    attention = attention or temporal_attention
+    return attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)

@@ -356,12 +356,6 @@ class RecurrentUpdater(nn.Module):
         self.cell = cls(mail_dim + time_dim, memory_dim)
         self.time_enc = TimeEncoding(time_dim)
 
-    def step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """One cell step on (U, I) inputs and (U, d_mem) state."""
-        c = self.cell
-        fn = kernels.gru_cell if self.cell_type == "gru" else kernels.rnn_cell
-        return fn(x, h, c.weight_ih, c.weight_hh, c.bias_ih, c.bias_hh)
-
     def forward(
         self, rows: MemoryRows, message: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,12 +368,19 @@ class RecurrentUpdater(nn.Module):
         Returns:
             memory (U, d_mem) with gradient, and last_update (U,) float64 after the update.
         """
-        has_mail = rows.mail_valid[:, 0]
         mail = rows.mail[:, 0] if message is None else message
-        mail_ts = rows.mail_ts[:, 0]
-        dt = (mail_ts - rows.last_update).to(rows.memory.dtype)
-        x = torch.cat([mail, self.time_enc(dt).to(mail.dtype)], dim=1)
-        new = self.step(x, rows.memory)
-        memory = torch.where(has_mail[:, None], new, rows.memory)
-        last_update = torch.where(has_mail, mail_ts, rows.last_update)
-        return memory, last_update
+        c = self.cell
+        return kernels.recurrent_update(
+            mail,
+            rows.mail_ts[:, 0],
+            rows.last_update,
+            rows.mail_valid[:, 0],
+            rows.memory,
+            self.time_enc.weight,
+            self.time_enc.bias,
+            c.weight_ih,
+            c.weight_hh,
+            c.bias_ih,
+            c.bias_hh,
+            cell=self.cell_type,
+        )

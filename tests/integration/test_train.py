@@ -206,6 +206,82 @@ def test_captured_step_equals_eager_step(store: str, tmp_path, model: str) -> No
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# TGN (GRU, fused attention), JODIE (RNN), APAN (the core on its mailbox attention).
+@pytest.mark.parametrize("model", ["tgn", "jodie", "apan"])
+def test_fused_kernels_in_the_captured_step_train_like_the_reference(
+    store: str, tmp_path, model: str, monkeypatch
+) -> None:
+    """The fused updater and the Triton attention core inside the captured step against
+    the eager reference step: 2 epochs (22 batches of 200). Kernels and reference round
+    differently in float32; Adam moves a parameter by about lr = 1e-3 a step, so the
+    bound is 5 steps' worth, 5e-3, and the test AP within 0.01."""
+    from sven import kernels
+
+    results = {}
+    for name, mode, graph in (
+        ("reference", "reference", "off"),
+        ("fused", "auto,recurrent_update=triton,temporal_attention=triton", "on"),
+    ):
+        monkeypatch.setenv("SVEN_KERNELS", mode)
+        kernels.reset_backend()
+        try:
+            tr = sven.Trainer(
+                None,
+                _overrides(
+                    store,
+                    tmp_path / name,
+                    f"model.name={model}",
+                    "train.device=cuda",
+                    f"train.cuda_graph={graph}",
+                    "model.sampling=uniform",
+                ),
+            )
+            summary = tr.fit()
+        finally:
+            kernels.reset_backend()
+        assert tr.single.train_graph.captured == (graph == "on")
+        flat = torch.cat([p.detach().reshape(-1) for p in tr.model.parameters()]).cpu()
+        results[name] = (flat, summary)
+    (p0, s0), (p1, s1) = results["reference"], results["fused"]
+    torch.testing.assert_close(p0, p1, rtol=0, atol=5e-3)
+    assert s0["test_ap"] == pytest.approx(s1["test_ap"], abs=0.01)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tgn"])
+def test_compiled_captured_step_trains_like_the_eager_step(store: str, tmp_path, model) -> None:
+    """``train.compile=true`` on CUDA: the model compiled by Inductor inside the captured
+    step trains as the eager step does. Inductor fuses and reorders reductions, so the
+    float32 results differ in rounding. Adam moves a parameter by about lr = 1e-3 a step
+    whatever its gradient's size, so after the 2 epochs (22 steps) a broken compilation
+    is off by ~1e-2 on most parameters; rounding alone stays within 5 steps' worth, 5e-3
+    (a gradient near zero may flip sign), and the test AP within 0.01."""
+    results = {}
+    for compiled in ("false", "true"):
+        tr = sven.Trainer(
+            None,
+            _overrides(
+                store,
+                tmp_path / compiled,
+                f"model.name={model}",
+                "train.device=cuda",
+                "train.cuda_graph=on",
+                f"train.compile={compiled}",
+                "model.dropout=0.1",
+            ),
+        )
+        summary = tr.fit()
+        assert tr.single.train_graph.captured
+        flat = torch.cat([p.detach().reshape(-1) for p in tr.model.parameters()]).cpu()
+        results[compiled] = (flat, summary)
+    (p0, s0), (p1, s1) = results["false"], results["true"]
+    torch.testing.assert_close(p0, p1, rtol=0, atol=5e-3)
+    assert s0["test_ap"] == pytest.approx(s1["test_ap"], abs=0.01)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model", ["tgn", "apan"])
 def test_fixed_step_on_cuda_is_bitwise_reproducible(store: str, tmp_path, model: str) -> None:
     """The CUDA step runs with torch's deterministic mode off (it is deterministic by

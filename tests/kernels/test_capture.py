@@ -26,7 +26,23 @@ def _problems(device: str):
     dt = (torch.rand(r, k, generator=gen) * 10).to(device)
     tw = (1.0 / 10 ** torch.linspace(0, 9, t)).to(device)
     tb = torch.zeros(t, device=device)
+    last = (torch.rand(u, generator=gen, dtype=torch.float64) * 100).to(device)
+    ts = last + (torch.rand(u, generator=gen, dtype=torch.float64) * 10).to(device)
+    has = (torch.rand(u, generator=gen) < 0.6).to(device)
     return {
+        "updater": (
+            lambda mail, h, *w: triton_rnn.recurrent_update(
+                mail, ts, last, has, h, tw, tb, *w, cell="gru"
+            )[0],
+            [
+                randn(u, 200),
+                randn(u, 100),
+                randn(300, 300) / 17,
+                randn(300, 100) / 10,
+                randn(300),
+                randn(300),
+            ],
+        ),
         "attention": (
             lambda q, kv: triton_attention.temporal_attention(
                 q, *(x.reshape(r, k, h, d) for x in kv.chunk(2, dim=2)), mask
@@ -64,7 +80,7 @@ def _problems(device: str):
     }
 
 
-@pytest.mark.parametrize("name", ["attention", "fused", "gru", "rnn"])
+@pytest.mark.parametrize("name", ["attention", "fused", "gru", "rnn", "updater"])
 def test_capture_and_replay_match_eager(name, cuda) -> None:
     fn, leaves = _problems(cuda)[name]
     leaves = [x.requires_grad_() for x in leaves]

@@ -27,7 +27,40 @@ SMALL = [
 ]
 
 
+#: bf16's unit roundoff: 8 significant bits, round to nearest.
+BF16_U = 2.0**-8
+
+
+def _run_cell(fn, leaves, dout, device, cast):
+    """(out, every gradient) of one cell call on copies of ``leaves`` cast to ``cast``."""
+    leaves = [
+        t.to(device, cast).clone().requires_grad_() if t is not None else None for t in leaves
+    ]
+    out = fn(*leaves)
+    out.backward(dout.to(device, cast))
+    return [out] + [t.grad for t in leaves if t is not None]
+
+
 def check_cell(u, i, hd, cell, dtype, bias, device):
+    """The kernel against a float64 oracle, forward and every gradient.
+
+    fp32: within 1e-5. bf16 (error analysis): in bf16 every input is rounded (relative
+    error up to u = 2^-8), the GEMMs accumulate in fp32 but round their (U, 3 Hd)
+    outputs to bf16, and the gradients are rounded before the backward GEMMs, whose
+    reduction depth is I or Hd (dx, dh) and U (weights, biases). The reference in bf16
+    rounds the same GEMM operands and results, plus every gate intermediate; the kernel
+    keeps the gate math in fp32 (so it can only lose less there) and rounds the results.
+    Both errors are therefore of the same kind and size: about u times the operands'
+    magnitudes times sqrt(depth), up to 0.5 on a weight gradient of magnitude 45
+    (U = 600), far beyond any fixed tolerance, and the reference itself fails the
+    2e-2 tolerance this test used to have in 102 of the 144 bf16 cases. The check is
+    ``max|kernel - fp64| <= 2 max|reference_bf16 - fp64| + 3 u max|fp64|`` per
+    tensor: no worse than twice the reference's own bf16 error, plus three roundings of
+    the largest value for tensors whose entries are single products (U = 1), where the
+    reference's few roundings can be lucky. Over the grid the kernel uses at most 0.6
+    of that bound (CPU, interpreter); a wrong gate, index or scale errs by O(1) of
+    the values.
+    """
     from sven.kernels import triton_rnn
 
     gen = torch.Generator().manual_seed(2)
@@ -40,25 +73,23 @@ def check_cell(u, i, hd, cell, dtype, bias, device):
     b_ih = torch.randn(g * hd, generator=gen) if bias else None
     b_hh = torch.randn(g * hd, generator=gen) if bias else None
     dout = torch.randn(u, hd, generator=gen)
-    results = []
-    for fn, cast in [
-        (getattr(triton_rnn, f"{cell}_cell"), dtype),
-        (getattr(reference, f"{cell}_cell"), torch.float64),
-    ]:
-        leaves = [
-            t.to(device, cast).clone().requires_grad_() if t is not None else None
-            for t in (x, h, w_ih, w_hh, b_ih, b_hh)
-        ]
-        out = fn(*leaves)
-        out.backward(dout.to(device, cast))
-        results.append([out] + [t.grad for t in leaves if t is not None])
-    tol = tolerances(dtype)
-    if dtype == torch.bfloat16:
-        # bf16 GEMMs over I or Hd terms: weight gradients sum U products of rounded values.
-        tol = {"rtol": 2e-2, "atol": 2e-2 * max(1.0, u**0.5 / 4)}
-    for got, want in zip(results[0], results[1]):
-        assert got.dtype == dtype
-        torch.testing.assert_close(got.double(), want, **tol)
+    leaves = (x, h, w_ih, w_hh, b_ih, b_hh)
+    ref = getattr(reference, f"{cell}_cell")
+    got = _run_cell(getattr(triton_rnn, f"{cell}_cell"), leaves, dout, device, dtype)
+    want = _run_cell(ref, leaves, dout, device, torch.float64)
+    names = ["out", "dx", "dh", "dw_ih", "dw_hh", "db_ih", "db_hh"]
+    if dtype == torch.float32:
+        for name, a, b in zip(names, got, want):
+            assert a.dtype == dtype, name
+            torch.testing.assert_close(a.double(), b, **tolerances(dtype), msg=name)
+        return
+    ref_bf16 = _run_cell(ref, leaves, dout, device, dtype)
+    for name, a, r, b in zip(names, got, ref_bf16, want):
+        assert a.dtype == dtype, name
+        err = (a.double() - b).abs().max().item()
+        ref_err = (r.double() - b).abs().max().item()
+        bound = 2 * ref_err + 3 * BF16_U * b.abs().max().item()
+        assert err <= bound, f"{name}: error {err:.4g} > {bound:.4g} (reference {ref_err:.4g})"
 
 
 @pytest.mark.parametrize("u,i,hd,cell,dtype,bias", SMALL)

@@ -22,7 +22,8 @@ from triton.compiler import ASTSource, compile
 from sven.kernels import triton_attention as ta, triton_rnn as tr
 
 POINTEE = {"m_ptr": "*u8", "pos_ptr": "*i64", "dt_ptr": "*fp32", "tw_ptr": "*fp32",
-           "tb_ptr": "*fp32", "dkv_ptr": "*fp32"}
+           "tb_ptr": "*fp32", "dkv_ptr": "*fp32", "has_ptr": "*u8", "ts_ptr": "*fp64",
+           "last_ptr": "*fp64", "last_out_ptr": "*fp64"}
 cases = []
 for dt in ("fp32", "bf16"):
     for fn in (ta._attn_fwd_kernel, ta._attn_bwd_kernel):
@@ -33,8 +34,11 @@ for dt in ("fp32", "bf16"):
         for edge, bd, bt in ((True, 64, 32), (False, 16, 16)):
             cases.append((fn, dt, {"HAS_EDGE": edge, "BF16_DOT": dt == "bf16",
                                    "BLOCK_K": 16, "BLOCK_D": bd, "BLOCK_T": bt}))
-    for fn in (tr._gru_fwd_kernel, tr._gru_bwd_kernel, tr._rnn_fwd_kernel, tr._rnn_bwd_kernel):
-        cases.append((fn, dt, {"BLOCK": 1024}))
+    cases.append((tr._encode_kernel, dt, {"BLOCK": 1024}))
+    for fn in (tr._cell_fwd_kernel, tr._cell_bwd_kernel):
+        for gru in (True, False):
+            for masked in (True, False):
+                cases.append((fn, dt, {"GRU": gru, "MASKED": masked, "BLOCK": 1024}))
 failures = []
 for fn, dt, consts in cases:
     sig = {}
@@ -67,5 +71,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 24
+    assert report["cases"] == 34
     assert report["failures"] == []

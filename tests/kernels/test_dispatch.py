@@ -71,3 +71,53 @@ def test_triton_on_cuda_when_asked_and_reference_can_be_forced(monkeypatch, cuda
     monkeypatch.setenv("SVEN_KERNELS", "reference")
     kernels.reset_backend()
     assert kernels.backend_for(args[0]) == "reference"
+
+
+def test_per_function_choice_overrides_the_mode(monkeypatch, device) -> None:
+    """``SVEN_KERNELS=reference,recurrent_update=triton``: only the updater takes Triton
+    (its autograd Function), the cells and the attention keep the reference."""
+    monkeypatch.setenv("SVEN_KERNELS", "reference, recurrent_update=triton")
+    h = torch.zeros(2, 4, device=device)
+    assert kernels.backend_for(h, "recurrent_update") == "triton"
+    assert kernels.backend_for(h, "gru_cell") == "reference"
+    assert kernels.backend_for(h) == "reference"
+    w = torch.randn(12, 7, device=device, requires_grad=True)
+    t = torch.ones(2, dtype=torch.float64, device=device)
+    has = torch.tensor([True, False], device=device)
+    tw, tb = torch.ones(2, device=device), torch.zeros(2, device=device)
+    mail = torch.randn(2, 5, device=device)
+    w_hh = torch.randn(12, 4, device=device)
+    mem, _ = kernels.recurrent_update(mail, t, t, has, h, tw, tb, w, w_hh, None, None, cell="gru")
+    assert type(mem.grad_fn).__name__ == "_RecurrentUpdateBackward"
+    out = kernels.gru_cell(torch.randn(2, 7, device=device), h, w, w_hh, None, None)
+    assert "_GRUCell" not in type(out.grad_fn).__name__
+
+
+@pytest.mark.parametrize(
+    "value", ["fast", "triton,reference", "auto,gru=triton", "auto,gru_cell=fast"]
+)
+def test_bad_choices_name_the_accepted_ones(monkeypatch, value) -> None:
+    monkeypatch.setenv("SVEN_KERNELS", value)
+    with pytest.raises(ValueError, match="SVEN_KERNELS"):
+        kernels.backend_for(torch.zeros(1))
+
+
+def test_fused_attention_reference_runs_the_chosen_core(monkeypatch, device) -> None:
+    """``temporal_attention=triton`` alone: the fused attention keeps the reference's
+    projections and gather, and its masked softmax runs as the Triton kernel."""
+    monkeypatch.setenv("SVEN_KERNELS", "reference,temporal_attention=triton")
+    gen = torch.Generator().manual_seed(1)
+    r, k, h, d, t, u = 5, 4, 2, 8, 6, 7
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    nbr = torch.randint(0, u, (r, k), generator=gen).to(device)
+    mask = (torch.rand(r, k, generator=gen) < 0.7).to(device)
+    mask[0] = False
+    args = (randn(r, h, d).requires_grad_(), randn(u, 2 * h * d), nbr, randn(r, k).abs(), mask)
+    args += (randn(t), randn(t), randn(2 * h * d, t) / 3)
+    out = kernels.temporal_attention_fused(*args)
+    assert type(out.grad_fn).__name__ == "_TemporalAttentionBackward"
+    want = kernels.reference.temporal_attention_fused(*args)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

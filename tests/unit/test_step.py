@@ -95,13 +95,40 @@ def _tables(dtype: torch.dtype = torch.float64, k: int = 3, strategy: str = "rec
     )
 
 
-def _model(name: str):
-    kw = dict(memory_dim=4, time_dim=3, embed_dim=4, edge_dim=2)
+def _model(name: str, **extra):
+    kw = dict(memory_dim=4, time_dim=3, embed_dim=4, edge_dim=2, **extra)
     if name in ("tgn", "apan"):
         kw.update(num_heads=2, dropout=0.1)
     if name == "apan":
         kw["mailbox_size"] = 3
     return build_model(name, **kw).to(torch.float64)
+
+
+def _train_batches(tables, model, step_model, opt, mem, capacity):
+    """Two epochs of batches of 4 over the 11 events; (loss, parameters, memory) after
+    each. ``step_model`` is what the step calls (``model`` or a compiled wrapper)."""
+    trace = []
+    for epoch in range(2):
+        mem.reset()
+        for start in range(0, 11, 4):
+            stop = min(start + 4, 11)
+            batch = select_batch(
+                tables,
+                start,
+                stop,
+                epoch,
+                seed=3,
+                num_neg=2,
+                sample_roots=model.sample_roots,
+                read_neighbors=model.read_neighbors,
+                capacity=capacity,
+            )
+            if capacity:
+                assert batch.size == 4 and batch.valid.sum() == stop - start
+            loss = train_step(step_model, opt, mem, batch, float((stop - start) * 3))
+            params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            trace.append((float(loss), params.clone(), mem.state_dict()))
+    return trace
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -116,28 +143,7 @@ def test_padded_fixed_batches_train_like_exact_batches(name: str) -> None:
         model = copy.deepcopy(base)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         mem = MemoryState(N, 4, model.mail_dim, model.mailbox_size, dtype=torch.float64)
-        trace = []
-        for epoch in range(2):
-            mem.reset()
-            for start in range(0, 11, 4):
-                stop = min(start + 4, 11)
-                batch = select_batch(
-                    tables,
-                    start,
-                    stop,
-                    epoch,
-                    seed=3,
-                    num_neg=2,
-                    sample_roots=model.sample_roots,
-                    read_neighbors=model.read_neighbors,
-                    capacity=capacity,
-                )
-                if capacity:
-                    assert batch.size == 4 and batch.valid.sum() == stop - start
-                loss = train_step(model, opt, mem, batch, float((stop - start) * 3))
-                params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-                trace.append((float(loss), params.clone(), mem.state_dict()))
-        runs.append((model, trace))
+        runs.append((model, _train_batches(tables, model, model, opt, mem, capacity)))
     (_, exact), (_, padded) = runs
     # float64; padded rows add exact zeros, but the sums over differently shaped
     # tensors may group their terms differently (last-bit differences).
@@ -159,3 +165,26 @@ def test_step_graph_off_runs_eagerly_and_validates_mode() -> None:
         StepGraph(lambda: None, mode="maybe", device=torch.device("cpu"), state=list)
     with pytest.raises(ValueError, match="CUDA"):
         StepGraph(lambda: None, mode="on", device=torch.device("cpu"), state=list)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["fused", "factored"])
+def test_compiled_model_trains_like_the_eager_model(form: str) -> None:
+    """``train.compile`` compiles the model as ``torch.compile(model, dynamic=False)``
+    over fixed-capacity batches: Inductor's kernels (C++ on CPU) give the same losses
+    and parameters as eager in float64 (TGN: attention, GRU updater, keyed dropout;
+    the fused attention form is the one CUDA runs, the factored one CPU's)."""
+    tables = _tables(strategy="uniform")
+    base = _model("tgn", attention_form=form)
+    runs = []
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        mem = MemoryState(N, 4, model.mail_dim, model.mailbox_size, dtype=torch.float64)
+        step_model = torch.compile(model, dynamic=False) if compiled else model
+        runs.append(_train_batches(tables, model, step_model, opt, mem, 4))
+    for i, ((l0, p0, m0), (l1, p1, m1)) in enumerate(zip(*runs, strict=True)):
+        assert l0 == pytest.approx(l1, rel=1e-9), i
+        torch.testing.assert_close(p0, p1, rtol=1e-9, atol=1e-11)
+        for key in m0:
+            torch.testing.assert_close(m0[key], m1[key], rtol=1e-9, atol=1e-11)
