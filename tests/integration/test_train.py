@@ -239,7 +239,7 @@ def test_fused_kernels_in_the_captured_step_train_like_the_reference(
             summary = tr.fit()
         finally:
             kernels.reset_backend()
-        assert tr.single.train_graph.captured == (graph == "on")
+        assert tr.step.train_graph.captured == (graph == "on")
         flat = torch.cat([p.detach().reshape(-1) for p in tr.model.parameters()]).cpu()
         results[name] = (flat, summary)
     (p0, s0), (p1, s1) = results["reference"], results["fused"]
@@ -272,7 +272,7 @@ def test_compiled_captured_step_trains_like_the_eager_step(store: str, tmp_path,
             ),
         )
         summary = tr.fit()
-        assert tr.single.train_graph.captured
+        assert tr.step.train_graph.captured
         flat = torch.cat([p.detach().reshape(-1) for p in tr.model.parameters()]).cpu()
         results[compiled] = (flat, summary)
     (p0, s0), (p1, s1) = results["false"], results["true"]

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from sven.kernels import reference
-from tests.kernels.grid import tolerances
 
 U_GRID = (1, 7, 33, 600)
 IN_GRID = (5, 200, 300)
@@ -78,17 +77,20 @@ def check_cell(u, i, hd, cell, dtype, bias, device):
     got = _run_cell(getattr(triton_rnn, f"{cell}_cell"), leaves, dout, device, dtype)
     want = _run_cell(ref, leaves, dout, device, torch.float64)
     names = ["out", "dx", "dh", "dw_ih", "dw_hh", "db_ih", "db_hh"]
-    if dtype == torch.float32:
-        for name, a, b in zip(names, got, want):
-            assert a.dtype == dtype, name
-            torch.testing.assert_close(a.double(), b, **tolerances(dtype), msg=name)
-        return
-    ref_bf16 = _run_cell(ref, leaves, dout, device, dtype)
-    for name, a, r, b in zip(names, got, ref_bf16, want):
+    # fp32 the same way, with fp32's unit roundoff: the weight gradients sum U = 600
+    # products, whose fp32 rounding (cuBLAS's for the reference, the kernel's own
+    # order for its dgi) exceeds a fixed 1e-5 on the H200 for the largest entries
+    # (11 grid cases), the reference's error included.
+    unit = BF16_U if dtype == torch.bfloat16 else 2.0**-24
+    ref_low = _run_cell(ref, leaves, dout, device, dtype)
+    for name, a, r, b in zip(names, got, ref_low, want):
         assert a.dtype == dtype, name
         err = (a.double() - b).abs().max().item()
         ref_err = (r.double() - b).abs().max().item()
-        bound = 2 * ref_err + 3 * BF16_U * b.abs().max().item()
+        bound = 2 * ref_err + 3 * unit * b.abs().max().item()
+        if dtype == torch.float32:
+            # And never worse than the fixed tolerance where that one holds.
+            bound = max(bound, 1e-5)
         assert err <= bound, f"{name}: error {err:.4g} > {bound:.4g} (reference {ref_err:.4g})"
 
 

@@ -60,8 +60,12 @@ def test_choice_is_cached_until_reset(monkeypatch) -> None:
 @pytest.mark.gpu
 def test_triton_on_cuda_when_asked_and_reference_can_be_forced(monkeypatch, cuda) -> None:
     args = _attention_args(cuda)
-    # auto runs the reference (measured faster in the captured step, see the module).
+    # auto: the reference for an unnamed call and the cells; Triton for the functions
+    # measured faster in the captured step (kernels.AUTO_TRITON, see the module).
     assert kernels.backend_for(args[0]) == "reference"
+    assert kernels.backend_for(args[0], "gru_cell") == "reference"
+    assert kernels.backend_for(args[0], "temporal_attention") == "triton"
+    assert kernels.backend_for(args[0], "recurrent_update") == "triton"
     monkeypatch.setenv("SVEN_KERNELS", "triton")
     kernels.reset_backend()
     assert kernels.backend_for(args[0]) == "triton"
