@@ -58,7 +58,6 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "core": ({"SVEN_KERNELS": "auto,temporal_attention=triton"}, []),
     "both": ({"SVEN_KERNELS": "auto,recurrent_update=triton,temporal_attention=triton"}, []),
     "triton": ({"SVEN_KERNELS": "triton"}, []),
-    "compile": ({"SVEN_KERNELS": "auto"}, ["train.compile=true"]),
 }
 SUMMARY = re.compile(r"\d+ (passed|failed|skipped|error)")
 

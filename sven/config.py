@@ -179,11 +179,21 @@ class TrainConfig:
     if capture fails), on (fail if it cannot), off (eager). Ignored on CPU and on
     several ranks."""
     compile: bool = False
-    """On one process on CUDA, compile the model with ``torch.compile`` (fewer, fused
-    kernels; the first steps take longer)."""
+    """Not supported; must stay false. ``torch.compile`` of the model inside the
+    captured CUDA step fails in torch 2.11: Inductor emits the counter hashes' 64-bit
+    constants into a Triton kernel as int32 (``Scalar 7146057691288625177 is out of
+    range for type int32``, measured on an H200), and earlier with ``'int' object has
+    no attribute 'xreplace'``. The captured step with the fused Triton kernels is the
+    fast path (docs/performance.md); the key stays so that older run folders resume."""
 
     def __post_init__(self) -> None:
         _check_numbers(self, "train")
+        if self.compile:
+            raise ConfigError(
+                "train.compile=true is not supported: torch.compile of the step fails in "
+                "torch 2.11 (Inductor emits the hashes' 64-bit constants as int32); the "
+                "captured CUDA step with the fused Triton kernels is the fast path"
+            )
         for f in ("epochs", "batch_size", "num_neg", "keep_latest_k"):
             if getattr(self, f) <= 0:
                 raise ConfigError(f"train.{f} must be positive, got {getattr(self, f)}")

@@ -500,10 +500,6 @@ class Step:
         self.fixed = dev.type == "cuda" or self.distributed
         self.rank, self.world_size = data.rank, data.world_size
         self.model: Any = model
-        if tc.compile and dev.type == "cuda":
-            # Fixed shapes: one compilation serves every batch. The batch selection
-            # stays eager: inductor cannot yet emit its 64-bit hash constants.
-            self.model = torch.compile(model, dynamic=False)
         self.order: torch.Tensor | None = None
         self._order_host: np.ndarray | None = None
         if self.distributed:

@@ -204,9 +204,8 @@ class Trainer:
             self.exchange = LocalExchange(self.memory)
         d.attach(self.model)
         t_opt = time.perf_counter()
-        # lean: torch.optim's compiler wrappers (and their imports) only where the run
-        # compiles (sven.startup).
-        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not tc.compile)
+        # lean: without torch.optim's compiler wrappers (and their imports; sven.startup).
+        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=True)
         dt_opt = time.perf_counter() - t_opt
         clock.add("optimizer", dt_opt)
         if self.distributed:
