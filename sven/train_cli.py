@@ -68,6 +68,19 @@ def _train(args: argparse.Namespace) -> int:
 def _fit(cfg: Config) -> int:
     from sven.trainer import STOP_SIGNALS, Trainer
 
+    if cfg.task == "node_classification":
+        from sven.nodeclass import NodeClassification
+        from sven.trainer import _fmt
+
+        summary = NodeClassification(cfg).fit()
+        if summary.get("rank", 0) != 0:
+            return 0
+        print(
+            f"{summary['model']} on {summary['dataset']}: node classification test AUC "
+            f"{_fmt(summary['test_auc'])} (val {_fmt(summary['val_auc'])})"
+        )
+        return 0
+
     trainer = Trainer(cfg)
     try:
         summary = trainer.fit()
