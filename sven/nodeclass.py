@@ -231,6 +231,9 @@ class NodeClassification:
             if progress["stopped"]:
                 break
             t0 = time.perf_counter()
+            # The classifier's dropout draws from torch's generator: seeded per epoch, so
+            # that a resumed run draws what an uninterrupted one does.
+            torch.manual_seed(cfg.train.seed * 100_003 + epoch)
             if frozen is None:
                 loss, scores = self._finetune_epoch(tr, clf, opt, y, epoch)
             else:
@@ -334,7 +337,7 @@ class NodeClassification:
             loss = F.binary_cross_entropy_with_logits(clf(h[rows]), y[idx[rows]])
             loss.backward()
             opt.step()
-            total += float(loss)
+            total += float(loss.detach())
             steps += 1
         return total / max(steps, 1)
 

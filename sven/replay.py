@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["check_same_data", "encode_events", "open_run", "read_checkpoint", "split_stream"]
 
 
-def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, Any]]:
     """The verified ``step-N`` folder a user's path stands for, and its ``state.pt``.
+
+    A node-classification run with a frozen encoder stands for its encoder's checkpoint.
 
     Raises:
         SvenError: No checkpoint there, a corrupt one, or one without a config.
@@ -40,6 +42,9 @@ def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
     state = load_file(folder / "state.pt")
     if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
         raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
+    if "model" not in state and isinstance(state.get("encoder"), str) and _depth < 2:
+        # A node-classification run with a frozen encoder: the model is its encoder's.
+        return read_checkpoint(state["encoder"], _depth + 1)
     if "model" not in state:
         raise SvenError(f"{folder / 'state.pt'}: holds no model")
     return folder, state
