@@ -649,6 +649,11 @@ def suggest_key(key: str) -> str | None:
     same = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
     if len(same) == 1:
         return same[0]
+    core = [k for k in same if k.split(".", 1)[0] in ("data", "model", "train")]
+    if len(core) == 1:
+        # A name both a core section and a task's section have (epochs, lr): the core
+        # one is what a key without its section most likely meant.
+        return core[0]
     section, _, name = key.rpartition(".")
     inside = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
     if section and inside:
