@@ -221,6 +221,8 @@ class NodeClassification:
                     tr.model.load_state_dict(state["model"])
                 progress, start = state["progress"], int(state["epoch"])
                 self._log(f"resumed from {ck.latest.path(step)} (epoch {start})")
+            else:
+                self._log(f"no classifier checkpoint under {self.out}, starting fresh")
         if rank0:
             atomic(
                 "".join(json.dumps(h) + "\n" for h in progress["history"]),

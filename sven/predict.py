@@ -89,6 +89,8 @@ class Predictor:
         d = self.tr.data
         self.events = d.events
         self.times = np.asarray(d.events.t)
+        # Queries compare as float64 (a query at 5000.5 is after an event at 5000).
+        self._times_f = self.times.astype(np.float64)
         b = self.tr.cfg.train.batch_size
         # Evaluation's batch boundaries: each split from its first event in steps of B.
         starts = [np.arange(lo, hi, b) for lo, hi in d.ranges.values()]
@@ -158,7 +160,7 @@ class Predictor:
                     f"{after} queries after the stream's last event (t={ts[-1]}): answered "
                     "with the memory of the whole stream"
                 )
-        return np.searchsorted(ts, t.astype(ts.dtype, copy=False), side="left")
+        return np.searchsorted(self._times_f, t, side="left")
 
     # ---------------------------------------------------------------- replay
     def _advance(self, target: int) -> None:

@@ -227,6 +227,8 @@ def test_times_outside_the_stream_are_said_and_answered(trained, capsys) -> None
     # neighbours is the same at any time.
     assert s[0] == pytest.approx(float(p.score([1000], [1001], [50.0])[0]), abs=1e-6)
     assert s[0] != pytest.approx(float(p.score([1000], [1001], [5000.0])[0]), abs=1e-6)
+    # Times compare as numbers, not in the store's integer type: 107.5 is after 107.
+    assert list(p._positions(np.array([107.0, 107.5, 114.0]))) == [1, 2, 2]
     with pytest.raises(DataError, match="finite"):
         p.score([1000], [1001], [float("nan")])
 
