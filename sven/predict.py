@@ -129,7 +129,7 @@ class Predictor:
         if not known.all():
             bad = np.flatnonzero(~known)
             rows = bad if rows is None else rows[bad]
-            shown = ", ".join(f"row {r}: {raw[i]!r}" for r, i in zip(rows[:5], bad[:5]))
+            shown = ", ".join(f"row {r}: {_plain(raw[i])!r}" for r, i in zip(rows[:5], bad[:5]))
             more = f" and {bad.size - 5} more" if bad.size > 5 else ""
             if unknown == "fail":
                 raise DataError(
@@ -412,6 +412,11 @@ def _split_at(ranges: dict[str, tuple[int, ...]], i: int) -> str:
         if lo <= i < hi:
             return s
     return "test"
+
+
+def _plain(x: Any) -> Any:
+    """A numpy scalar as the Python value it holds (its repr is what a user typed)."""
+    return x.item() if isinstance(x, np.generic) else x
 
 
 def _check_unknown(unknown: str) -> None:

@@ -98,7 +98,7 @@ def _instantiate(line: str, paths: dict[str, Path], made: set[str], tmp: Path) -
             argv += [f"data.path={paths['STORE']}", "out=runs/x", *TINY]
             continue
         prev = tokens[i - 1] if i else ""
-        if prev in ("--events", "--nodes"):
+        if prev in ("--events", "--nodes") and tokens[:2] == ["data", "synth"]:
             tok = {"--events": "3000", "--nodes": "60"}[prev]  # small data
         elif tok in paths:
             if prev == "--out" and tok in made:
