@@ -114,6 +114,11 @@ def _eval(args: argparse.Namespace) -> int:
     if not isinstance(st, dict) or not isinstance(st.get("config"), dict):
         raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
     cfg = Config.from_dict(st["config"])
+    if cfg.task == "node_classification":
+        raise SvenError(
+            f"{folder} is a node-classification run: its AUCs are in its summary.json; "
+            f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
+        )
     trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
     res = _finite_or_none(trainer.evaluate_checkpoint(folder))
     if args.json:

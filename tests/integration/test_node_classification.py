@@ -151,3 +151,10 @@ def test_encoder_of_another_dataset_is_refused(jodie_run, tmp_path, capsys) -> N
     argv = ["train", *_overrides(other, tmp_path / "r", "model.name=jodie", f"nc.encoder={run}")]
     assert main(argv) == 1
     assert "trained on another dataset" in capsys.readouterr().err
+
+
+def test_sven_eval_points_a_node_classification_run_to_its_encoder(jodie_run, capsys) -> None:
+    run, _ = jodie_run
+    assert main(["eval", "--checkpoint", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "node-classification run" in err and "encoder" in err
