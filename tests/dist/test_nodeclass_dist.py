@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sven.config import load_config
@@ -43,3 +44,10 @@ def test_two_ranks_equal_one_process(tmp_path) -> None:
     assert got["best_epoch"] == ref["best_epoch"]
     assert (tmp_path / "two" / "encoder" / "summary.json").is_file()
     assert (tmp_path / "two" / "summary.json").is_file()
+    # A model trained on two ranks answers on one process, as the one trained on one.
+    from sven.predict import Predictor
+
+    src, dst, t = [0, 1, 2], [50, 51, 52], [1000.0, 20000.0, 39000.0]
+    one = Predictor(tmp_path / "one" / "encoder", device="cpu").score(src, dst, t)
+    two = Predictor(tmp_path / "two" / "encoder", device="cpu").score(src, dst, t)
+    np.testing.assert_allclose(two, one, atol=1e-6)
