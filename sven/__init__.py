@@ -1,6 +1,7 @@
 """Sven: exact, fast, distributed training of memory-based temporal GNNs.
 
 The public API is small: :class:`sven.Trainer` for training and evaluation,
+:class:`sven.Predictor` for questions to a trained model (link scores, top-k, embeddings),
 ``sven.datasets`` for the event store, ``sven.partition`` for vertex
 partitioning and ``sven.pipeline`` for batching and sampling.
 """
@@ -11,7 +12,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "__version__"]
+__all__ = ["Predictor", "Trainer", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from sven.trainer import Trainer
 
         return Trainer
+    if name == "Predictor":
+        from sven.predict import Predictor
+
+        return Predictor
     raise AttributeError(f"module 'sven' has no attribute {name!r}")

@@ -22,6 +22,8 @@ _STAGES = (
     ("partition", "sven.partition.cli"),
     ("train", "sven.train_cli"),
     ("eval", "sven.train_cli"),
+    ("predict", "sven.predict_cli"),
+    ("embed", "sven.predict_cli"),
     ("config", "sven.config_cli"),
     ("plot", "sven.plot"),
     ("env", "sven.env"),

@@ -360,8 +360,56 @@ class LogConfig:
 
 
 @dataclass(kw_only=True)
+class NodeClassConfig:
+    """Dynamic node classification (``task=node_classification``; docs/training.md):
+    the temporal embedding of each event's source at the event's time, from a
+    link-prediction model, feeds an MLP trained on the store's per-event labels (the
+    protocol of the TGN and JODIE papers and DyGLib). ROC AUC per split."""
+
+    encoder: str = ""
+    """The link-prediction run (or a ``step-N`` checkpoint of one) whose model embeds
+    the nodes. Empty: train one first in the same command, with this config's
+    link-prediction settings, into ``<out>/encoder``."""
+    finetune: bool = False
+    """Train the encoder with the classifier's loss too (its memory updater and
+    embedding); false: frozen (DyGLib's default), the embeddings computed once."""
+    epochs: int = 50
+    """Maximum epochs of the classifier."""
+    patience: int = 5
+    """Early stopping: epochs without a better val AUC before stopping (0: never)."""
+    lr: float = 0.001
+    """Adam learning rate of the classifier (and of the encoder when fine-tuned)."""
+    batch_size: int = 0
+    """Events per classifier step; 0: ``train.batch_size``."""
+    hidden: int = 80
+    """Width of the MLP's first hidden layer (TGN's decoder: 80, then 10)."""
+    dropout: float = 0.1
+    """Dropout in the MLP."""
+
+    def __post_init__(self) -> None:
+        for f in ("epochs", "hidden"):
+            if getattr(self, f) <= 0:
+                raise ConfigError(f"nc.{f} must be positive, got {getattr(self, f)}")
+        for f in ("patience", "batch_size"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"nc.{f} must be >= 0, got {getattr(self, f)}")
+        if self.lr <= 0:
+            raise ConfigError(f"nc.lr must be positive, got {self.lr}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"nc.dropout must be in [0, 1), got {self.dropout}")
+
+
+TASKS = ("link_prediction", "node_classification")
+
+
+@dataclass(kw_only=True)
 class Config:
     """A whole run."""
+
+    task: str = "link_prediction"
+    """What ``sven train`` trains: link_prediction (future links; the default) or
+    node_classification (per-event labels on top of a link-prediction model; the
+    ``nc`` section)."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -370,6 +418,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    nc: NodeClassConfig = field(default_factory=NodeClassConfig)
     out: str = "runs/default"
     """Output directory (metrics, summary, checkpoints)."""
     quiet: bool = False
@@ -380,6 +429,11 @@ class Config:
     log.profile_steps - 1`` of the first epoch; open it in ``chrome://tracing`` or
     https://ui.perfetto.dev. Every run records its per-stage times anyway
     (``stage_<name>_s_per_rank`` in ``metrics.jsonl``)."""
+
+    def __post_init__(self) -> None:
+        self.task = self.task.lower()
+        if self.task not in TASKS:
+            raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """A plain nested dict (JSON/YAML serialisable)."""
@@ -404,6 +458,8 @@ RESUME_MAY_CHANGE = frozenset(
         "train.keep_latest_k",
         "train.device",
         "train.threads",
+        "nc.epochs",
+        "nc.patience",
         "data.verify",
         "dist.timeout_s",
         "dist.backend",
@@ -646,6 +702,11 @@ def suggest_key(key: str) -> str | None:
     same = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
     if len(same) == 1:
         return same[0]
+    core = [k for k in same if k.split(".", 1)[0] in ("data", "model", "train")]
+    if len(core) == 1:
+        # A name both a core section and a task's section have (epochs, lr): the core
+        # one is what a key without its section most likely meant.
+        return core[0]
     section, _, name = key.rpartition(".")
     inside = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
     if section and inside:

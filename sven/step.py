@@ -848,10 +848,23 @@ class Step:
         Returns:
             (fetch (P,), push (P,)) per-peer maxima (0 towards itself).
         """
+        lo, hi = self.data.ranges[split]
+        return self.measure_range(lo, hi, stream, num_neg, neg_table, micro)
+
+    @torch.no_grad()
+    def measure_range(
+        self,
+        lo: int,
+        hi: int,
+        stream: int,
+        num_neg: int,
+        neg_table: torch.Tensor | None = None,
+        micro: int = 1,
+    ) -> tuple[list[int], list[int]]:
+        """:meth:`measure` over the global batches of events [lo, hi) from ``lo``."""
         p, r = self.world_size, self.rank
         fetch = torch.zeros(p, dtype=torch.int64, device=self.device)
         push = torch.zeros(p, dtype=torch.int64, device=self.device)
-        lo, hi = self.data.ranges[split]
         b = self.cfg.train.batch_size
         owner = self.exchange._owner_ext
         inp = {k: v.clone() for k, v in self.ahead.items()}
@@ -931,6 +944,60 @@ class Step:
             wr = [max(a, c) for a, c in zip(wr, ws)]
         caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(wr))
         self.exchange.set_capacities(f"eval{w}", caps)
+
+    # ------------------------------------------------------------ encode
+    @torch.no_grad()
+    def encode(self, lo: int, hi: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Walks events [lo, hi) through the model's encoder without gradients,
+        committing memory, in global batches of ``train.batch_size`` from ``lo``
+        (evaluation's layout): the same selection, exchange and write-back as the step,
+        eagerly (a replay for predictions and node classification).
+
+        On several ranks each rank encodes its share, so every rank must call it with
+        the same range; the capacities of the range's batches come from its replay.
+
+        Returns:
+            This rank's real events (n,) int64 and the embeddings (n, embed_dim) of
+            their sources at their times, from the memory before the batch.
+        """
+        mode = f"encode{lo}-{hi}-{stream}"
+        if self.distributed and mode not in self.exchange.capacities:
+            if self.world_size == 1:
+                caps = Capacities(self.capacity, [[0]], [[0]])
+            else:
+                f, w = self.measure_range(lo, hi, stream, 0)
+                caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
+            self.exchange.set_capacities(mode, caps)
+        model = self.model_ref
+        model.eval()
+        b = self.cfg.train.batch_size
+        inp = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.inp.items()}
+        self._fill(inp, split_lo=lo, stream=stream)
+        idx_all, h_all = [], []
+        self.exchange.flush()
+        with self._determinism():
+            for start in range(lo, hi, b):
+                self._set_batch(inp, start, min(start + b, hi), stream)
+                item = self._build(inp, 0, mode)
+                batch = item.micro[0]
+                rows = self.exchange.fetch(item.plan if item.plan is not None else batch, mode)
+                if rows.node_feat is not None:
+                    batch = dataclasses.replace(batch, node_feat=rows.node_feat)
+                h, dense = model.encode(batch, rows)
+                self.exchange.push(dense, mode)
+                self.exchange.wait()
+                h = h[: batch.size]
+                if batch.valid is not None:
+                    idx_all.append(batch.index[batch.valid])
+                    h_all.append(h[batch.valid])
+                else:
+                    idx_all.append(batch.index)
+                    h_all.append(h)
+        self.exchange.check()
+        if not idx_all:
+            empty = torch.zeros(0, model.embed_dim, dtype=self.memory.dtype, device=self.device)
+            return torch.zeros(0, dtype=torch.int64, device=self.device), empty
+        return torch.cat(idx_all), torch.cat(h_all)
 
     # -------------------------------------------------------------- eval
     def _eval(self, neg_table: torch.Tensor, scores_out: torch.Tensor) -> None:

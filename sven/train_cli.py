@@ -69,6 +69,19 @@ def _fit(cfg: Config) -> int:
     from sven.startup import StartupClock, process_age_s
     from sven.trainer import STOP_SIGNALS, Trainer
 
+    if cfg.task == "node_classification":
+        from sven.nodeclass import NodeClassification
+        from sven.trainer import _fmt
+
+        summary = NodeClassification(cfg).fit()
+        if summary.get("rank", 0) != 0:
+            return 0
+        print(
+            f"{summary['model']} on {summary['dataset']}: node classification test AUC "
+            f"{_fmt(summary['test_auc'])} (val {_fmt(summary['val_auc'])})"
+        )
+        return 0
+
     # The start-up clock counts from process start: the imports are the user's wait too.
     trainer = Trainer(cfg, startup=StartupClock(process_age_s()))
     try:
@@ -103,6 +116,11 @@ def _eval(args: argparse.Namespace) -> int:
     if not isinstance(st, dict) or not isinstance(st.get("config"), dict):
         raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
     cfg = Config.from_dict(st["config"])
+    if cfg.task == "node_classification":
+        raise SvenError(
+            f"{folder} is a node-classification run: its AUCs are in its summary.json; "
+            f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
+        )
     trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
     res = _finite_or_none(trainer.evaluate_checkpoint(folder))
     if args.json:

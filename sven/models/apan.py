@@ -31,7 +31,6 @@ from torch import nn
 from sven import kernels
 from sven.models.base import (
     MemoryModel,
-    ModelOutput,
     TimeProjection,
     endpoint_keys,
     keyed_dropout,
@@ -98,8 +97,9 @@ class APAN(MemoryModel):
         self.time_proj = TimeProjection(d, time_scale)
         self.out = nn.Identity() if self.embed_dim == d else nn.Linear(d, self.embed_dim)
 
-    def forward(self, batch: Batch, rows: MemoryRows) -> ModelOutput:
-        """One step, with the memory computed once per root rather than per unique node.
+    def encode(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, DenseUpdate]:
+        """The base class's encoding, with the memory computed once per root rather than
+        per unique node.
 
         The mailbox is read at each root's own time (as TGL, whose memory rows are the
         roots). A per-node read time would be a reduction over the node's roots, which
@@ -123,7 +123,7 @@ class APAN(MemoryModel):
             rows.mail_valid[rp],
             None if rows.node_feat is None else rows.node_feat[rp],
         )
-        return super().forward(per_root, root_rows)
+        return super().encode(per_root, root_rows)
 
     def current_memory(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, torch.Tensor]:
         """Mailbox attention at the read time; returns memory (R, d), last_update (R,).

@@ -329,6 +329,25 @@ class MemoryModel(nn.Module):
             mail_key=keys,
         )
 
+    def encode(self, batch: Batch, rows: MemoryRows) -> tuple[torch.Tensor, DenseUpdate]:
+        """The forward pass without the link decoder: root embeddings and the write-back.
+
+        What other heads build on (node classification, embeddings out of a trained
+        model; ``sven.nodeclass``, ``sven.predict``): the embedding of a root is the one
+        the link decoder scores.
+
+        Args:
+            batch: The batch (roots, neighbours, unique nodes).
+            rows: Memory state of ``batch.nodes`` at the end of the previous batch.
+
+        Returns:
+            (R, embed_dim) embeddings of the roots in the batch's layout ``[src (B), dst
+            (B), neg[:, 0] (B), ...]``, and the batch's memory write-back.
+        """
+        memory, last_update = self.current_memory(batch, rows)
+        h = self.embed(batch, memory, last_update)
+        return h, self.write_back(batch, memory, last_update)
+
     def forward(self, batch: Batch, rows: MemoryRows) -> ModelOutput:
         """One step: scores of the batch and its memory update.
 
@@ -339,8 +358,7 @@ class MemoryModel(nn.Module):
         Returns:
             Logits and the write-back.
         """
-        memory, last_update = self.current_memory(batch, rows)
-        h = self.embed(batch, memory, last_update)
+        h, dense = self.encode(batch, rows)
         b, n = batch.size, batch.num_neg
         # One split, not three slices: its backward is one concatenation where each
         # slice's would zero a full-size gradient and add them up (8 kernels more).
@@ -348,7 +366,7 @@ class MemoryModel(nn.Module):
         h_neg = h_rest.view(n, b, -1).transpose(0, 1)
         pos = self.decoder(h_src, h_dst)
         neg = self.decoder(h_src[:, None, :].expand(-1, n, -1), h_neg)
-        return ModelOutput(pos=pos, neg=neg, dense=self.write_back(batch, memory, last_update))
+        return ModelOutput(pos=pos, neg=neg, dense=dense)
 
 
 class TimeProjection(nn.Linear):

@@ -98,7 +98,7 @@ def _instantiate(line: str, paths: dict[str, Path], made: set[str], tmp: Path) -
             argv += [f"data.path={paths['STORE']}", "out=runs/x", *TINY]
             continue
         prev = tokens[i - 1] if i else ""
-        if prev in ("--events", "--nodes"):
+        if prev in ("--events", "--nodes") and tokens[:2] == ["data", "synth"]:
             tok = {"--events": "3000", "--nodes": "60"}[prev]  # small data
         elif tok in paths:
             if prev == "--out" and tok in made:
@@ -212,3 +212,40 @@ def test_two_rank_example_and_its_figures(tmp_path) -> None:
         0 < a < b
         for a, b in zip(line["comm_bytes_exchange_per_rank"], line["comm_bytes_naive_per_rank"])
     )
+
+
+def test_guide_using_a_trained_model_runs(tmp_path, monkeypatch) -> None:
+    """The section's commands and Python block, in order, on the data they generate."""
+    guide = (REPO / "docs" / "guide.md").read_text()
+    section = _section(guide, "Using a trained model")
+    bash = _blocks(section, "bash")
+    (python,) = _blocks(section, "python")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    for line in bash[0].strip().splitlines():
+        if line.startswith("sven "):
+            argv = shlex.split(line)[1:]
+            if argv[0] == "train":
+                argv += TINY
+            assert _sven(argv) == 0, line
+        else:
+            _run(["bash", "-euc", line], tmp_path)
+    scores = (tmp_path / "scores.csv").read_text().splitlines()
+    assert scores[0] == "src,dst,t,score" and len(scores) == 4
+    top = (tmp_path / "top.csv").read_text().splitlines()
+    assert top[0] == "src,t,rank,dst,score" and len(top) == 11
+    assert np.load(tmp_path / "emb.npy").shape == (3, 8)
+    scope: dict[str, object] = {}
+    exec(compile(python, "guide.md", "exec"), scope)
+    assert scope["emb"].shape == (2, 8) and scope["top"].shape == (1, 5)
+    # The node-classification command, on a labelled copy of the same events.
+    (nc_line,) = [x for x in bash[1].strip().splitlines() if x.startswith("sven ")]
+    from sven.datasets.store import TemporalEvents, write_events
+
+    ev = TemporalEvents.load(tmp_path / "stores" / "synth")
+    label = (np.arange(ev.num_events) % 50 == 0).astype(np.int64)
+    write_events(tmp_path / "stores" / "wikipedia", ev.src, ev.dst, ev.t, label=label)
+    argv = [*shlex.split(nc_line)[1:], *TINY, "nc.epochs=2"]
+    assert _sven(argv) == 0, nc_line
+    summary = json.loads((tmp_path / "runs" / "wiki-nc" / "summary.json").read_text())
+    assert summary["task"] == "node_classification" and "test_auc" in summary

@@ -1,0 +1,544 @@
+"""Questions to a trained model: link scores, top-k destinations, node embeddings.
+
+:class:`Predictor` loads a link-prediction checkpoint and answers, for any time t:
+the score of candidate links (u, v, t), the k most likely destinations of a source, and
+node embeddings (for a downstream model). Ids are the user's raw ids (the store's id
+map), never the compact ones.
+
+What the model knows at time t. The memory is replayed through the event stream with
+the checkpoint's parameters, from the start, in evaluation's batches (each split in
+batches of ``train.batch_size`` from its first event). With ``replay="batch"`` (the
+default) a query at t is answered from the memory at the last batch boundary at or
+before the first event at or after t, which is exactly what ``sven eval`` uses for an
+event of the stream at t (so that the scores of a stream's events equal the ones
+``sven eval`` computes, for distinct event times); ``replay="exact"`` also applies the
+events of that last, partial batch that are before t (then undone), so every event
+strictly before t is in the memory. In both, the sampled temporal neighbours are the
+events strictly before t. Queries are sorted by time and answered in batches, one walk
+of the stream for all of them, on the GPU when the run's device is one.
+
+Times outside the stream: before its first event a query sees no history (empty
+memory, no neighbours); after its last one, the memory of the whole stream (the model
+knows nothing that happened after the stream ended). Both are said on stderr, with
+counts.
+
+Unknown ids: ``unknown="fail"`` raises a :class:`~sven.errors.DataError` naming the
+rows and ids; ``"skip"`` leaves those rows' scores NaN (the output keeps one row per
+input row) and says how many on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sven.errors import ConfigError, DataError
+from sven.replay import encode_events, open_run, split_stream
+
+__all__ = ["Predictor", "read_pairs", "write_table"]
+
+#: Random stream of query batches (uniform neighbour sampling of query roots).
+QUERY_STREAM = (1 << 22) + 7
+
+
+class Predictor:
+    """A trained link-prediction model, ready for questions at any time.
+
+    Args:
+        checkpoint: A run folder (its best model) or a ``step-N`` checkpoint folder.
+        data: The event store, when not the one the run names (it must be the one the
+            model was trained on: same nodes, events and splits).
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N``.
+        replay: ``batch`` or ``exact`` (see the module docstring).
+        query_batch: Query roots embedded per forward pass.
+        threads: torch CPU threads (0: torch's default).
+        log: Where notes go (stderr by default).
+
+    Example:
+        >>> p = sven.Predictor("runs/wiki-tgn")
+        >>> p.score(["12", "40"], ["7", "7"], [2.6e6, 2.6e6])
+        array([0.91, 0.12], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        *,
+        data: str | Path | None = None,
+        device: str = "auto",
+        replay: str = "batch",
+        query_batch: int = 2000,
+        threads: int = 0,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        if replay not in ("batch", "exact"):
+            raise ConfigError(f"replay must be batch or exact, got {replay!r}")
+        overrides = [f"train.device={device}", f"train.threads={threads}"]
+        if data is not None:
+            overrides.append(f"data.path={data}")
+        self.tr, self.checkpoint, _ = open_run(checkpoint, overrides)
+        self.replay = replay
+        self.query_batch = max(1, int(query_batch))
+        self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
+        d = self.tr.data
+        self.events = d.events
+        self.times = np.asarray(d.events.t)
+        # Queries compare as float64 (a query at 5000.5 is after an event at 5000).
+        self._times_f = self.times.astype(np.float64)
+        b = self.tr.cfg.train.batch_size
+        # Evaluation's batch boundaries: each split from its first event in steps of B.
+        starts = [np.arange(lo, hi, b) for lo, hi in d.ranges.values()]
+        self._starts = np.unique(np.concatenate([*starts, [self.times.size]]))
+        self._split_of = np.array([_split_at(d.ranges, int(s)) for s in self._starts])
+        self._pos = 0
+        self.tr.memory.reset()
+        self._ids = _IdMaps(d.events)
+
+    # ------------------------------------------------------------------ ids
+    @property
+    def num_nodes(self) -> int:
+        """N, the store's node count."""
+        return self.tr.data.num_nodes
+
+    def compact_ids(
+        self, raw: Sequence[Any] | np.ndarray, side: str = "auto"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Compact ids of raw ones: (n,) int64 (-1 where unknown) and (n,) bool known.
+
+        Args:
+            raw: The user's ids (ints or strings, as in the converted file).
+            side: ``src`` or ``dst`` on a bipartite store (separate id spaces);
+                ``auto``: the one id space of a non-bipartite store.
+        """
+        return self._ids.lookup(np.asarray(raw), side)
+
+    def raw_ids(self, compact: np.ndarray) -> np.ndarray:
+        """The raw ids of compact ones (the store's id map)."""
+        return self._ids.raw(np.asarray(compact, dtype=np.int64))
+
+    def _known(
+        self, what: str, raw: np.ndarray, side: str, unknown: str, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        ids, known = self.compact_ids(raw, side)
+        if not known.all():
+            bad = np.flatnonzero(~known)
+            rows = bad if rows is None else rows[bad]
+            shown = ", ".join(f"row {r}: {_plain(raw[i])!r}" for r, i in zip(rows[:5], bad[:5]))
+            more = f" and {bad.size - 5} more" if bad.size > 5 else ""
+            if unknown == "fail":
+                raise DataError(
+                    f"{bad.size} {what} not in the store's id map ({shown}{more}); "
+                    "pass --unknown skip to leave their rows' scores empty"
+                )
+            self.log(
+                f"skipped {bad.size} rows whose {what} the store does not know ({shown}{more})"
+            )
+        return ids, known
+
+    # ----------------------------------------------------------------- times
+    def _positions(self, t: np.ndarray) -> np.ndarray:
+        """(n,) events strictly before each time; says what happens outside the stream."""
+        if not np.isfinite(t).all():
+            bad = np.flatnonzero(~np.isfinite(t))
+            raise DataError(f"query times must be finite numbers; row {bad[0]} has {t[bad[0]]}")
+        ts = self.times
+        if ts.size:
+            before, after = int((t <= ts[0]).sum()), int((t > ts[-1]).sum())
+            if before:
+                self.log(
+                    f"{before} queries at or before the stream's first event (t={ts[0]}): "
+                    "answered with no history (empty memory, no neighbours)"
+                )
+            if after:
+                self.log(
+                    f"{after} queries after the stream's last event (t={ts[-1]}): answered "
+                    "with the memory of the whole stream"
+                )
+        return np.searchsorted(self._times_f, t, side="left")
+
+    # ---------------------------------------------------------------- replay
+    def _advance(self, target: int) -> None:
+        """Replays the stream's batches from the current position to boundary ``target``."""
+        tr = self.tr
+        if target < self._pos:
+            tr.memory.reset()
+            self._pos = 0
+        i = int(np.searchsorted(self._starts, self._pos))
+        while self._starts[i] < target:
+            lo, hi = int(self._starts[i]), int(self._starts[i + 1])
+            encode_events(tr, lo, hi, split_stream(self._split_of[i]))
+            i += 1
+        self._pos = target
+
+    def _states(self, pos: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+        """Groups of queries (sorted by position) that share one memory state:
+        (boundary, events before the query, query rows)."""
+        base = self._starts[np.searchsorted(self._starts, pos, side="right") - 1]
+        key = pos if self.replay == "exact" else base
+        order = np.argsort(key, kind="stable")
+        groups = []
+        cuts = np.flatnonzero(np.diff(key[order])) + 1
+        for rows in np.split(order, cuts):
+            if rows.size:
+                r0 = rows[0]
+                groups.append((int(base[r0]), int(key[r0]), rows))
+        return groups
+
+    def _answer(self, pos: np.ndarray, fn: Callable[[np.ndarray], None]) -> None:
+        """Calls ``fn(rows)`` for each group of queries with the memory at its state."""
+        tr = self.tr
+        for base, upto, rows in self._states(pos):
+            self._advance(base)
+            if upto <= base:
+                fn(rows)
+                continue
+            # The partial batch [base, upto) of exact replay, undone afterwards.
+            saved = self._apply_partial(base, upto)
+            try:
+                fn(rows)
+            finally:
+                nodes, rows_saved = saved
+                with torch.no_grad():
+                    for k, v in rows_saved.items():
+                        tr.memory.full[k].index_copy_(0, nodes, v)
+
+    def _apply_partial(self, lo: int, hi: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        tr, d = self.tr, self.tr.data
+        i = int(np.searchsorted(self._starts, lo))
+        idx = d.event_index(lo, hi)
+        batch = d.batch(idx, lo, split_stream(self._split_of[i]), 0)
+        with torch.no_grad():
+            _, dense = tr.model.encode(batch, tr.memory.gather(batch.nodes))
+            nodes = torch.unique(
+                torch.cat([dense.nodes[dense.key >= 0], dense.mail_nodes[dense.mail_key >= 0]])
+            )
+            saved = {k: v[nodes].clone() for k, v in tr.memory.full.items()}
+            tr.memory.commit_dense(dense)
+        return nodes, saved
+
+    # ------------------------------------------------------------ embeddings
+    @torch.no_grad()
+    def _embed_now(self, nodes: np.ndarray, t: np.ndarray) -> torch.Tensor:
+        """(n, d) embeddings of compact ``nodes`` at times ``t`` from the current memory."""
+        from sven.pipeline.batch import make_batch
+
+        tr = self.tr
+        tables, dev = tr.data.tables, tr.device
+        model = tr.model
+        model.eval()
+        out = []
+        for s in range(0, nodes.size, self.query_batch):
+            n_ = torch.as_tensor(nodes[s : s + self.query_batch], dtype=torch.int64, device=dev)
+            t_ = torch.as_tensor(t[s : s + self.query_batch], dtype=torch.float64, device=dev)
+            k = n_.numel()
+            index = torch.arange(s, s + k, device=dev)
+            batch = make_batch(
+                index, n_, n_, t_, torch.zeros(k, 0, dtype=torch.int64, device=dev),
+                node_feat_table=tables.node_feat, sampler=tables.sampler,
+                sample_roots=model.sample_roots, read_neighbors=model.read_neighbors,
+                rng=(tr.cfg.train.seed, QUERY_STREAM, s),
+            )  # fmt: skip
+            ef = tables.edge_feat
+            if ef is not None:
+                # The query is no event: no features of its own (they only enter the
+                # write-back, which a query never commits), its neighbours' as stored.
+                batch.edge_feat = ef.new_zeros(k, ef.shape[1])
+                if batch.block is not None:
+                    mask = batch.block.mask[..., None].to(ef.dtype)
+                    batch.nbr_edge_feat = ef[batch.block.eid] * mask
+            h, _ = model.encode(batch, tr.memory.gather(batch.nodes))
+            out.append(h[:k])
+        if not out:
+            return torch.zeros(0, model.embed_dim, dtype=tr.dtype, device=dev)
+        return torch.cat(out)
+
+    def _embed_at(self, nodes: np.ndarray, t: np.ndarray) -> torch.Tensor:
+        """(n, d) embeddings of compact nodes, each at its time, in input order."""
+        h = torch.zeros(nodes.size, self.tr.model.embed_dim, dtype=self.tr.dtype)
+
+        def fill(rows: np.ndarray) -> None:
+            h[torch.as_tensor(rows)] = self._embed_now(nodes[rows], t[rows]).cpu()
+
+        self._answer(self._positions(t), fill)
+        return h
+
+    # -------------------------------------------------------------- public
+    def score(
+        self,
+        src: Sequence[Any] | np.ndarray,
+        dst: Sequence[Any] | np.ndarray,
+        t: Sequence[float] | np.ndarray,
+        *,
+        unknown: str = "fail",
+        logits: bool = False,
+    ) -> np.ndarray:
+        """Scores of links (src[i], dst[i], t[i]): (n,) float32 probabilities.
+
+        Args:
+            src: Raw source ids.
+            dst: Raw destination ids.
+            t: Times (the store's time unit).
+            unknown: ``fail`` or ``skip`` (NaN scores) for rows with an unknown id.
+            logits: Return the decoder's logits instead of sigmoid probabilities.
+        """
+        src, dst = np.asarray(src), np.asarray(dst)
+        t = np.asarray(t, dtype=np.float64)
+        if not (src.shape == dst.shape == t.shape) or src.ndim != 1:
+            raise DataError(f"src, dst and t must be equal-length lists; got {src.shape}, "
+                            f"{dst.shape}, {t.shape}")  # fmt: skip
+        _check_unknown(unknown)
+        s, ks = self._known("source ids", src, "src", unknown)
+        d, kd = self._known("destination ids", dst, "dst", unknown)
+        ok = np.flatnonzero(ks & kd)
+        out = np.full(src.size, np.nan, dtype=np.float32)
+        if ok.size == 0:
+            return out
+        s, d, t = s[ok], d[ok], t[ok]
+        z = torch.zeros(ok.size)
+        decoder, dev = self.tr.model.decoder, self.tr.device
+
+        def fill(rows: np.ndarray) -> None:
+            m = rows.size
+            h = self._embed_now(np.concatenate([s[rows], d[rows]]), np.tile(t[rows], 2))
+            with torch.no_grad():
+                z[torch.as_tensor(rows)] = decoder(h[:m].to(dev), h[m:].to(dev)).float().cpu()
+
+        self._answer(self._positions(t), fill)
+        out[ok] = (z if logits else torch.sigmoid(z)).numpy()
+        return out
+
+    def embed(
+        self,
+        nodes: Sequence[Any] | np.ndarray,
+        t: float | Sequence[float] | np.ndarray,
+        *,
+        side: str = "auto",
+        unknown: str = "fail",
+    ) -> np.ndarray:
+        """Node embeddings at time t: (n, embed_dim) float32 (NaN rows for skipped ids).
+
+        Args:
+            nodes: Raw node ids.
+            t: One time for all, or one per node.
+            side: ``src`` or ``dst`` on a bipartite store (see :meth:`compact_ids`).
+            unknown: ``fail`` or ``skip``.
+        """
+        raw = np.asarray(nodes)
+        t = np.broadcast_to(np.asarray(t, dtype=np.float64), raw.shape).copy()
+        _check_unknown(unknown)
+        ids, known = self._known("node ids", raw, side, unknown)
+        out = np.full((raw.size, self.tr.model.embed_dim), np.nan, dtype=np.float32)
+        ok = np.flatnonzero(known)
+        if ok.size:
+            out[ok] = self._embed_at(ids[ok], t[ok]).float().numpy()
+        return out
+
+    def topk(
+        self,
+        src: Sequence[Any] | np.ndarray,
+        t: float | Sequence[float] | np.ndarray,
+        k: int,
+        *,
+        candidates: Sequence[Any] | np.ndarray | None = None,
+        unknown: str = "fail",
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k highest-scoring destinations of each source at its time.
+
+        Args:
+            src: Raw source ids (n,).
+            t: One time for all, or one per source.
+            k: How many (at most the number of candidates).
+            candidates: Raw destination ids to rank; None: every node that is a
+                destination of some event of the stream (on a bipartite store, the
+                destination side).
+            unknown: ``fail`` or ``skip``, for sources and candidates alike.
+
+        Returns:
+            Raw destination ids (n, k) and their probabilities (n, k), best first; a
+            skipped source's row has NaN scores (and the first candidate's id).
+        """
+        _check_unknown(unknown)
+        raw = np.asarray(src)
+        t = np.broadcast_to(np.asarray(t, dtype=np.float64), raw.shape).copy()
+        s, ks = self._known("source ids", raw, "src", unknown)
+        if candidates is None:
+            cand = self.tr.data.candidates.cpu().numpy()
+        else:
+            craw = np.asarray(candidates)
+            cand, kc = self._known("candidate ids", craw, "dst", unknown)
+            cand = np.unique(cand[kc])
+        if cand.size == 0:
+            raise DataError("no candidate destinations to rank")
+        k = min(int(k), cand.size)
+        if k <= 0:
+            raise ConfigError(f"--topk must be positive, got {k}")
+        ids = np.full((raw.size, k), cand[0], dtype=np.int64)
+        scores = np.full((raw.size, k), np.nan, dtype=np.float32)
+        ok = np.flatnonzero(ks)
+        model = self.tr.model
+        c = cand.size
+
+        def rank(rows: np.ndarray) -> None:
+            # The candidates at the group's time(s): one embedding per (candidate, time).
+            q = ok[rows]
+            times = np.unique(t[q])
+            for tt in times:
+                sel = q[t[q] == tt]
+                h = self._embed_now(np.concatenate([s[sel], cand]), np.full(sel.size + c, tt))
+                h_s, h_c = h[: sel.size], h[sel.size :]
+                with torch.no_grad():
+                    for a in range(0, sel.size, max(1, self.query_batch // max(c, 1))):
+                        hs = h_s[a : a + max(1, self.query_batch // max(c, 1))]
+                        z = model.decoder(hs[:, None, :].expand(-1, c, -1), h_c[None].expand(
+                            hs.shape[0], -1, -1))  # fmt: skip
+                        top = torch.topk(z.float(), k, dim=1)
+                        r = sel[a : a + hs.shape[0]]
+                        ids[r] = cand[top.indices.cpu().numpy()]
+                        scores[r] = torch.sigmoid(top.values).cpu().numpy()
+
+        if ok.size:
+            self._answer(self._positions(t[ok]), rank)
+        return self.raw_ids(ids), scores
+
+
+def _split_at(ranges: dict[str, tuple[int, ...]], i: int) -> str:
+    for s, (lo, hi) in ranges.items():
+        if lo <= i < hi:
+            return s
+    return "test"
+
+
+def _plain(x: Any) -> Any:
+    """A numpy scalar as the Python value it holds (its repr is what a user typed)."""
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def _check_unknown(unknown: str) -> None:
+    if unknown not in ("fail", "skip"):
+        raise ConfigError(f"unknown must be fail or skip, got {unknown!r}")
+
+
+class _IdMaps:
+    """Raw id <-> compact id through the store's id map, per side on a bipartite store."""
+
+    def __init__(self, events: Any) -> None:
+        self.id_map = np.asarray(events.id_map)
+        n = self.id_map.size
+        u = events.num_src_nodes if events.bipartite else None
+        self.bipartite = u is not None
+        self.sides = {"all": (0, n)} if u is None else {"src": (0, int(u)), "dst": (int(u), n)}
+        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _table(self, side: str) -> tuple[np.ndarray, np.ndarray, int]:
+        lo, hi = self.sides[side]
+        if side not in self._sorted:
+            part = self.id_map[lo:hi]
+            order = np.argsort(part, kind="stable")
+            self._sorted[side] = (part[order], order)
+        return (*self._sorted[side], lo)
+
+    def lookup(self, raw: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
+        if side not in ("auto", "src", "dst"):
+            raise ConfigError(f"side must be auto, src or dst, got {side!r}")
+        if not self.bipartite:
+            side = "all"
+        elif side == "auto":
+            raise ConfigError(
+                "this store is bipartite (sources and destinations number their ids "
+                "separately): say which side the ids are on (--side src or --side dst)"
+            )
+        keys, order, offset = self._table(side)
+        q = _as_keys(raw, keys.dtype)
+        known = np.zeros(raw.size, dtype=bool)
+        out = np.full(raw.size, -1, dtype=np.int64)
+        valid = np.flatnonzero(q[1])
+        if keys.size and valid.size:
+            pos = np.searchsorted(keys, q[0][valid])
+            pos_c = np.minimum(pos, keys.size - 1)
+            hit = (pos < keys.size) & (keys[pos_c] == q[0][valid])
+            known[valid[hit]] = True
+            out[valid[hit]] = offset + order[pos_c[hit]]
+        return out, known
+
+    def raw(self, compact: np.ndarray) -> np.ndarray:
+        return self.id_map[compact]
+
+
+def _as_keys(raw: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The user's ids in the id map's dtype, and which of them could be converted."""
+    raw = np.asarray(raw).reshape(-1)
+    if dtype.kind in "iu":
+        ok = np.ones(raw.size, dtype=bool)
+        if raw.dtype.kind in "iu":
+            return raw.astype(np.int64), ok
+        vals = np.zeros(raw.size, dtype=np.int64)
+        for i, x in enumerate(raw):
+            try:
+                f = float(x)
+                ok[i] = f.is_integer()
+                vals[i] = int(f) if ok[i] else 0
+            except (TypeError, ValueError):
+                ok[i] = False
+        return vals, ok
+    return raw.astype(str), np.ones(raw.size, dtype=bool)
+
+
+# --------------------------------------------------------------------- files
+def read_pairs(path: str | Path) -> Any:
+    """A csv or parquet table with columns src, dst, t (a pandas DataFrame).
+
+    Raises:
+        DataError: Unreadable, or a column missing.
+    """
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError("no such file", p)
+    try:
+        if p.suffix == ".parquet":
+            df = pd.read_parquet(p)
+        else:
+            df = pd.read_csv(p, dtype={"src": str, "dst": str})
+    except Exception as exc:  # pandas and pyarrow raise many kinds
+        raise DataError(f"not a readable csv or parquet table: {exc}", p) from None
+    missing = [c for c in ("src", "dst", "t") if c not in df.columns]
+    if missing:
+        raise DataError(
+            f"missing column(s) {', '.join(missing)}; the table needs src, dst, t "
+            f"(it has {', '.join(map(str, df.columns))})",
+            p,
+        )
+    t = pd.to_numeric(df["t"], errors="coerce")
+    if t.isna().any():
+        row = int(np.flatnonzero(t.isna().to_numpy())[0])
+        raise DataError(f"row {row}: t is not a number ({df['t'].iloc[row]!r})", p)
+    df["t"] = t
+    return df
+
+
+def write_table(df: Any, path: str | Path) -> None:
+    """Writes a DataFrame as csv or parquet (by the suffix), atomically: a temporary
+    file beside it, renamed into place, so a failure leaves no half-written output."""
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise DataError("the output folder does not exist", p.parent)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    try:
+        if p.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        elif p.suffix == ".npy":
+            with open(tmp, "wb") as f:
+                np.save(f, df)
+        else:
+            df.to_csv(tmp, index=False)
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -1,0 +1,160 @@
+"""``sven predict`` and ``sven embed``: thin entry points over :class:`sven.predict.Predictor`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sven.errors import ConfigError, DataError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Registers the ``predict`` and ``embed`` subcommands."""
+    p = sub.add_parser(
+        "predict",
+        help="score links (src, dst, t) or rank destinations with a trained model",
+        description="Scores the links of a csv/parquet table with columns src,dst,t (raw "
+        "ids, as in the converted file) into the same rows plus a score column, or with "
+        "--topk ranks the destinations of --src sources at --time. The memory is replayed "
+        "through the stream up to each query's time (docs/guide.md, 'Using a trained model').",
+    )
+    _common(p)
+    p.add_argument("--pairs", help="csv or parquet table with columns src, dst, t")
+    p.add_argument("--out", required=True, help="output table (.csv or .parquet)")
+    p.add_argument("--topk", type=int, metavar="K", help="rank destinations: the K best")
+    p.add_argument("--src", help="with --topk: source ids (comma-separated, or @FILE)")
+    p.add_argument("--time", type=float, help="with --topk: the query time")
+    p.add_argument(
+        "--candidates", help="with --topk: destinations to rank (default: every destination)"
+    )
+    p.add_argument("--logits", action="store_true", help="scores as logits, not probabilities")
+    p.set_defaults(func=_predict)
+
+    e = sub.add_parser(
+        "embed",
+        help="node embeddings at a time from a trained model",
+        description="Writes the embeddings of --nodes at --time: .npy (n x d, in the given "
+        "order) or .parquet/.csv (columns node, t, e0..e{d-1}).",
+    )
+    _common(e)
+    e.add_argument("--nodes", required=True, help="node ids (comma-separated, or @FILE)")
+    e.add_argument("--time", type=float, required=True, help="the time of the embeddings")
+    e.add_argument(
+        "--side", choices=("auto", "src", "dst"), default="auto",
+        help="bipartite stores: which side's ids --nodes are",
+    )  # fmt: skip
+    e.add_argument("--out", required=True, help="output file (.npy, .parquet or .csv)")
+    e.set_defaults(func=_embed)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a run folder or a step-N folder")
+    p.add_argument("--data", help="the event store (default: the one the run trained on)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument(
+        "--unknown", choices=("fail", "skip"), default="fail",
+        help="ids the store does not know: fail (the default), or skip their rows",
+    )  # fmt: skip
+    p.add_argument(
+        "--replay", choices=("batch", "exact"), default="batch",
+        help="memory at the last evaluation batch boundary before t (batch, as sven eval) "
+        "or with every event before t (exact)",
+    )  # fmt: skip
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+
+
+def _ids(text: str) -> list[str]:
+    """Ids from ``a,b,c`` or ``@FILE`` (one per line)."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        if not path.is_file():
+            raise DataError("no such file", path)
+        items = [x.strip() for x in path.read_text().splitlines()]
+    else:
+        items = [x.strip() for x in text.split(",")]
+    items = [x for x in items if x]
+    if not items:
+        raise ConfigError(f"no ids in {text!r}")
+    return items
+
+
+def _check_out(path: str, kinds: tuple[str, ...]) -> Path:
+    p = Path(path)
+    if p.suffix not in kinds:
+        raise ConfigError(f"--out {path}: the name must end in {', '.join(kinds)}")
+    if not p.parent.is_dir():
+        raise DataError("the output folder does not exist", p.parent)
+    return p
+
+
+def _predictor(args: argparse.Namespace) -> Any:
+    from sven.predict import Predictor
+
+    return Predictor(
+        args.checkpoint,
+        data=args.data,
+        device=args.device,
+        replay=args.replay,
+        threads=args.threads,
+    )
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sven.predict import read_pairs, write_table
+
+    out = _check_out(args.out, (".csv", ".parquet"))
+    if args.topk is None:
+        if not args.pairs:
+            raise ConfigError("sven predict needs --pairs FILE, or --topk K --src IDS --time T")
+        df = read_pairs(args.pairs)
+        pred = _predictor(args)
+        df["score"] = pred.score(
+            df["src"].to_numpy(), df["dst"].to_numpy(), df["t"].to_numpy(),
+            unknown=args.unknown, logits=args.logits,
+        )  # fmt: skip
+        write_table(df, out)
+        print(f"{len(df)} rows scored -> {out}", file=sys.stderr)
+        return 0
+    if args.src is None or args.time is None:
+        raise ConfigError("--topk needs --src IDS and --time T")
+    src = _ids(args.src)
+    pred = _predictor(args)
+    cands = None if args.candidates is None else _ids(args.candidates)
+    ids, scores = pred.topk(src, args.time, args.topk, candidates=cands, unknown=args.unknown)
+    k = ids.shape[1]
+    df = pd.DataFrame(
+        {
+            "src": np.repeat(np.asarray(src, dtype=object), k),
+            "t": args.time,
+            "rank": np.tile(np.arange(1, k + 1), len(src)),
+            "dst": ids.reshape(-1),
+            "score": scores.reshape(-1),
+        }
+    )
+    write_table(df, out)
+    print(f"top {k} destinations of {len(src)} sources -> {out}", file=sys.stderr)
+    return 0
+
+
+def _embed(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sven.predict import write_table
+
+    out = _check_out(args.out, (".npy", ".csv", ".parquet"))
+    nodes = _ids(args.nodes)
+    h = _predictor(args).embed(nodes, args.time, side=args.side, unknown=args.unknown)
+    if out.suffix == ".npy":
+        write_table(h, out)
+    else:
+        cols = {"node": nodes, "t": args.time}
+        cols.update({f"e{j}": h[:, j] for j in range(h.shape[1])})
+        write_table(pd.DataFrame(cols), out)
+    print(f"{h.shape[0]} embeddings of width {h.shape[1]} -> {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,134 @@
+"""A trained model put back to work: its run reopened, its stream replayed through it.
+
+Node classification (:mod:`sven.nodeclass`) and predictions (:mod:`sven.predict`) both
+start from a link-prediction checkpoint and need the memory as the model would have it
+at some point of the stream. The memory is a function of the parameters and of the
+events seen, in batches: :func:`open_run` rebuilds the run's components around the
+checkpoint's model (a :class:`~sven.trainer.Trainer` that is never fit, so the data,
+partition, memory and, on several ranks, the memory exchange are the run's own), and
+:func:`encode_events` walks events through :meth:`MemoryModel.encode
+<sven.models.base.MemoryModel.encode>` the way evaluation walks them: in global batches,
+each rank its share, reading and committing memory through the trainer's read/commit
+path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sven.checkpoint import find_checkpoint, load_file
+from sven.components import EVAL_STREAM
+from sven.errors import SvenError
+
+if TYPE_CHECKING:
+    from sven.components import Data
+    from sven.trainer import Trainer
+
+__all__ = ["check_same_data", "encode_events", "open_run", "read_checkpoint", "split_stream"]
+
+
+def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, Any]]:
+    """The verified ``step-N`` folder a user's path stands for, and its ``state.pt``.
+
+    A node-classification run with a frozen encoder stands for its encoder's checkpoint.
+
+    Raises:
+        SvenError: No checkpoint there, a corrupt one, or one without a config.
+    """
+    folder = find_checkpoint(path)
+    state = load_file(folder / "state.pt")
+    if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+        raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
+    if "model" not in state and isinstance(state.get("encoder"), str) and _depth < 2:
+        # A node-classification run with a frozen encoder: the model is its encoder's.
+        return read_checkpoint(state["encoder"], _depth + 1)
+    if "model" not in state:
+        raise SvenError(f"{folder / 'state.pt'}: holds no model")
+    return folder, state
+
+
+def check_same_data(state: dict[str, Any], data: Data, where: str | Path) -> None:
+    """Stops when a checkpoint was trained on another event store than ``data``.
+
+    Compared: the node and event counts and the split ranges the checkpoint recorded
+    (a model's memory rows are per node, and replay walks the events by index).
+
+    Raises:
+        SvenError: One line naming both.
+    """
+    d = state.get("data", {})
+    saved = (d.get("num_nodes"), d.get("num_events"))
+    here = (data.num_nodes, int(data.src.numel()))
+    ranges = d.get("ranges")
+    mine = {s: list(r) for s, r in data.ranges.items()}
+    # Checkpoints written before the event count was recorded are judged by the rest.
+    same = all(a is None or a == b for a, b in zip(saved, here))
+    if not same or (ranges is not None and ranges != mine):
+        path = state.get("config", {}).get("data", {}).get("path") or "the built-in data"
+        raise SvenError(
+            f"{where} was trained on another dataset ({saved[0]} nodes, {saved[1]} events, "
+            f"from {path}) than {data.cfg.data.path or 'the built-in data'} ({here[0]} nodes, "
+            f"{here[1]} events); give the store it was trained on"
+        )
+
+
+def open_run(
+    checkpoint: str | Path, overrides: list[str] | None = None
+) -> tuple[Trainer, Path, dict[str, Any]]:
+    """A trainer of the checkpoint's config, holding the checkpoint's model.
+
+    The memory starts empty (replay builds it); nothing is written to the run folder.
+
+    Args:
+        checkpoint: A run folder (its best model) or a ``step-N`` folder.
+        overrides: Dotted overrides on the checkpoint's config (``data.path``,
+            ``train.device``...).
+
+    Returns:
+        The trainer, the checkpoint folder and its state.
+
+    Raises:
+        SvenError: No usable checkpoint, or one trained on other data.
+    """
+    from sven.config import Config
+    from sven.trainer import Trainer
+
+    folder, state = read_checkpoint(checkpoint)
+    cfg = Config.from_dict(state["config"])
+    tr = Trainer(cfg, ["train.resume=false", "quiet=true", *(overrides or [])])
+    check_same_data(state, tr.data, folder)
+    tr.model.load_state_dict(state["model"])
+    tr.model.eval()
+    return tr, folder, state
+
+
+def encode_events(tr: Trainer, lo: int, hi: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Walks events [lo, hi) through the model without gradients, committing memory.
+
+    In global batches of ``train.batch_size`` from ``lo`` (evaluation's layout); on P
+    ranks each rank encodes its share and memory moves through the exchange, so every
+    rank must call this with the same range.
+
+    Args:
+        tr: The trainer (:func:`open_run`); its memory is advanced.
+        lo: First event.
+        hi: One past the last.
+        stream: Random stream of the batches (:data:`EVAL_STREAM` of the split).
+
+    Returns:
+        This rank's events (n,) int64 and the embeddings (n, embed_dim) of their
+        sources at their times, from the memory before the batch (what the link
+        decoder scores).
+    """
+    # The step's own selection, exchange and write-back (sven.step.Step.encode).
+    return tr.step.encode(lo, hi, stream)
+
+
+def split_stream(split: str) -> int:
+    """The random stream of a split's replay batches: evaluation's (uniform neighbour
+    sampling is keyed by it; dropout is off), so that a replay draws what ``sven eval``
+    draws."""
+    return EVAL_STREAM[split]
