@@ -741,6 +741,29 @@ class Evaluator:
             raise RuntimeError("Evaluator.fast is not set: the trainer sets the step's pass")
         return self.fast(split)
 
+    def _gather_rows(
+        self, idx: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All ranks' (index, row) pairs on every rank (one padded all_gather)."""
+        p, dev = self.data.world_size, self.data.device
+        if p == 1:
+            return idx, rows
+        n = torch.tensor([idx.numel()], device=dev)
+        sizes = [torch.zeros_like(n) for _ in range(p)]
+        dist.all_gather(sizes, n)
+        m = int(max(int(s) for s in sizes))
+        pad_idx = torch.full((m,), -1, dtype=torch.int64, device=dev)
+        pad_idx[: idx.numel()] = idx
+        pad_rows = torch.zeros(m, rows.shape[1], dtype=rows.dtype, device=dev)
+        pad_rows[: rows.shape[0]] = rows
+        gi = [torch.empty_like(pad_idx) for _ in range(p)]
+        gr = [torch.empty_like(pad_rows) for _ in range(p)]
+        dist.all_gather(gi, pad_idx)
+        dist.all_gather(gr, pad_rows)
+        gi_t, gr_t = torch.cat(gi), torch.cat(gr)
+        keep = gi_t >= 0
+        return gi_t[keep], gr_t[keep]
+
     def split_metrics(self, split: str, res: EvalResult) -> dict[str, float]:
         """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split."""
         b = self.cfg.train.batch_size
