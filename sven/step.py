@@ -719,18 +719,13 @@ class Step:
                 else:
                     ahead = (k + d) % (d + 1)
                     side = self._side
+                    # On CUDA the build of the batch D steps ahead runs on a side stream,
+                    # beside this step's compute (it reads no memory or parameter).
+                    ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
                     if side is not None:
                         side.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(side):
-                            built = self._build(
-                                self.ahead,
-                                tc.num_neg,
-                                "train",
-                                micro=self.micro_batches,
-                                group=self.plan_group,
-                            )
-                            self._put(ahead, built)
-                    else:
+                        ctx = torch.cuda.stream(side)
+                    with ctx:
                         built = self._build(
                             self.ahead,
                             tc.num_neg,
