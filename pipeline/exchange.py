@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -763,11 +762,3 @@ class CapacityError(SvenError):
     ``dist.capacity_slack`` fixes it, so it is reported like a configuration error)."""
 
     exit_code = 2
-
-
-def max_counts(
-    counts: list[torch.Tensor], world_size: int, gather: Callable[[torch.Tensor], torch.Tensor]
-) -> list[list[int]]:
-    """(P, P) matrix from each rank's per-peer maxima (gathered on every rank)."""
-    mine = torch.stack(counts).amax(0) if counts else torch.zeros(world_size, dtype=torch.int64)
-    return gather(mine).tolist()
