@@ -43,6 +43,7 @@ __all__ = [
     "COUNTERS",
     "ID_BYTES",
     "Capacities",
+    "CapacityError",
     "CommCounter",
     "FetchPlan",
     "FixedExchange",
