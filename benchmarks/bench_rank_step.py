@@ -13,6 +13,15 @@ Example (one H200; the stores from ``sven data convert``)::
 
     python benchmarks/bench_rank_step.py --store collegemsg=STORES/collegemsg \\
         --store wikipedia=STORES/wikipedia --epochs 3 --out $OUT/rank_step.json
+
+On two GPUs (``--nproc 1 --nproc 2``; ``train.batch_size`` is the global batch, the
+same for every launcher of a variant, so each variant is a strong-scaling point; weak
+scaling compares the plain run of a batch-600 variant with torchrun2 of a batch-1200
+one)::
+
+    python benchmarks/bench_rank_step.py --store syn7=STORES/syn7 --nproc 1 --nproc 2 \\
+        --variant "train.batch_size=1200 dist.strategy=hash" \\
+        --variant "train.batch_size=1200 dist.strategy=minmax" --out $OUT/two_gpus.json
 """
 
 from __future__ import annotations
@@ -66,8 +75,17 @@ def main() -> None:
         default=None,
         help="extra overrides of one variant, space separated (default: the preset)",
     )
+    ap.add_argument(
+        "--nproc",
+        type=int,
+        action="append",
+        default=None,
+        help="torchrun process counts to run beside the plain process (default: 1); "
+        "e.g. --nproc 1 --nproc 2 on a two-GPU machine",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    nprocs = args.nproc or [1]
     variants = args.variant or [""]
     report: dict = {"runs": [], "ratios": {}}
     out = Path(args.out)
@@ -81,11 +99,12 @@ def main() -> None:
                 "--quiet", *extra,
             ]  # fmt: skip
             got = {}
-            for how, prefix in (
-                ("plain", [sys.executable, "-m", "sven", "train"]),
-                ("torchrun1", ["torchrun", "--standalone", "--nproc_per_node", "1",
-                               "-m", "sven", "train"]),
-            ):  # fmt: skip
+            launchers = [("plain", [sys.executable, "-m", "sven", "train"])] + [
+                (f"torchrun{n}", ["torchrun", "--standalone", "--nproc_per_node", str(n),
+                                  "-m", "sven", "train"])
+                for n in nprocs
+            ]  # fmt: skip
+            for how, prefix in launchers:
                 o = Path(args.runs_dir) / f"{name}-{how}-{len(report['runs'])}"
                 res = run([*prefix, *common, f"out={o}"], o)
                 res.update(dataset=name, launcher=how, variant=var)
@@ -96,11 +115,11 @@ def main() -> None:
                     "dataset", "launcher", "variant", "rc", "warm_events_per_s",
                     "first_epoch_events_per_s", "test_ap", "step_captured", "process_s",
                 )}), flush=True)  # fmt: skip
-            a, b = got["plain"], got["torchrun1"]
-            if a.get("warm_events_per_s") and b.get("warm_events_per_s"):
-                report["ratios"][f"{name} {var}".strip()] = (
-                    b["warm_events_per_s"] / a["warm_events_per_s"]
-                )
+            a = got["plain"]
+            for how, b in got.items():
+                if how != "plain" and a.get("warm_events_per_s") and b.get("warm_events_per_s"):
+                    key = f"{name} {var} {how}/plain".replace("  ", " ")
+                    report["ratios"][key] = b["warm_events_per_s"] / a["warm_events_per_s"]
             out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["ratios"], indent=2))
 
