@@ -31,6 +31,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--store", action="append", required=True, help="NAME=PATH")
     ap.add_argument("--config", default="configs/tgn.yaml")
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--runs-dir", default="/tmp/sven-bench-rank-step")
+    ap.add_argument("--runs-dir", default=None, help="run folders (default: a temporary one)")
     ap.add_argument(
         "--variant",
         action="append",
@@ -87,6 +88,7 @@ def main() -> None:
     args = ap.parse_args()
     nprocs = args.nproc or [1]
     variants = args.variant or [""]
+    runs_dir = args.runs_dir or tempfile.mkdtemp(prefix="sven-bench-rank-step-")
     report: dict = {"runs": [], "ratios": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,7 @@ def main() -> None:
                 for n in nprocs
             ]  # fmt: skip
             for how, prefix in launchers:
-                o = Path(args.runs_dir) / f"{name}-{how}-{len(report['runs'])}"
+                o = Path(runs_dir) / f"{name}-{how}-{len(report['runs'])}"
                 res = run([*prefix, *common, f"out={o}"], o)
                 res.update(dataset=name, launcher=how, variant=var)
                 report["runs"].append(res)

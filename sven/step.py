@@ -257,19 +257,30 @@ def eval_step(
     model: MemoryModel,
     exchange: LocalExchange | FixedExchange | MemoryState,
     batch: Batch,
+    *,
+    plan: FetchPlan | torch.Tensor | None = None,
+    mode: str = "eval",
 ) -> ModelOutput:
     """Scores a batch without gradients and writes its memory update (synchronously).
+
+    Args:
+        model: The model (put in evaluation mode here).
+        exchange: Where memory rows come from and go to (a ``MemoryState``: the whole
+            memory of one process).
+        batch: The batch.
+        plan: Its rows' plan, made beforehand (:class:`StepInput`), or None.
+        mode: Whose exchange capacities (an evaluation width's).
 
     Returns:
         The model output (logits of every slot, padded ones included).
     """
     ex = LocalExchange(exchange) if isinstance(exchange, MemoryState) else exchange
     model.eval()
-    rows = ex.fetch(batch, "eval")
+    rows = ex.fetch(batch if plan is None else plan, mode)
     if rows.node_feat is not None:
         batch = dataclasses.replace(batch, node_feat=rows.node_feat)
     out = model(batch, rows)
-    ex.push(out.dense, "eval")
+    ex.push(out.dense, mode)
     ex.wait()
     return out
 
@@ -545,7 +556,6 @@ class Step:
         self._neg_cache: dict[str, torch.Tensor] = {}
         self._evals: dict[int, tuple[torch.Tensor, torch.Tensor, StepGraph]] = {}
         self._ring: list[StepInput | None] = [None] * (self.depth + 1)
-        self._epoch: tuple[int, int, int] | None = None
         self._side: Any = None
         if self.fixed and dev.type == "cuda" and self.depth:
             self._side = torch.cuda.Stream(dev)
@@ -652,6 +662,27 @@ class Step:
             batch_start=inp["gstart"],
         )
 
+    def _select_share(
+        self, inp: dict[str, Any], num_neg: int, neg_table: torch.Tensor | None, micro: int
+    ) -> list[Batch]:
+        """The share named by ``inp``, whole or as ``micro`` parts of equal capacity
+        that its events fill in order."""
+        start, stop = inp["start"], inp["stop"]
+        if micro == 1:
+            return [self._select(inp, num_neg, start, stop, self.capacity, neg_table)]
+        c = -(-self.capacity // micro)
+        return [
+            self._select(
+                inp,
+                num_neg,
+                torch.minimum(start + j * c, stop),
+                torch.minimum(start + (j + 1) * c, stop),
+                c,
+                neg_table,
+            )
+            for j in range(micro)
+        ]
+
     def _build(
         self,
         inp: dict[str, Any],
@@ -665,17 +696,7 @@ class Step:
         """A share's micro-batches and the plan of its rows (reads no memory); ``lap``
         ends the ``sample`` and ``id_exchange`` stages (eager runs)."""
         lap = lap or _no_lap
-        start, stop = inp["start"], inp["stop"]
-        if micro == 1:
-            batches = [self._select(inp, num_neg, start, stop, self.capacity, neg_table)]
-        else:
-            # m parts of equal capacity; the share's events fill them in order.
-            c = -(-self.capacity // micro)
-            batches = []
-            for j in range(micro):
-                lo = torch.minimum(start + j * c, stop)
-                hi = torch.minimum(start + (j + 1) * c, stop)
-                batches.append(self._select(inp, num_neg, lo, hi, c, neg_table))
+        batches = self._select_share(inp, num_neg, neg_table, micro)
         lap("sample")
         if not self.distributed and micro == 1:
             return StepInput(batches)
@@ -758,7 +779,6 @@ class Step:
 
     def start_epoch(self, epoch: int, first: int, last: int) -> None:
         """Builds the first D batches of ``first..last - 1`` into the prefetch ring."""
-        self._epoch = (epoch, first, last)
         d = self.depth
         if not d:
             return
@@ -867,23 +887,8 @@ class Step:
         with self._determinism():
             for start in range(lo, hi, b):
                 self._set_batch(inp, start, min(start + b, hi), stream)
-                cap = self.capacity
-                batches = [self._select(inp, num_neg, inp["start"], inp["stop"], cap, neg_table)]
-                if micro > 1:
-                    c = -(-cap // micro)
-                    batches = [
-                        self._select(
-                            inp,
-                            num_neg,
-                            torch.minimum(inp["start"] + j * c, inp["stop"]),
-                            torch.minimum(inp["start"] + (j + 1) * c, inp["stop"]),
-                            c,
-                            neg_table,
-                        )
-                        for j in range(micro)
-                    ]
                 reads, writes = [], []
-                for mb in batches:
+                for mb in self._select_share(inp, num_neg, neg_table, micro):
                     reads.append(mb.nodes[read_occurrences(mb) > 0])
                     zeros = torch.zeros(mb.size, 1, dtype=self.memory.dtype, device=self.device)
                     recv, _, _, keys = self.model_ref.mail_receivers(mb, zeros, zeros)
@@ -903,18 +908,24 @@ class Step:
         dist.all_gather(allr, mine, group=self.exchange.group)
         return torch.stack(allr).tolist()
 
+    def _replayed(self, counts: Callable[[], tuple[list[int], list[int]]]) -> Capacities:
+        """Capacities from this rank's replayed per-peer maxima (``counts()``, run only
+        where there are peers), gathered into P x P matrices on every rank."""
+        if self.world_size == 1:
+            return Capacities(self.capacity or 0, [[0]], [[0]])
+        f, w = counts()
+        return Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
+
     def plan_capacities(self, epoch: int) -> Capacities:
         """Sets the training capacities from an exact replay of ``epoch``, grown by
         ``dist.capacity_slack`` for later epochs (whose draws differ)."""
         if not self.distributed:
             return Capacities(self.capacity or 0, [[0]], [[0]])
-        p = self.world_size
-        if p == 1:
-            caps = Capacities(self.capacity, [[0]], [[0]])
-        else:
-            f, w = self.measure("train", epoch, self.cfg.train.num_neg, micro=self.micro_batches)
-            exact = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
-            caps = exact.grown(self.cfg.dist.capacity_slack)
+        caps = self._replayed(
+            lambda: self.measure("train", epoch, self.cfg.train.num_neg, micro=self.micro_batches)
+        )
+        if self.world_size > 1:
+            caps = caps.grown(self.cfg.dist.capacity_slack)
         self.exchange.set_capacities("train", caps)
         return caps
 
@@ -923,22 +934,20 @@ class Step:
         are fixed by the seed (a replay of every split of that width)."""
         if not self.distributed:
             return
-        p = self.world_size
-        if p == 1:
-            self.exchange.set_capacities(f"eval{w}", Capacities(self.capacity, [[0]], [[0]]))
-            return
-        f, wr = [0] * p, [0] * p
-        neg_table = self._evals[w][0]
-        for split in self.data.ranges:
-            lo, hi = self.data.ranges[split]
-            if split == "train" or hi <= lo or self.split_width(split) != w:
-                continue
-            neg_table[: hi - lo].copy_(self._negatives(split))
-            fs, ws = self.measure(split, EVAL_STREAM[split], w, neg_table)
-            f = [max(a, c) for a, c in zip(f, fs)]
-            wr = [max(a, c) for a, c in zip(wr, ws)]
-        caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(wr))
-        self.exchange.set_capacities(f"eval{w}", caps)
+
+        def counts() -> tuple[list[int], list[int]]:
+            f, wr = [0] * self.world_size, [0] * self.world_size
+            neg_table = self._evals[w][0]
+            for split, (lo, hi) in self.data.ranges.items():
+                if split == "train" or hi <= lo or self.split_width(split) != w:
+                    continue
+                neg_table[: hi - lo].copy_(self._negatives(split))
+                fs, ws = self.measure(split, EVAL_STREAM[split], w, neg_table)
+                f = [max(a, c) for a, c in zip(f, fs)]
+                wr = [max(a, c) for a, c in zip(wr, ws)]
+            return f, wr
+
+        self.exchange.set_capacities(f"eval{w}", self._replayed(counts))
 
     # ------------------------------------------------------------ encode
     @torch.no_grad()
@@ -957,11 +966,7 @@ class Step:
         """
         mode = f"encode{lo}-{hi}-{stream}"
         if self.distributed and mode not in self.exchange.capacities:
-            if self.world_size == 1:
-                caps = Capacities(self.capacity, [[0]], [[0]])
-            else:
-                f, w = self.measure_range(lo, hi, stream, 0)
-                caps = Capacities(self.capacity, self._gather_matrix(f), self._gather_matrix(w))
+            caps = self._replayed(lambda: self.measure_range(lo, hi, stream, 0))
             self.exchange.set_capacities(mode, caps)
         model = self.model_ref
         model.eval()
@@ -1000,7 +1005,7 @@ class Step:
         with self._determinism():
             item = self._build(self.inp, w, f"eval{w}", neg_table)
             batch = item.micro[0]
-            out = eval_step(self.model, _Planned(self.exchange, item.plan, f"eval{w}"), batch)
+            out = eval_step(self.model, self.exchange, batch, plan=item.plan, mode=f"eval{w}")
             scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
             rows = batch.index - self.inp["split_lo"]
             if batch.valid is not None:
@@ -1095,19 +1100,3 @@ class _NoBar:
 
     def close(self) -> None:
         pass
-
-
-class _Planned:
-    """An exchange whose next fetch uses a plan made beforehand (the eval step's)."""
-
-    def __init__(self, exchange: LocalExchange | FixedExchange, plan: Any, mode: str) -> None:
-        self.exchange, self.plan, self.mode = exchange, plan, mode
-
-    def fetch(self, batch: Batch, mode: str) -> MemoryRows:
-        return self.exchange.fetch(batch if self.plan is None else self.plan, self.mode)
-
-    def push(self, update: DenseUpdate, mode: str) -> None:
-        self.exchange.push(update, self.mode)
-
-    def wait(self) -> None:
-        self.exchange.wait()
