@@ -388,6 +388,9 @@ def run_sven(
     """
     det = torch.are_deterministic_algorithms_enabled()
     det_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    # A variant with train.matmul_precision=high turns TF32 on process-wide: PyG's side
+    # runs with torch's default (off) whatever ran before it.
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     with tempfile.TemporaryDirectory(prefix="bench_vs_pyg-", dir=workdir) as out:
         overrides = [
             f"data.path={data}",
@@ -415,6 +418,7 @@ def run_sven(
             summary = sven.Trainer(None, overrides).fit()
         finally:
             torch.use_deterministic_algorithms(det, warn_only=det_warn)
+            torch.backends.cuda.matmul.allow_tf32 = tf32
         lines = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     rate = float(summary["train_events_per_s"])
     rates = [float(x["events_per_s"]) for x in lines]

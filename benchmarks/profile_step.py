@@ -76,10 +76,14 @@ def main() -> None:
         "tag": args.tag,
         "overrides": args.overrides,
         "captured": st.train_graph.captured,
+        # The first graph's warm-up (compilation, when the model compiles) and capture.
+        "warmup_s": st.train_graph.warmup_s,
+        "capture_s": st.train_graph.capture_s,
         "wall_ms_per_step": wall * 1e3,
         "events_per_s": b / wall,
         "gpu_ms_per_step": total / 1e3,
         "kernels_per_step": launches,
+        "census": census(kernels, args.steps),
         "top": [
             {
                 "name": e.key[:120],
@@ -94,6 +98,37 @@ def main() -> None:
     print(json.dumps({k: v for k, v in record.items() if k != "top"}))
     for t in record["top"][:25]:
         print(f"{t['us_per_step']:9.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
+    for cat, (n, us) in record["census"].items():
+        print(f"{cat:12s} {n:6.1f} kernels {us:8.1f} us per step")
+
+
+# Kernel name fragments -> category, first match wins (cuBLAS/CUTLASS GEMMs, CUB sorts,
+# Triton's own kernels, NCCL, then torch's element-wise, reduction and indexing kernels).
+_CATEGORIES = (
+    ("gemm", ("gemm", "sm90_", "cutlass", "gemv", "splitk")),
+    ("sort", ("radixsort", "radix_sort", "sort", "segmented")),
+    ("triton", ("triton_",)),
+    ("nccl", ("nccl",)),
+    ("scan", ("scan",)),
+    ("reduce", ("reduce",)),
+    ("index", ("index", "scatter", "gather", "embedding", "take")),
+    ("copy/fill", ("memcpy", "memset", "fill", "copy", "cat")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def census(kernels: list, steps: int) -> dict[str, tuple[float, float]]:
+    """Kernels per step and device us per step by category (name fragments)."""
+    out: dict[str, list[float]] = {}
+    for e in kernels:
+        name = e.key.lower()
+        cat = next((c for c, keys in _CATEGORIES if any(k in name for k in keys)), "other")
+        acc = out.setdefault(cat, [0.0, 0.0])
+        acc[0] += e.count / steps
+        acc[1] += e.self_device_time_total / steps
+    return {
+        k: (round(v[0], 1), round(v[1], 1)) for k, v in sorted(out.items(), key=lambda x: -x[1][1])
+    }
 
 
 if __name__ == "__main__":

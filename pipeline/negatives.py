@@ -14,6 +14,8 @@ process would.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sven import kernels
@@ -236,9 +238,43 @@ def dropout_scale(keys: torch.Tensor, width: int, p: float, dtype: torch.dtype) 
     Returns:
         (R, width) ``dtype``.
     """
+    if _DROPOUT_OP is not None and torch.compiler.is_compiling():
+        # Opaque to Inductor: it would fuse the int64 chain itself and emit the hash's
+        # 64-bit constants as int32 (torch 2.11); the op runs the eager kernel.
+        return _DROPOUT_OP(keys, width, p, dtype)
     if kernels.hash_backend(keys) == "triton":
         from sven.kernels import triton_hash
 
         return triton_hash.dropout_scale(keys, width, p, dtype)
     keep = uniform_from_keys(keys, width) >= p
     return keep.to(dtype) * (1.0 / (1.0 - p))
+
+
+# sven::dropout_scale, the custom op compiled models call; registered by
+# register_compiled_ops (a run without train.compile never defines it).
+_DROPOUT_OP: Any = None
+
+
+def register_compiled_ops() -> None:
+    """Defines the custom op through which a ``torch.compile``'d model draws keyed dropout.
+
+    Inside a compiled region :func:`dropout_scale` calls ``sven::dropout_scale``, an op
+    whose body is the eager function (the Triton kernel on CUDA, the reference on CPU):
+    Inductor keeps it as one opaque kernel call rather than tracing the hash, whose
+    64-bit constants it emits into its own kernels as int32 (``Scalar
+    7146057691288625177 is out of range for type int32``, torch 2.11 on an H200).
+    Idempotent; called before the first compilation.
+    """
+    global _DROPOUT_OP
+    if _DROPOUT_OP is not None:
+        return
+
+    @torch.library.custom_op("sven::dropout_scale", mutates_args=())
+    def op(keys: torch.Tensor, width: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+        return dropout_scale(keys, width, p, dtype)
+
+    @op.register_fake
+    def _(keys: torch.Tensor, width: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+        return keys.new_empty((keys.shape[0], width), dtype=dtype)
+
+    _DROPOUT_OP = op

@@ -179,20 +179,23 @@ class TrainConfig:
     if capture fails), on (fail if it cannot), off (eager). Ignored on CPU and on
     several ranks."""
     compile: bool = False
-    """Not supported; must stay false. ``torch.compile`` of the model inside the
-    captured CUDA step fails in torch 2.11: Inductor emits the counter hashes' 64-bit
-    constants into a Triton kernel as int32 (``Scalar 7146057691288625177 is out of
-    range for type int32``, measured on an H200), and earlier with ``'int' object has
-    no attribute 'xreplace'``. The captured step with the fused Triton kernels is the
-    fast path (docs/performance.md); the key stays so that older run folders resume."""
+    """On CUDA, compile the model with ``torch.compile(model, dynamic=False)`` (Inductor
+    fuses its element-wise work, forward and backward) inside the captured step. The
+    first steps of each graph pay the compilation (tens of seconds; Inductor caches it on
+    disk for later runs), so it pays on long runs. Ignored, with a notice, on CPU, where
+    the exact-size eager step runs."""
+    matmul_precision: str = "highest"
+    """float32 matrix products on CUDA: ``highest`` (IEEE float32 FMAs) or ``high``
+    (TF32 tensor cores: products of 10-bit-mantissa operands summed in float32, the
+    matrix units' float32 mode; several times the rate on an H100/H200, relative
+    error near 1e-3 per product). float64 runs and CPU runs are unaffected.
+    docs/performance.md has its speed and test AP against ``highest``."""
 
     def __post_init__(self) -> None:
         _check_numbers(self, "train")
-        if self.compile:
+        if self.matmul_precision not in ("highest", "high"):
             raise ConfigError(
-                "train.compile=true is not supported: torch.compile of the step fails in "
-                "torch 2.11 (Inductor emits the hashes' 64-bit constants as int32); the "
-                "captured CUDA step with the fused Triton kernels is the fast path"
+                f"train.matmul_precision must be highest or high, got {self.matmul_precision!r}"
             )
         for f in ("epochs", "batch_size", "num_neg", "keep_latest_k"):
             if getattr(self, f) <= 0:

@@ -511,6 +511,15 @@ class Step:
         self.fixed = dev.type == "cuda" or self.distributed
         self.rank, self.world_size = data.rank, data.world_size
         self.model: Any = model
+        if tc.compile and dev.type == "cuda":
+            from sven.pipeline.negatives import register_compiled_ops
+
+            register_compiled_ops()
+            # Fixed shapes: one compilation per mode (train, eval) serves every batch.
+            # The batch selection stays eager (its hashes are Triton kernels already).
+            self.model = torch.compile(model, dynamic=False)
+        elif tc.compile:
+            log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
         self.order: torch.Tensor | None = None
         self._order_host: np.ndarray | None = None
         if self.distributed:
@@ -554,8 +563,16 @@ class Step:
         ec = cfg.eval
         self.protocols = protocol_order(ec.negatives, ec.all_protocols)
         self._neg_cache: dict[str, torch.Tensor] = {}
-        self._evals: dict[int, tuple[torch.Tensor, torch.Tensor, StepGraph]] = {}
+        self._evals: dict[int, tuple[torch.Tensor, torch.Tensor, list[StepGraph]]] = {}
         self._ring: list[StepInput | None] = [None] * (self.depth + 1)
+        # The evaluation's prefetch ring, one per width (its batches have that width's
+        # negatives), and the inputs of the batch it builds ahead.
+        self._eval_rings: dict[int, list[StepInput | None]] = {}
+        self.eval_ahead = (
+            {k: torch.zeros((), dtype=torch.int64, device=dev) for k in names}
+            if self.fixed
+            else dict.fromkeys(names, 0)
+        )
         self._side: Any = None
         if self.fixed and dev.type == "cuda" and self.depth:
             self._side = torch.cuda.Stream(dev)
@@ -718,13 +735,27 @@ class Step:
         lap("id_exchange")
         return StepInput(batches, plan, at)
 
-    def _put(self, k: int, item: StepInput) -> None:
-        """Stores a built batch in ring position k (in place once the ring exists, so
-        that a captured graph finds it where it was)."""
-        if self._ring[k] is None or not self.fixed:
-            self._ring[k] = item
+    def _put(self, k: int, item: StepInput, ring: list[StepInput | None] | None = None) -> None:
+        """Stores a built batch in position k of a ring (the training one by default),
+        in place once the position exists, so that a captured graph finds it where it
+        was."""
+        ring = self._ring if ring is None else ring
+        if ring[k] is None or not self.fixed:
+            ring[k] = item
         else:
-            _copy_tree(self._ring[k], item)
+            _copy_tree(ring[k], item)
+
+    @contextlib.contextmanager
+    def _ahead_stream(self) -> Iterator[None]:
+        """Where a batch ahead is built: on CUDA a side stream that starts after the
+        work queued so far (it reads no memory or parameter, so it runs beside the
+        step's compute); elsewhere the current stream."""
+        if self._side is None:
+            yield
+            return
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            yield
 
     # -------------------------------------------------------------- steps
     def _train_fn(self, k: int) -> Callable[[], None]:
@@ -739,14 +770,7 @@ class Step:
                     )
                 else:
                     ahead = (k + d) % (d + 1)
-                    side = self._side
-                    # On CUDA the build of the batch D steps ahead runs on a side stream,
-                    # beside this step's compute (it reads no memory or parameter).
-                    ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-                    if side is not None:
-                        side.wait_stream(torch.cuda.current_stream())
-                        ctx = torch.cuda.stream(side)
-                    with ctx:
+                    with self._ahead_stream():
                         built = self._build(
                             self.ahead,
                             tc.num_neg,
@@ -1000,18 +1024,50 @@ class Step:
         return torch.cat(idx_all), torch.cat(h_all)
 
     # -------------------------------------------------------------- eval
-    def _eval(self, neg_table: torch.Tensor, scores_out: torch.Tensor) -> None:
-        w = neg_table.shape[1]
+    def _eval_fn(
+        self, k: int, neg_table: torch.Tensor, scores_out: torch.Tensor
+    ) -> Callable[[], None]:
+        """The evaluation step of ring position k at the width of ``neg_table``: with
+        prefetch depth D it builds the batch D ahead on the side stream into the
+        width's ring, as the training step does, and scores the one built before."""
+        d, w = self.depth, neg_table.shape[1]
+        mode = f"eval{w}"
+
+        def fn() -> None:
+            with self._determinism():
+                if d == 0:
+                    item = self._build(self.inp, w, mode, neg_table)
+                else:
+                    ring = self._eval_rings[w]
+                    with self._ahead_stream():
+                        built = self._build(
+                            self.eval_ahead, w, mode, neg_table, group=self.plan_group
+                        )
+                        self._put((k + d) % (d + 1), built, ring)
+                    item = ring[k]  # type: ignore[assignment]
+                batch = item.micro[0]
+                out = eval_step(self.model, self.exchange, batch, plan=item.plan, mode=mode)
+                scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
+                rows = batch.index - self.inp["split_lo"]
+                if batch.valid is not None:
+                    rows = torch.where(batch.valid, rows, scores_out.shape[0] - 1)
+                # Padded events all write the scratch row; real ones distinct rows.
+                scores_out.index_copy_(0, rows, scores)
+                if d and self._side is not None:
+                    torch.cuda.current_stream().wait_stream(self._side)
+
+        return fn
+
+    def _start_eval(self, w: int, lo: int, hi: int, stream: int) -> None:
+        """Builds the first D + 1 batches of events [lo, hi) into width w's ring."""
+        d, b = self.depth, self.cfg.train.batch_size
+        neg_table = self._evals[w][0]
+        ring = self._eval_rings[w]
         with self._determinism():
-            item = self._build(self.inp, w, f"eval{w}", neg_table)
-            batch = item.micro[0]
-            out = eval_step(self.model, self.exchange, batch, plan=item.plan, mode=f"eval{w}")
-            scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
-            rows = batch.index - self.inp["split_lo"]
-            if batch.valid is not None:
-                rows = torch.where(batch.valid, rows, scores_out.shape[0] - 1)
-            # Padded events all write the scratch row; real ones distinct rows.
-            scores_out.index_copy_(0, rows, scores)
+            for i in range(d + 1):
+                g_lo, g_hi = min(lo + i * b, hi), min(lo + (i + 1) * b, hi)
+                self._set_batch(self.eval_ahead, g_lo, g_hi, stream)
+                self._put(i, self._build(self.eval_ahead, w, f"eval{w}", neg_table), ring)
 
     def split_protocols(self, split: str) -> list[str]:
         """The protocols ``split`` scores: all on test, ``eval.negatives`` elsewhere."""
@@ -1021,10 +1077,11 @@ class Step:
         """Negatives scored per event of ``split``: its protocols, then the MRR ones."""
         return len(self.split_protocols(split)) + self.data.mrr_negatives
 
-    def eval_graph(self, split: str) -> tuple[torch.Tensor, torch.Tensor, StepGraph]:
+    def eval_graph(self, split: str) -> tuple[torch.Tensor, torch.Tensor, list[StepGraph]]:
         """The negatives table (rows, width), scores (rows, 1 + width) and evaluation
-        graph of ``split``'s width, made at the first pass of that width (each split
-        of a width fits its rows, plus a scratch row), with its exchange capacities."""
+        graphs (one per prefetch-ring position) of ``split``'s width, made at the first
+        pass of that width (each split of a width fits its rows, plus a scratch row),
+        with its exchange capacities."""
         w = self.split_width(split)
         if w not in self._evals:
             rows = 1 + max(
@@ -1033,18 +1090,28 @@ class Step:
             dev, fdt = self.device, self.memory.dtype
             neg = torch.zeros(rows, w, dtype=torch.int64, device=dev)
             scores = torch.zeros(rows, 1 + w, dtype=fdt, device=dev)
-            graph = StepGraph(
-                lambda: self._eval(neg, scores),
-                mode=self.cfg.train.cuda_graph,
-                device=dev,
-                state=lambda: [
+            ring: list[StepInput | None] = [None] * (self.depth + 1)
+            self._eval_rings[w] = ring
+
+            def state() -> list[torch.Tensor]:
+                return [
                     *self.memory.full.values(),
                     *self.exchange.state_tensors(),
                     scores,
-                ],
-                log=self._log,
-            )
-            self._evals[w] = (neg, scores, graph)
+                    *[t for item in ring for t in _tree_tensors(item)],
+                ]
+
+            graphs = [
+                StepGraph(
+                    self._eval_fn(k, neg, scores),
+                    mode=self.cfg.train.cuda_graph,
+                    device=dev,
+                    state=state,
+                    log=self._log,
+                )
+                for k in range(self.depth + 1)
+            ]
+            self._evals[w] = (neg, scores, graphs)
             self._plan_eval_capacities(w)
         return self._evals[w]
 
@@ -1064,17 +1131,24 @@ class Step:
         b, q = self.cfg.train.batch_size, d.mrr_width(split)
         self.exchange.flush()
         negs = self._negatives(split)
-        neg_table, scores_out, graph = self.eval_graph(split)
+        neg_table, scores_out, graphs = self.eval_graph(split)
         neg_table[: hi - lo].copy_(negs)
-        self._fill(self.inp, split_lo=lo, stream=EVAL_STREAM[split])
+        stream, depth, w = EVAL_STREAM[split], self.depth, neg_table.shape[1]
+        self._fill(self.inp, split_lo=lo, stream=stream)
+        self._fill(self.eval_ahead, split_lo=lo, stream=stream)
         if self.distributed:
             # Each event is scored by one rank; the others' rows stay zero, so a sum
             # over ranks assembles the table.
             scores_out.zero_()
+        if depth:
+            self._start_eval(w, lo, hi, stream)
         bar = self.progress(split, hi - lo)
-        for start in range(lo, hi, b):
-            self._set_batch(self.inp, start, min(start + b, hi), EVAL_STREAM[split])
-            graph()
+        for i, start in enumerate(range(lo, hi, b)):
+            self._set_batch(self.inp, start, min(start + b, hi), stream)
+            if depth:
+                ahead = min(start + depth * b, hi)
+                self._set_batch(self.eval_ahead, ahead, min(ahead + b, hi), stream)
+            graphs[i % (depth + 1)]()
             bar.update(min(start + b, hi) - start)
         bar.close()
         table = scores_out[: hi - lo]

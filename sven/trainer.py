@@ -133,6 +133,10 @@ class Trainer:
         )  # fmt: skip
         self.rank, self.world_size = self.ctx.rank, self.ctx.world_size
         self.device = torch.device(self.ctx.device)
+        if self.device.type == "cuda":
+            # Process-wide in torch: set on every CUDA run, so that one trainer's choice
+            # does not carry into the next one of the same process.
+            torch.backends.cuda.matmul.allow_tf32 = tc.matmul_precision == "high"
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("train.device is cuda but no CUDA device is available")
         if self.device.type == "cuda":
@@ -204,8 +208,10 @@ class Trainer:
             self.exchange = LocalExchange(self.memory)
         d.attach(self.model)
         t_opt = time.perf_counter()
-        # lean: without torch.optim's compiler wrappers (and their imports; sven.startup).
-        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=True)
+        # lean: without torch.optim's compiler wrappers (and their imports; sven.startup),
+        # unless the run compiles anyway.
+        compiles = tc.compile and self.device.type == "cuda"
+        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not compiles)
         dt_opt = time.perf_counter() - t_opt
         clock.add("optimizer", dt_opt)
         if self.distributed:
@@ -798,7 +804,7 @@ class Trainer:
             step_captured=any(g.captured for g in st.train_graphs),
         )
         # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
-        evals = [g for _, _, g in st._evals.values()]
+        evals = [g for _, _, graphs in st._evals.values() for g in graphs]
         for name, graphs in (("train", st.train_graphs), ("eval", evals)):
             summary[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
             summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)

@@ -10,6 +10,7 @@ import torch
 from sven.models import MODELS, MemoryState, build_model
 from sven.models.memory import DenseUpdate
 from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.negatives import register_compiled_ops
 from sven.pipeline.sampler import TCSR, TemporalSampler
 from sven.pipeline.stages import EventTables, select_batch
 from sven.step import StepGraph, train_step
@@ -181,6 +182,9 @@ def test_compiled_model_trains_like_the_eager_model(form: str) -> None:
         model = copy.deepcopy(base)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         mem = MemoryState(N, 4, model.mail_dim, model.mailbox_size, dtype=torch.float64)
+        if compiled:
+            # Keyed dropout through the custom op, as the CUDA step compiles it.
+            register_compiled_ops()
         step_model = torch.compile(model, dynamic=False) if compiled else model
         runs.append(_train_batches(tables, model, step_model, opt, mem, 4))
     for i, ((l0, p0, m0), (l1, p1, m1)) in enumerate(zip(*runs, strict=True)):

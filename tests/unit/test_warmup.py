@@ -94,7 +94,7 @@ def _run(store, out, model: str, rehearse_at: set[int]) -> tuple[dict[str, Any],
     if rehearse_at:
         # The eval graph's warm-up, as at the first batch of the first evaluation.
         vlo, vhi = tr.ranges["val"]
-        neg_table, _, graph = step.eval_graph("val")
+        neg_table, _, (graph,) = step.eval_graph("val")
         neg_table[: vhi - vlo].copy_(step._negatives("val"))
         step._fill(
             step.inp, split_lo=vlo, stream=EVAL_STREAM["val"], start=vlo, stop=vlo + B,
