@@ -314,7 +314,8 @@ class PipelineConfig:
     de-duplication and the id exchange with the owners, on a process group of its own)
     is built during step i, on a side stream on CUDA, into a ring of D + 1 batches (one
     captured graph per ring position). None of it reads memory or parameters, so any D
-    gives the same result; 0 builds each batch in its own step."""
+    gives the same result; 0 builds each batch in its own step. Evaluation passes
+    prefetch the same way (a ring per evaluation width)."""
     micro_batches: str = "1"
     """m: 1, 2, 4 (auto: 1). Each rank's share of a batch is split into m micro-batches
     that read the memory of one fetch (each node fetched once for the whole share) and

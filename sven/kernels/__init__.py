@@ -152,11 +152,9 @@ def hash_backend(t: torch.Tensor) -> str:
     triton is installed: the hashes are chains of a dozen int64 element-wise kernels
     that :mod:`.triton_hash` runs as one, and the captured step is bound by its kernel
     count (docs/performance.md has the measurement). Inside ``torch.compile`` ``auto``
-    gives the reference: Inductor fuses that chain into one kernel itself, and the
-    hand-written kernel (keyed dropout's, the compiled model's only user-defined Triton
-    kernel) is the likely place where the compiled step failed in torch 2.11
-    (``InductorError: AttributeError: 'int' object has no attribute 'xreplace'``;
-    docs/kernels.md).
+    gives the reference; the compiled model's one hash, keyed dropout's, does not get
+    here: it is the opaque op ``sven::dropout_scale`` there, since Inductor fails on
+    the traced kernel and on the traced reference in torch 2.11 (docs/kernels.md).
     """
     mode, _, has_triton, _ = _read_state()
     if mode == "auto":
