@@ -43,6 +43,23 @@ def test_dedupe_fixed_is_unique_in_fixed_slots() -> None:
         assert inverse.tolist() == [2, 0, 3, 2, 1]
 
 
+def test_masked_neighbour_slots_read_distinct_rows() -> None:
+    """On a fixed-slot batch every real neighbour slot points at its node's row, and
+    each masked slot at a row of its own, so that no row collects the zero gradients of
+    all masked slots (atomic adds on one row on CUDA)."""
+    tables = _tables(k=3)
+    batch = select_batch(
+        tables, torch.tensor(0), torch.tensor(4), 0, seed=3, num_neg=1,
+        sample_roots="all", read_neighbors=True, capacity=4,
+    )  # fmt: skip
+    mask, pos = batch.block.mask, batch.nbr_pos
+    assert (~mask).any() and mask.any()
+    assert torch.equal(batch.nodes[pos[mask]], batch.block.nbr[mask])
+    masked = pos[~mask]
+    assert masked.unique().numel() == masked.numel()
+    assert ((masked >= 0) & (masked < batch.nodes.shape[0])).all()
+
+
 def _random_dense(g: torch.Generator, p: int, q: int, d: int, dm: int) -> DenseUpdate:
     keys = torch.randperm(4 * p, generator=g)[:p]
     keys[torch.rand(p, generator=g) < 0.3] = -1
