@@ -20,14 +20,19 @@ Steps, in order (each records its command, process time and the run's summary):
    epochs of ``configs/tgn.yaml`` on it: start-up to the first step on a 10^6-event
    store, epoch 0 against epoch 1, evaluation (all three protocols on test) against
    training events/s.
-6. ``syn7`` (when the deadline leaves room): ``sven data synth --events 10000000
-   --nodes 100000``, then one epoch at batch 600 (``train.epochs=1``, the issue's run):
-   training and validation time.
+6. ``syn7``, ``syn8`` (``--large 1e7 1e8``, each when the deadline leaves room):
+   ``sven data synth --events E --nodes E/10 --seed 0``, then one epoch of
+   ``configs/tgn.yaml`` at batch 600 with ``eval.all_protocols=false`` (the issue's
+   runs; ``--fast`` adds ``train.compile=true train.matmul_precision=high``): training
+   and validation seconds from the epoch's rates.
 
 Usage (GPU machine, repository root)::
 
     python3 benchmarks/bench_ttr.py --setup --wiki .device_data/wikipedia/wikipedia.csv.gz \\
         --out $OUT --deadline-s 330
+    # the 10^8-event epoch alone, with the fast settings (about 6 minutes on an H200)
+    python3 benchmarks/bench_ttr.py --setup --skip-small --large 1e8 --fast --out $OUT \\
+        --deadline-s 560
 
 ``--device cpu --quick`` runs the same steps on CPU with small sizes (a check of the
 script itself on a machine without a GPU).
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -148,7 +154,16 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=330.0)
     ap.add_argument("--quick", action="store_true", help="small sizes (CPU check)")
     ap.add_argument("--setup", action="store_true", help="pip install -e . (offline) first")
-    ap.add_argument("--skip-syn7", action="store_true")
+    ap.add_argument("--skip-syn7", action="store_true", help="no large-graph runs")
+    ap.add_argument(
+        "--large", nargs="*", default=["1e7"], help="event counts of the large graphs (1e7 1e8)"
+    )
+    ap.add_argument(
+        "--fast",
+        action="store_true",
+        help="large graphs with train.compile=true train.matmul_precision=high",
+    )
+    ap.add_argument("--skip-small", action="store_true", help="no Wikipedia or 10^6 runs")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     work = Path(tempfile.mkdtemp(prefix="ttr-"))
@@ -211,10 +226,10 @@ def main() -> int:
 
     # 2-4. Wikipedia, three epochs, cold then warm Triton cache.
     wiki = work / "wiki"
-    if Path(args.wiki).is_file():
+    if Path(args.wiki).is_file() and not args.skip_small:
         r.run("wiki-convert", [*sven, "data", "convert", args.wiki, "--out", str(wiki)], 120)
     triton_cache = work / "triton-cache"
-    for name in ("wiki-cold", "wiki-warm"):
+    for name in () if args.skip_small else ("wiki-cold", "wiki-warm"):
         if not (wiki / "meta.json").is_file() or r.left() < 30:
             break
         run_out = work / name
@@ -226,11 +241,9 @@ def main() -> int:
     # 5. The 10^6-event store: start-up to the first step, epochs, evaluation.
     syn6 = work / "syn6"
     events6 = "20000" if quick else "1000000"
-    rec = r.run(
-        "syn6-synth",
-        synth(events6, "10000", syn6),
-        120,
-    )
+    rec = {"rc": "skipped"}
+    if not args.skip_small:
+        rec = r.run("syn6-synth", synth(events6, "10000", syn6), 120)
     if rec["rc"] == 0 and r.left() > 30:
         run_out = work / "syn6-run"
         cmd = train(syn6, run_out, "--config", "configs/tgn.yaml", "train.epochs=2")
@@ -238,30 +251,36 @@ def main() -> int:
         rec.update(run_facts(run_out))
         r.save()
 
-    # 6. The 10^7-event graph, one epoch at batch 600 (the run).
-    if not args.skip_syn7 and r.left() > 150:
-        syn7 = work / "syn7"
-        events7 = "60000" if quick else "10000000"
-        rec = r.run(
-            "syn7-synth",
-            synth(events7, "100000", syn7),
-            100,
-        )
-        if rec["rc"] == 0 and r.left() > 60:
-            run_out = work / "syn7-run"
-            cmd = train(syn7, run_out, "train.batch_size=600", "train.epochs=1")
-            rec = r.run("syn7", cmd, 240, env={"TRITON_CACHE_DIR": str(triton_cache)})
-            facts = run_facts(run_out)
-            rec.update(facts)
-            meta = json.loads((syn7 / "meta.json").read_text())
-            counts = meta["split"]["counts"]
-            ep = (facts.get("epochs") or [{}])[0]
-            if ep.get("events_per_s") and ep.get("val_events_per_s"):
-                train_events = counts["train"] if not quick else min(counts["train"], 20 * 600)
-                rec["train_s"] = round(train_events / ep["events_per_s"], 2)
-                rec["val_s"] = round(counts["val"] / ep["val_events_per_s"], 2)
-                rec["train_plus_val_s"] = round(rec["train_s"] + rec["val_s"], 2)
-            r.save()
+    # 6. The large graphs, one epoch at batch 600 each (the runs): synthetic,
+    # 10 events per node, training plus validation seconds from the epoch's rates.
+    fast = ["train.compile=true", "train.matmul_precision=high"] if args.fast else []
+    for size in [] if args.skip_syn7 else args.large:
+        events = int(float(size))
+        name = f"syn{round(math.log10(events))}"
+        if quick:
+            events = 60000
+        need = 60 + events / 1e6 * 3  # synth, then at least the start of an epoch
+        if r.left() < need:
+            r.record["steps"][name] = {"skipped": f"{r.left():.0f} s left, {need:.0f} s needed"}
+            break
+        store = work / name
+        rec = r.run(f"{name}-synth", synth(str(events), str(events // 10), store), 300)
+        if rec["rc"] != 0 or r.left() < 60:
+            continue
+        run_out = work / f"{name}-run"
+        cmd = train(store, run_out, "--config", "configs/tgn.yaml", "train.batch_size=600",
+                    "train.epochs=1", "eval.all_protocols=false", *fast)  # fmt: skip
+        rec = r.run(name, cmd, 590, env={"TRITON_CACHE_DIR": str(triton_cache)})
+        facts = run_facts(run_out)
+        rec.update(facts)
+        counts = json.loads((store / "meta.json").read_text())["split"]["counts"]
+        ep = (facts.get("epochs") or [{}])[0]
+        if ep.get("events_per_s") and ep.get("val_events_per_s"):
+            train_events = counts["train"] if not quick else min(counts["train"], 20 * 600)
+            rec["train_s"] = round(train_events / ep["events_per_s"], 2)
+            rec["val_s"] = round(counts["val"] / ep["val_events_per_s"], 2)
+            rec["train_plus_val_s"] = round(rec["train_s"] + rec["val_s"], 2)
+        r.save()
     r.save()
     print(json.dumps(r.record, indent=2))
     return 0
