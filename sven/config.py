@@ -451,7 +451,9 @@ class Config:
 
 #: Keys whose value may differ between a checkpoint's config and the config that
 #: resumes it: how long and how verbosely to go on, where and on how many threads to
-#: run, and how to treat the folders; none of them changes what the model computes.
+#: run and with which kernels, and how to treat the folders; none of them changes what
+#: the model computes (a device, a compiled model or TF32 products change its rounding,
+#: not its function or its state's layout).
 RESUME_MAY_CHANGE = frozenset(
     {
         "train.epochs",
@@ -462,6 +464,8 @@ RESUME_MAY_CHANGE = frozenset(
         "train.keep_latest_k",
         "train.device",
         "train.threads",
+        "train.compile",
+        "train.matmul_precision",
         "nc.epochs",
         "nc.patience",
         "data.verify",

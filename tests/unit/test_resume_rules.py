@@ -15,6 +15,9 @@ def test_config_differences_ignore_what_may_change_and_fill_in_defaults() -> Non
     saved = Config().to_dict()
     cur = load_config(None, ["train.epochs=9", "quiet=true", "out=elsewhere", "train.resume=true"])
     assert config_differences(saved, cur) == []
+    # How to run, not what: a requeued job may resume with the fast GPU settings.
+    cur = load_config(None, ["train.compile=true", "train.matmul_precision=high"])
+    assert config_differences(saved, cur) == []
     cur = load_config(None, ["model.memory_dim=16", "train.lr=0.01"])
     assert config_differences(saved, cur) == [
         "model.memory_dim (100 -> 16)",
