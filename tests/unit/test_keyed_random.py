@@ -66,3 +66,31 @@ def test_keyed_dropout_passes_gradients_through_kept_entries() -> None:
     y = keyed_dropout(x, 0.5, torch.tensor([1, 2]), training=True)
     y.sum().backward()
     assert torch.equal(x.grad, (y != 0).float() * 2.0)
+
+
+def test_compiled_keyed_dropout_keeps_the_hash_as_an_opaque_op() -> None:
+    """Inside ``torch.compile`` keyed dropout's hash is the custom op
+    ``sven::dropout_scale``: the traced graph (one graph, no breaks) calls the op
+    instead of the hash's int64 chain, whose 64-bit constants Inductor emitted as int32
+    on CUDA; compiled by Inductor, the function equals the eager one bit for bit."""
+    from sven.pipeline.negatives import register_compiled_ops
+
+    register_compiled_ops()
+    x = torch.randn(37, 5, dtype=torch.float64)
+    keys = torch.arange(37, dtype=torch.int64) * 7919
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    def drop(a: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return keyed_dropout(a, 0.25, k, True)
+
+    want = drop(x, keys)
+    torch.compile(drop, backend=backend, fullgraph=True)(x, keys)
+    called = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("sven.dropout_scale" in t for t in called), called
+    assert not any("bitwise" in t or "rshift" in t for t in called), called
+    got = torch.compile(drop, dynamic=False)(x, keys)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
