@@ -98,7 +98,12 @@ def open_run(
 
     folder, state = read_checkpoint(checkpoint)
     cfg = Config.from_dict(state["config"])
-    tr = Trainer(cfg, ["train.resume=false", "quiet=true", *(overrides or [])])
+    # The replay runs the model's encoder eagerly (Step.encode, never the compiled
+    # model): a checkpoint trained with train.compile would only import torch's
+    # compiler for nothing.
+    tr = Trainer(
+        cfg, ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
+    )
     check_same_data(state, tr.data, folder)
     tr.model.load_state_dict(state["model"])
     tr.model.eval()

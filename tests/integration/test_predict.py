@@ -290,3 +290,17 @@ def test_bipartite_store_asks_for_the_side(tmp_path, capsys) -> None:
     s = p.score([3], [3], [100.0])
     assert np.isfinite(s).all()
     assert json.loads((run / "summary.json").read_text())["model"] == "jodie"
+
+
+def test_replay_does_not_compile(tmp_path) -> None:
+    """A checkpoint trained with ``train.compile=true`` replays with the uncompiled
+    model (the replay never calls the compiled one), so predictions import no
+    compiler."""
+    from sven.replay import open_run
+
+    store = _stream(tmp_path / "s")
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "tgn", "train.compile=true")).fit()
+    assert json.loads((run / "config.json").read_text())["train"]["compile"] is True
+    tr, _, _ = open_run(run)
+    assert tr.cfg.train.compile is False and tr.step.model is tr.model
