@@ -4,7 +4,8 @@ Builds a one-process :class:`sven.Trainer` on a store, trains ``--train-batches`
 batches, then for each split times, with the device waited for: the split's negatives
 (drawn once per run), the first pass (its graphs' warm-up and capture included), the
 metrics, a second pass (warm graphs) and a profiled third (kernels and GPU time per
-batch); the training step is timed and profiled (``--profile-batches`` steps) first.
+batch); first, after ``--train-batches`` steps, ``--profile-batches`` training steps
+are timed and as many profiled (``profile_step.py``'s steady state).
 
 Usage:
     python benchmarks/profile_eval.py --data STORE --out OUT [key=value ...]
@@ -13,6 +14,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import tempfile
 import time
@@ -20,15 +22,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
-import sven
+HERE = Path(__file__).resolve().parent
+
+
+# The one-process trainer and the steady-state timing of profile_step.py.
+_spec = importlib.util.spec_from_file_location("profile_step", HERE / "profile_step.py")
+assert _spec is not None and _spec.loader is not None
+profile_step = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(profile_step)
 
 
 def _kernels(prof: Any, n: int) -> dict[str, float]:
     """Kernels and GPU us per call from a profile of ``n`` calls."""
-    ks = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ks = profile_step.cuda_kernels(prof)
     return {
         "kernels": sum(e.count for e in ks) / n,
         "gpu_us": sum(e.self_device_time_total for e in ks) / n,
@@ -41,48 +49,18 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for profile_eval_<tag>.json")
     ap.add_argument("--tag", default="eval")
     ap.add_argument("--train-batches", type=int, default=50)
-    ap.add_argument("--profile-batches", type=int, default=20, help="profiled train steps")
+    ap.add_argument("--profile-batches", type=int, default=20, help="timed, then profiled, steps")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rec: dict[str, Any] = {"tag": args.tag, "overrides": args.overrides}
     with tempfile.TemporaryDirectory() as run:
-        tr = sven.Trainer(
-            None,
-            [
-                f"data.path={args.data}",
-                f"out={run}",
-                "quiet=true",
-                "train.device=cuda",
-                *args.overrides,
-            ],
-        )
-        st = tr.step
-        cuda = tr.device.type == "cuda"
-        sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
-        lo, _ = tr.ranges["train"]
-        b = tr.cfg.train.batch_size
-        n = args.train_batches + args.profile_batches
-        st.plan_capacities(0)
-        st.start_epoch(0, 0, n)
-
-        def train(i: int) -> None:
-            st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
-
-        for i in range(args.train_batches):
-            train(i)
-        sync()
-        t0 = time.perf_counter()
-        for i in range(args.train_batches // 2, args.train_batches):
-            train(i)
-        sync()
-        per = (time.perf_counter() - t0) / (args.train_batches - args.train_batches // 2)
+        n = args.train_batches + 2 * args.profile_batches
+        tr, train, sync = profile_step.one_process(args.data, run, args.overrides, n)
+        st, b = tr.step, tr.cfg.train.batch_size
+        per, prof = profile_step.steady(train, sync, args.train_batches, args.profile_batches)
         rec["train_ms_per_batch"] = per * 1e3
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(args.train_batches, n):
-                train(i)
-            sync()
         rec["train_step"] = _kernels(prof, args.profile_batches)
         st.take_loss()
 

@@ -14,12 +14,69 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import sven
+
+
+def one_process(
+    data: str, run: str, overrides: list[str], batches: int
+) -> tuple[Any, Callable[[int], None], Callable[[], None]]:
+    """A one-process trainer on the store ``data`` (run folder ``run``) with its step
+    ready for ``batches`` training batches: capacities planned, prefetch ring filled.
+
+    Returns:
+        (trainer, train(i) queueing training batch i, sync waiting for the device).
+    """
+    tr = sven.Trainer(
+        None,
+        [f"data.path={data}", f"out={run}", "quiet=true", "train.device=cuda", *overrides],
+    )
+    st = tr.step
+    lo, _ = tr.ranges["train"]
+    b = tr.cfg.train.batch_size
+    st.plan_capacities(0)
+    st.start_epoch(0, 0, batches)
+    # train.device=cpu (a later override) checks a script without a GPU.
+    sync = torch.cuda.synchronize if tr.device.type == "cuda" else (lambda: None)
+
+    def train(i: int) -> None:
+        st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
+
+    return tr, train, sync
+
+
+def steady(
+    train: Callable[[int], None], sync: Callable[[], None], warmup: int, steps: int
+) -> tuple[float, Any]:
+    """Runs ``warmup`` batches, times ``steps`` more and profiles as many again.
+
+    Returns:
+        (wall seconds per step, the profile of the last ``steps``).
+    """
+    for i in range(warmup):
+        train(i)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        train(i)
+    sync()
+    wall = (time.perf_counter() - t0) / steps
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(warmup + steps, warmup + 2 * steps):
+            train(i)
+        sync()
+    return wall, prof
+
+
+def cuda_kernels(prof: Any) -> list[Any]:
+    """The profile's GPU kernels (``key_averages`` rows on the device)."""
+    return [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def main() -> None:
@@ -34,41 +91,11 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as run:
-        tr = sven.Trainer(
-            None,
-            [
-                f"data.path={args.data}",
-                f"out={run}",
-                "quiet=true",
-                "train.device=cuda",
-                *args.overrides,
-            ],
-        )
-        st = tr.step
-        lo, _ = tr.ranges["train"]
-        b = tr.cfg.train.batch_size
-        st.plan_capacities(0)
-        st.start_epoch(0, 0, args.warmup + 2 * args.steps)
-        # train.device=cpu (a later override) checks the script without a GPU.
-        sync = torch.cuda.synchronize if tr.device.type == "cuda" else (lambda: None)
-
-        def step(i: int) -> None:
-            st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
-
-        for i in range(args.warmup):
-            step(i)
-        sync()
-        t0 = time.perf_counter()
-        for i in range(args.warmup, args.warmup + args.steps):
-            step(i)
-        sync()
-        wall = (time.perf_counter() - t0) / args.steps
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(args.warmup + args.steps, args.warmup + 2 * args.steps):
-                step(i)
-            sync()
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        n = args.warmup + 2 * args.steps
+        tr, train, sync = one_process(args.data, run, args.overrides, n)
+        st, b = tr.step, tr.cfg.train.batch_size
+        wall, prof = steady(train, sync, args.warmup, args.steps)
+    kernels = cuda_kernels(prof)
     total = sum(e.self_device_time_total for e in kernels) / args.steps
     launches = sum(e.count for e in kernels) / args.steps
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
