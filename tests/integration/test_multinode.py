@@ -267,10 +267,16 @@ def test_mpirun_two_host_hostfile_matches_one_node(tiny_store, reference, tmp_pa
     hostfile = tmp_path / "hosts"
     hostfile.write_text("n1 slots=1\nn2 slots=1\n")
     ssh = tmp_path / "ssh"
+    # Each host gets its own OpenMPI session directory, as two machines have two /tmp:
+    # two orteds sharing one here raced on it (a segfault in hwloc's shared-memory
+    # topology write, or mkdir's "File exists"), about one launch in seven.
     ssh.write_text(
         "#!/bin/sh\n"
-        "# ssh HOST COMMAND...: skip the options and the host, run the command here.\n"
+        "# ssh HOST COMMAND...: skip the options, give the host its own session\n"
+        "# directory, run the command here.\n"
         "while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done\n"
+        f'OMPI_MCA_orte_tmpdir_base="{tmp_path}/tmp-$1"; export OMPI_MCA_orte_tmpdir_base\n'
+        'mkdir -p "$OMPI_MCA_orte_tmpdir_base"\n'
         'shift\nexec sh -c "$*"\n'
     )
     ssh.chmod(0o755)
