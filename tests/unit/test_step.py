@@ -13,7 +13,7 @@ from sven.pipeline.dedupe import dedupe_fixed
 from sven.pipeline.negatives import register_compiled_ops
 from sven.pipeline.sampler import TCSR, TemporalSampler
 from sven.pipeline.stages import EventTables, select_batch
-from sven.step import StepGraph, train_step
+from sven.step import StepGraph, StepInput, _copy_tree, _tree_tensors, train_step
 
 # 11 events on 7 nodes (node 6 never occurs), with a self-loop and repeated pairs.
 SRC = torch.tensor([0, 1, 0, 2, 1, 3, 4, 4, 0, 5, 2])
@@ -171,6 +171,41 @@ def test_padded_fixed_batches_train_like_exact_batches(name: str) -> None:
         torch.testing.assert_close(p0, p1, **tol)
         for key in m0:
             torch.testing.assert_close(m0[key], m1[key], **tol)
+
+
+def test_copy_tree_fills_a_ring_slot_in_place() -> None:
+    # A prefetched batch (mixed dtypes, a None leaf, a list of micro-batches) copied
+    # into the ring slot a captured graph reads: values the new ones, tensors the old.
+    g = torch.Generator().manual_seed(0)
+    tables, model = _tables(), _model("tgn")
+
+    def built(start: int) -> StepInput:
+        mb = select_batch(
+            tables,
+            start,
+            start + 3,
+            1,
+            seed=0,
+            num_neg=1,
+            sample_roots=model.sample_roots,
+            read_neighbors=model.read_neighbors,
+            capacity=4,
+        )
+        return StepInput([mb], torch.randint(0, N, (5,), generator=g), None)
+
+    slot, new = built(0), built(5)
+    before = {id(t): t for t in _tensors(slot)}
+    assert any(t.dtype == torch.bool for t in before.values())
+    assert any(t.is_floating_point() for t in before.values())
+    _copy_tree(slot, new)
+    after = _tensors(slot)
+    assert [id(t) for t in after] == list(before)
+    for a, b in zip(after, _tensors(new), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def _tensors(item: StepInput) -> list[torch.Tensor]:
+    return _tree_tensors(item)
 
 
 def test_step_graph_off_runs_eagerly_and_validates_mode() -> None:
