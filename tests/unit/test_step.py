@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from sven.models import MODELS, MemoryState, build_model
+from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate
 from sven.pipeline.dedupe import dedupe_fixed
 from sven.pipeline.negatives import register_compiled_ops
 from sven.pipeline.sampler import TCSR, TemporalSampler
 from sven.pipeline.stages import EventTables, select_batch
-from sven.step import StepGraph, StepInput, _copy_tree, _tree_tensors, train_step
+from sven.step import StepGraph, StepInput, _copy_tree, _tree_tensors, masked_bce, train_step
 
 # 11 events on 7 nodes (node 6 never occurs), with a self-loop and repeated pairs.
 SRC = torch.tensor([0, 1, 0, 2, 1, 3, 4, 4, 0, 5, 2])
@@ -171,6 +172,32 @@ def test_padded_fixed_batches_train_like_exact_batches(name: str) -> None:
         torch.testing.assert_close(p0, p1, **tol)
         for key in m0:
             torch.testing.assert_close(m0[key], m1[key], **tol)
+
+
+def test_masked_bce_is_the_bce_with_logits_of_real_events() -> None:
+    # Logits far past softplus's threshold (20) too: there it returns x and slope 1,
+    # which differ from BCE's x + log1p(exp(-x)) and sigmoid(x) by less than
+    # exp(-20) = 2.1e-9 per element.
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randn(40, generator=g, dtype=torch.float64) * 15
+    neg = torch.randn(40, 3, generator=g, dtype=torch.float64) * 15
+    valid = torch.rand(40, generator=g) > 0.25
+    pos.requires_grad_(True)
+    neg.requires_grad_(True)
+    loss = masked_bce(ModelOutput(pos, neg, None), valid)
+    v = valid.double()
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    ref = (bce(pos, torch.ones_like(pos), reduction="none") * v).sum()
+    ref = ref + (bce(neg, torch.zeros_like(neg), reduction="none") * v[:, None]).sum()
+    assert abs(float(loss - ref)) < 160 * 2.1e-9
+    gp, gn = torch.autograd.grad(loss, (pos, neg))
+    rp, rn = torch.autograd.grad(ref, (pos, neg))
+    torch.testing.assert_close(gp, rp, rtol=0, atol=2.1e-9)
+    torch.testing.assert_close(gn, rn, rtol=0, atol=2.1e-9)
+    # Padded events count for nothing; without a mask every event counts.
+    assert (gp[~valid] == 0).all() and (gn[~valid] == 0).all()
+    whole = masked_bce(ModelOutput(pos, neg, None), None)
+    assert float(whole) > float(loss)
 
 
 def test_copy_tree_fills_a_ring_slot_in_place() -> None:
