@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -462,6 +463,11 @@ def _tensor_pairs(dst: Any, src: Any) -> Iterator[tuple[torch.Tensor, torch.Tens
             yield from _tensor_pairs(a, b)
 
 
+def _batch_bounds(lo: int, hi: int, b: int, i: int) -> tuple[int, int]:
+    """Events of batch i of size b in [lo, hi) (empty past ``hi``)."""
+    return min(lo + i * b, hi), min(lo + (i + 1) * b, hi)
+
+
 def _tree_tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -851,9 +857,7 @@ class Step:
 
     def _global(self, i: int) -> tuple[int, int]:
         """Global event range of training batch i (empty past the split's end)."""
-        lo, hi = self.data.ranges["train"]
-        b = self.cfg.train.batch_size
-        return min(lo + i * b, hi), min(lo + (i + 1) * b, hi)
+        return _batch_bounds(*self.data.ranges["train"], self.cfg.train.batch_size, i)
 
     def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
@@ -1065,19 +1069,14 @@ class Step:
         width's ring, as the training step does, and scores the one built before."""
         d, w = self.depth, neg_table.shape[1]
         mode = f"eval{w}"
+        build = functools.partial(self._build_eval, neg_table)
 
         def fn() -> None:
             with self._determinism():
                 if d == 0:
                     item = self._build(self.inp, w, mode, neg_table)
                 else:
-                    item = self._build_ahead(
-                        k,
-                        self._eval_rings[w],
-                        lambda: self._build(
-                            self.eval_ahead, w, mode, neg_table, group=self.plan_group
-                        ),
-                    )
+                    item = self._build_ahead(k, self._eval_rings[w], build)
                 batch = item.micro[0]
                 out = eval_step(self.model, self.exchange, batch, plan=item.plan, mode=mode)
                 scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
@@ -1091,17 +1090,11 @@ class Step:
 
         return fn
 
-    def _start_eval(self, w: int, lo: int, hi: int, stream: int) -> None:
-        """Builds the first D + 1 batches of events [lo, hi) into width w's ring."""
-        b, neg_table = self.cfg.train.batch_size, self._evals[w][0]
-        self._fill_ring(
-            self._eval_rings[w],
-            self.eval_ahead,
-            0,
-            lambda i: (min(lo + i * b, hi), min(lo + (i + 1) * b, hi)),
-            stream,
-            lambda: self._build(self.eval_ahead, w, f"eval{w}", neg_table),
-        )
+    def _build_eval(self, neg_table: torch.Tensor) -> StepInput:
+        """The evaluation batch named by ``eval_ahead`` at the width of ``neg_table``,
+        built ahead of its step."""
+        w = neg_table.shape[1]
+        return self._build(self.eval_ahead, w, f"eval{w}", neg_table, group=self.plan_group)
 
     def split_protocols(self, split: str) -> list[str]:
         """The protocols ``split`` scores: all on test, ``eval.negatives`` elsewhere."""
@@ -1174,16 +1167,21 @@ class Step:
             # Each event is scored by one rank; the others' rows stay zero, so a sum
             # over ranks assembles the table.
             scores_out.zero_()
+
+        def bounds(i: int) -> tuple[int, int]:
+            return _batch_bounds(lo, hi, b, i)
+
         if depth:
-            self._start_eval(w, lo, hi, stream)
+            build = functools.partial(self._build_eval, neg_table)
+            self._fill_ring(self._eval_rings[w], self.eval_ahead, 0, bounds, stream, build)
         bar = self.progress(split, hi - lo)
-        for i, start in enumerate(range(lo, hi, b)):
-            self._set_batch(self.inp, start, min(start + b, hi), stream)
+        for i in range(len(range(lo, hi, b))):
+            g_lo, g_hi = bounds(i)
+            self._set_batch(self.inp, g_lo, g_hi, stream)
             if depth:
-                ahead = min(start + depth * b, hi)
-                self._set_batch(self.eval_ahead, ahead, min(ahead + b, hi), stream)
+                self._set_batch(self.eval_ahead, *bounds(i + depth), stream)
             graphs[i % (depth + 1)]()
-            bar.update(min(start + b, hi) - start)
+            bar.update(g_hi - g_lo)
         bar.close()
         table = scores_out[: hi - lo]
         if self.distributed and self.world_size > 1:
