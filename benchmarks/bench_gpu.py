@@ -69,7 +69,7 @@ PROFILE_SCRIPT = r"""
 import inspect, json, sys, time
 import torch
 from torch.profiler import ProfilerActivity, profile
-from sven.trainer import Trainer
+from sven.engine.trainer import Trainer
 
 data, out, device = sys.argv[1:4]
 warm, steps = int(sys.argv[4]), int(sys.argv[5])

@@ -27,7 +27,7 @@ What is measured, identically for both:
   synchronises CUDA); memory resets, validation, test and checkpoints are outside it.
   Sven times its batches itself; the PyG loop here times the same span.
 - **test AP**: the mean over test batches of 200 events of the average precision
-  (``sven.metrics.average_precision`` on the float32 logits of the positive and of one
+  (``sven.engine.metrics.average_precision`` on the float32 logits of the positive and of one
   negative per event), with memory continued from training through validation into
   test, as DyGLib and Sven evaluate. Both sides report the test AP of the epoch with
   the best validation AP: Sven by reloading that epoch's model and end-of-validation
@@ -108,12 +108,12 @@ from torch_geometric.nn.models.tgn import (
 )
 
 import sven
+from sven.datasets.store import TemporalEvents
 
 # Sven's fixed negative streams of evaluation, so both sides score the same val and
 # test negatives.
-from sven.components import EVAL_STREAM
-from sven.datasets.store import TemporalEvents
-from sven.metrics import average_precision
+from sven.engine.components import EVAL_STREAM
+from sven.engine.metrics import average_precision
 from sven.models.base import LinkDecoder
 from sven.pipeline.negatives import sample_negatives
 

@@ -62,8 +62,8 @@ def _check_predict(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     import numpy as np
 
     import sven
-    from sven.checkpoint import load_file
     from sven.datasets.store import TemporalEvents
+    from sven.engine.checkpoint import load_file
 
     enc = args.out / f"nc-tgn-{args.seeds[0]}" / "encoder"
     step = sorted((enc / "checkpoints").glob("step-*"))[-1]

@@ -19,11 +19,11 @@ def __getattr__(name: str) -> Any:
     # Import the trainer lazily: `sven --version` and `sven data ...` must not pay
     # for importing the model stack.
     if name == "Trainer":
-        from sven.trainer import Trainer
+        from sven.engine.trainer import Trainer
 
         return Trainer
     if name == "Predictor":
-        from sven.predict import Predictor
+        from sven.tasks.predict import Predictor
 
         return Predictor
     raise AttributeError(f"module 'sven' has no attribute {name!r}")

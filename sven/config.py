@@ -305,7 +305,7 @@ class DistConfig:
 
 @dataclass(kw_only=True)
 class PipelineConfig:
-    """The step's pipeline (:mod:`sven.step`): prefetch, micro-batches, asynchronous
+    """The step's pipeline (:mod:`sven.engine.step`): prefetch, micro-batches, asynchronous
     write-back. It acts on the fixed-shape step (CUDA, or several ranks); an exact-size
     CPU step of one process has nothing to overlap and ignores it."""
 

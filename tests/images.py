@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Bars are drawn in this colour (sven.plot's redundancy-free series).
+# Bars are drawn in this colour (sven.cli.plot's redundancy-free series).
 BAR_BLUE = "#1f77b4"
 
 

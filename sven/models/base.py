@@ -333,7 +333,7 @@ class MemoryModel(nn.Module):
         """The forward pass without the link decoder: root embeddings and the write-back.
 
         What other heads build on (node classification, embeddings out of a trained
-        model; ``sven.nodeclass``, ``sven.predict``): the embedding of a root is the one
+        model; ``sven.tasks.nodeclass``, ``sven.tasks.predict``): the embedding of a root is the one
         the link decoder scores.
 
         Args:

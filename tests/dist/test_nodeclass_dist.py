@@ -14,7 +14,7 @@ import pytest
 
 from sven.config import load_config
 from sven.errors import ConfigError
-from sven.nodeclass import NodeClassification
+from sven.tasks.nodeclass import NodeClassification
 from tests.dist.launch import run_ranks
 from tests.integration.test_node_classification import _overrides, _stream
 
@@ -45,7 +45,7 @@ def test_two_ranks_equal_one_process(tmp_path) -> None:
     assert (tmp_path / "two" / "encoder" / "summary.json").is_file()
     assert (tmp_path / "two" / "summary.json").is_file()
     # A model trained on two ranks answers on one process, as the one trained on one.
-    from sven.predict import Predictor
+    from sven.tasks.predict import Predictor
 
     src, dst, t = [0, 1, 2], [50, 51, 52], [1000.0, 20000.0, 39000.0]
     one = Predictor(tmp_path / "one" / "encoder", device="cpu").score(src, dst, t)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from sven.checkpoint import Checkpointer
+from sven.engine.checkpoint import Checkpointer
 from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
     CPP_DUMP,
     free_port,

@@ -19,7 +19,7 @@ import pytest
 from sven.cli import main
 from sven.config import load_config
 from sven.datasets.store import write_events
-from sven.nodeclass import NodeClassification
+from sven.tasks.nodeclass import NodeClassification
 
 USERS, ROUNDS, ITEMS = 50, 80, 20
 

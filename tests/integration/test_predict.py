@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import sven
-from sven.checkpoint import find_checkpoint, load_file
 from sven.cli import main
 from sven.datasets.store import TemporalEvents, write_eval_negatives, write_events
+from sven.engine.checkpoint import find_checkpoint, load_file
 from sven.errors import DataError, SvenError
-from sven.predict import Predictor
+from sven.tasks.predict import Predictor
 
 OFFSET = 1000  # raw ids 1000..1059: never equal to the compact ones
 
@@ -296,7 +296,7 @@ def test_replay_does_not_compile(tmp_path) -> None:
     """A checkpoint trained with ``train.compile=true`` replays with the uncompiled
     model (the replay never calls the compiled one), so predictions import no
     compiler."""
-    from sven.replay import open_run
+    from sven.tasks.replay import open_run
 
     store = _stream(tmp_path / "s")
     run = tmp_path / "run"

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sven.checkpoint import Checkpointer, _sha256
 from sven.cli import build_parser, main, parse
 from sven.datasets.store import write_events
+from sven.engine.checkpoint import Checkpointer, _sha256
 
 SVEN = [sys.executable, "-m", "sven"]
 
@@ -563,7 +563,7 @@ def test_8_nan_scores_are_no_perfect_ap() -> None:
 
     import torch
 
-    from sven.metrics import average_precision, link_metrics, roc_auc
+    from sven.engine.metrics import average_precision, link_metrics, roc_auc
 
     nan = torch.full((4,), float("nan"))
     labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
@@ -704,8 +704,8 @@ def test_the_first_line_of_the_default_run_says_what_is_trained(tmp_path, monkey
 def test_a_resumed_runs_events_per_s_counts_the_time_before_the_stop(store, tmp_path) -> None:
     import signal
 
+    from sven.engine.trainer import Trainer
     from sven.errors import Stopped
-    from sven.trainer import Trainer
 
     run = tmp_path / "run"
     argv = _train(store, run, "train.batch_size=20")[1:]

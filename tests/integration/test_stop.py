@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import sven
-from sven.checkpoint import Checkpointer
 from sven.cli import main
+from sven.engine.checkpoint import Checkpointer
 from sven.errors import Stopped
 from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
     free_port,

@@ -16,8 +16,8 @@ import sven
 from sven.cli import main
 from sven.datasets.negatives import read_negatives
 from sven.datasets.store import TemporalEvents, write_events
+from sven.engine.metrics import mrr
 from sven.errors import ConfigError, DataError
-from sven.metrics import mrr
 
 # Raw (TGB) ids 10..60, first met in the order 30, 10, 20, 50, 40, 60: the store's
 # compact ids differ from them (id_map.npy), so every lookup goes through the map.

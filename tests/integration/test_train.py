@@ -318,7 +318,7 @@ def test_tf32_matmuls_train_like_float32(store: str, tmp_path) -> None:
 @pytest.mark.parametrize("model", ["tgn", "apan"])
 def test_fixed_step_on_cuda_is_bitwise_reproducible(store: str, tmp_path, model: str) -> None:
     """The CUDA step runs with torch's deterministic mode off (it is deterministic by
-    construction, see sven.step.torch_determinism_off): two runs agree bit for bit."""
+    construction, see sven.engine.step.torch_determinism_off): two runs agree bit for bit."""
     params = []
     for run in ("a", "b"):
         tr = sven.Trainer(

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import sven
-from sven.checkpoint import RunCheckpoints
-from sven.components import Data, Evaluator, Optimizer
 from sven.config import load_config
 from sven.datasets.store import write_events
+from sven.engine.checkpoint import RunCheckpoints
+from sven.engine.components import Data, Evaluator, Optimizer
 from sven.errors import ConfigError
 from sven.models import MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange

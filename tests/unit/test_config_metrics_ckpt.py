@@ -9,10 +9,10 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from sven.checkpoint import Checkpointer
 from sven.config import load_config
+from sven.engine.checkpoint import Checkpointer
+from sven.engine.metrics import average_precision, mrr, roc_auc
 from sven.errors import ConfigError
-from sven.metrics import average_precision, mrr, roc_auc
 
 
 def test_overrides_and_presets(tmp_path) -> None:
@@ -98,7 +98,7 @@ def test_checkpoints_atomic_keep_k_and_fallback(tmp_path, capsys) -> None:
 
 
 def test_select_rules_pick_different_epochs_on_one_history() -> None:
-    from sven.trainer import improved
+    from sven.engine.trainer import improved
 
     # Val AP creeps up to the last epoch while val AUC peaks at epoch 1 (JODIE's shape).
     history = [(0.80, 0.85), (0.82, 0.88), (0.83, 0.87), (0.84, 0.86)]
@@ -132,7 +132,7 @@ def test_select_must_be_known() -> None:
 
 def test_checkpoint_digest_is_taken_while_writing(tmp_path, monkeypatch) -> None:
     """The streamed sha256 is the file's; a torch that cannot stream falls back."""
-    from sven.checkpoint import _save_hashed, _sha256
+    from sven.engine.checkpoint import _save_hashed, _sha256
 
     obj = {"memory": torch.randn(300, 7), "step": 3, "nested": {"ids": torch.arange(11)}}
     fp = tmp_path / "a.pt"

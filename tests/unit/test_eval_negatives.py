@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sven.metrics import mrr
+from sven.engine.metrics import mrr
 from sven.pipeline.eval_negatives import EvalNegatives, filtered_mrr_negatives
 
 # Events (index: src -> dst); the training split is events 0..3.

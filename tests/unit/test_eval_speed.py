@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from sven.components import EVAL_STREAM, EvalResult
-from sven.metrics import average_precision, batched_link_metrics, link_metrics, mrr
+from sven.engine.components import EVAL_STREAM, EvalResult
+from sven.engine.metrics import average_precision, batched_link_metrics, link_metrics, mrr
+from sven.engine.trainer import Trainer
 from sven.pipeline.eval_negatives import TRIES, EvalNegatives, eval_negative_columns
 from sven.pipeline.negatives import hash_counter, sample_negatives
-from sven.trainer import Trainer
 from tests.conftest import write_tiny_store
 
 

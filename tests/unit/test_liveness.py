@@ -254,6 +254,6 @@ def test_watchdog_spares_ranks_that_are_slow_together_or_progress(store) -> None
     ],
 )
 def test_comm_failures_are_told_from_other_errors(text: str, expected: bool) -> None:
-    from sven.trainer import _is_comm_failure
+    from sven.engine.trainer import _is_comm_failure
 
     assert _is_comm_failure(RuntimeError(text)) is expected

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from sven.config import Config, config_differences, load_config
+from sven.engine.trainer import is_run_folder, prepare_out
 from sven.errors import ConfigError
-from sven.trainer import is_run_folder, prepare_out
 
 
 def test_config_differences_ignore_what_may_change_and_fill_in_defaults() -> None:

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from sven.engine.step import StepGraph, StepInput, _copy_tree, _tree_tensors, masked_bce, train_step
 from sven.models import MODELS, MemoryState, build_model
 from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate
@@ -14,7 +15,6 @@ from sven.pipeline.dedupe import dedupe_fixed
 from sven.pipeline.negatives import register_compiled_ops
 from sven.pipeline.sampler import TCSR, TemporalSampler
 from sven.pipeline.stages import EventTables, select_batch
-from sven.step import StepGraph, StepInput, _copy_tree, _tree_tensors, masked_bce, train_step
 
 # 11 events on 7 nodes (node 6 never occurs), with a self-loop and repeated pairs.
 SRC = torch.tensor([0, 1, 0, 2, 1, 3, 4, 4, 0, 5, 2])

@@ -1,4 +1,4 @@
-"""The per-stage timeline (sven.timeline) on a fake clock, and its metrics keys."""
+"""The per-stage timeline (sven.engine.timeline) on a fake clock, and its metrics keys."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from sven import timeline as tlmod
-from sven.timeline import STAGES, Timeline, timeline_line
+from sven.engine import timeline as tlmod
+from sven.engine.timeline import STAGES, Timeline, timeline_line
 
 
 @pytest.fixture

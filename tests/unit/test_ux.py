@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from sven.cli import main
+from sven.cli.config import config_help, config_reference
 from sven.config import Config, config_fields, load_config, suggest_key
-from sven.config_cli import config_help, config_reference
 from sven.errors import ConfigError, DataError
 from tests.images import assert_png
 
@@ -193,7 +193,7 @@ def test_epoch_log_writes_scalars_per_epoch_and_rank(tmp_path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from sven.tblog import EpochLog
+    from sven.engine.tblog import EpochLog
 
     log = EpochLog(tmp_path / "tb", enabled=True)
     log.write({"epoch": 0, "train_loss": 0.5, "val_ap": None, "comm_bytes_per_rank": [3, 4]})
@@ -217,7 +217,7 @@ def test_epoch_log_writes_scalars_per_epoch_and_rank(tmp_path) -> None:
 def test_epoch_log_without_tensorboard_is_a_config_error(monkeypatch) -> None:
     import sys
 
-    from sven.tblog import EpochLog
+    from sven.engine.tblog import EpochLog
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ConfigError, match=r"pip install 'sven\[tensorboard\]'"):

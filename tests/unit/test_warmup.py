@@ -1,7 +1,7 @@
 """The capture's warm-up leaves parameters, optimizer and memory exactly as without it.
 
-On CUDA, :class:`sven.step.StepGraph` runs ``warmup`` real steps before it captures a
-graph and then puts the state back (:func:`sven.step.undone`). On CPU the graph is off,
+On CUDA, :class:`sven.engine.step.StepGraph` runs ``warmup`` real steps before it captures a
+graph and then puts the state back (:func:`sven.engine.step.undone`). On CPU the graph is off,
 so the same warm-up runs through :meth:`StepGraph.rehearse`: a run that rehearses
 before some of its steps must end bitwise equal to a run that does not.
 """
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from sven.components import EVAL_STREAM
-from sven.step import StepGraph, undone
-from sven.trainer import Trainer
+from sven.engine.components import EVAL_STREAM
+from sven.engine.step import StepGraph, undone
+from sven.engine.trainer import Trainer
 from tests.conftest import write_tiny_store
 
 B = 50

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from sven.errors import ConfigError, DataError
-from sven.replay import encode_events, open_run, split_stream
+from sven.tasks.replay import encode_events, open_run, split_stream
 
 __all__ = ["Predictor", "read_pairs", "write_table"]
 

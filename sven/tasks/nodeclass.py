@@ -39,12 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from sven.config import Config, dump_config, load_config
+from sven.engine.metrics import roc_auc
 from sven.errors import ConfigError, DataError
-from sven.metrics import roc_auc
-from sven.replay import encode_events, open_run, split_stream
+from sven.tasks.replay import encode_events, open_run, split_stream
 
 if TYPE_CHECKING:
-    from sven.trainer import Trainer
+    from sven.engine.trainer import Trainer
 
 __all__ = ["NodeClassification", "NodeClassifier", "event_labels"]
 
@@ -124,7 +124,7 @@ class NodeClassification:
             The summary (also ``<out>/summary.json``): ``{split}_auc`` of the best epoch
             (by val AUC), the encoder, the label counts.
         """
-        from sven.trainer import _atomic_write_text, _finite_or_none, prepare_out
+        from sven.engine.trainer import _atomic_write_text, _finite_or_none, prepare_out
 
         cfg, tc = self.cfg, self.cfg.train
         wall0 = time.perf_counter()
@@ -151,7 +151,7 @@ class NodeClassification:
         if (sub / "summary.json").is_file():
             self._log(f"encoder: the link-prediction run in {sub}")
             return str(sub)
-        from sven.trainer import Trainer, _config_overrides
+        from sven.engine.trainer import Trainer, _config_overrides
 
         self._log(f"encoder: training link prediction first, into {sub}")
         lp = load_config(
@@ -183,7 +183,7 @@ class NodeClassification:
         return out
 
     def _fit(self, tr: Trainer, folder: Path, wall0: float, atomic: Any, finite: Any) -> dict:
-        from sven.checkpoint import RunCheckpoints
+        from sven.engine.checkpoint import RunCheckpoints
 
         cfg, nc = self.cfg, self.nc
         rank0 = tr.rank == 0

@@ -11,13 +11,13 @@ processes the events of each global batch that the partition assigns to it, read
 writes memory through :class:`~sven.pipeline.exchange.FixedExchange`, and normalises
 its loss by the global number of predictions, so that the all-reduced gradient is the
 one-process gradient ("Distributed semantics"). Every world size runs the one step of
-:mod:`sven.step`; one process without a launcher runs it with the whole memory as the
+:mod:`sven.engine.step`; one process without a launcher runs it with the whole memory as the
 only shard and no collective.
 
 The Trainer is an orchestrator: the epoch loop, early stopping, stop signals and the
 checkpoints at drained boundaries are its own; the state belongs to the components of
-:mod:`sven.components` (data, model, memory shard, exchange, optimizer, evaluator) and
-the checkpointer (:class:`~sven.checkpoint.RunCheckpoints`), and a checkpoint is their
+:mod:`sven.engine.components` (data, model, memory shard, exchange, optimizer, evaluator) and
+the checkpointer (:class:`~sven.engine.checkpoint.RunCheckpoints`), and a checkpoint is their
 state_dicts (:meth:`Trainer.state_dict`).
 """
 
@@ -38,14 +38,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sven.checkpoint import (
+from sven.config import Config, dump_config, load_config
+from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
     check_resume_config,
     find_checkpoint,
     load_file,
 )
-from sven.components import (
+from sven.engine.components import (
     Data,
     EvalResult,
     Evaluator,
@@ -53,14 +54,13 @@ from sven.components import (
     owned_nodes,
     predict_comm,
 )
-from sven.config import Config, dump_config, load_config
+from sven.engine.startup import StartupClock, set_deterministic, triton_cache_dir
+from sven.engine.step import Step
+from sven.engine.tblog import EpochLog
+from sven.engine.timeline import STAGES, StepProfiler, Timeline, timeline_line
 from sven.errors import ConfigError, Diverged, Stopped, SvenError
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
-from sven.startup import StartupClock, set_deterministic, triton_cache_dir
-from sven.step import Step
-from sven.tblog import EpochLog
-from sven.timeline import STAGES, StepProfiler, Timeline, timeline_line
 
 # Signals that stop training after the current step with a checkpoint: scancel and
 # preemption send SIGTERM; SLURM's --signal=USR1@N warns N seconds before the time limit.
@@ -110,7 +110,7 @@ class Trainer:
         else:
             cfg = load_config(config, overrides)
         self.cfg = cfg
-        # Start-up phases to the first training step (sven.startup); the CLI's clock
+        # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
         # counts from process start.
         self.startup = clock = startup or StartupClock()
         tc, mc = cfg.train, cfg.model
@@ -119,7 +119,7 @@ class Trainer:
         if tc.deterministic:
             # cuBLAS reads this once, at its first use in the process.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            # Without importing torch's compiler (sven.startup).
+            # Without importing torch's compiler (sven.engine.startup).
             set_deterministic(True, warn_only=True)
         from sven.dist import detect_launcher, init_distributed
 
@@ -149,7 +149,7 @@ class Trainer:
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
         self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
-        # The components (sven.components): each owns its part of the run's state.
+        # The components (sven.engine.components): each owns its part of the run's state.
         self.data = Data(
             cfg,
             rank=self.rank,
@@ -208,7 +208,7 @@ class Trainer:
             self.exchange = LocalExchange(self.memory)
         d.attach(self.model)
         t_opt = time.perf_counter()
-        # lean: without torch.optim's compiler wrappers (and their imports; sven.startup),
+        # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
         # unless the run compiles anyway.
         compiles = tc.compile and self.device.type == "cuda"
         self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not compiles)
@@ -222,7 +222,7 @@ class Trainer:
             "before_step": [],
             "after_step": [],
         }
-        # Per-stage times of each epoch (sven.timeline), and a trace of a few steps
+        # Per-stage times of each epoch (sven.engine.timeline), and a trace of a few steps
         # where profile=true.
         self.timeline = Timeline(self.device)
         self.profiler: StepProfiler | None = None
@@ -918,7 +918,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- comm
     def _timeline_line(self, epoch_s: float) -> dict[str, Any]:
-        """This epoch's per-stage times of every rank (:mod:`sven.timeline`).
+        """This epoch's per-stage times of every rank (:mod:`sven.engine.timeline`).
 
         The timeline's events are read once here; the totals travel as one host
         tensor (the group carries gloo for host tensors under NCCL too).
@@ -1070,7 +1070,7 @@ def _data_state(state: dict[str, Any]) -> dict[str, Any]:
     return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
 
 
-# Kept under its old name (it moved to sven.checkpoint with the checkpointer).
+# Kept under its old name (it moved to sven.engine.checkpoint with the checkpointer).
 _check_resume_config = check_resume_config
 
 

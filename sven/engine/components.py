@@ -1,4 +1,4 @@
-"""The components the :class:`~sven.trainer.Trainer` orchestrates.
+"""The components the :class:`~sven.engine.trainer.Trainer` orchestrates.
 
 Each component owns one part of a run's state and says what of it a checkpoint needs
 through ``state_dict()`` / ``load_state_dict(state)`` (the contract is in
@@ -13,7 +13,7 @@ docs/contracts.md, "Trainer components"):
 * the exchange (:class:`~sven.pipeline.exchange.FixedExchange`, under a process group):
   its byte counters;
 * :class:`Optimizer`: Adam with this run's device flags;
-* the checkpointer (:class:`~sven.checkpoint.RunCheckpoints`): the run's checkpoint
+* the checkpointer (:class:`~sven.engine.checkpoint.RunCheckpoints`): the run's checkpoint
   folders;
 * :class:`Evaluator`: evaluation passes, their metrics and :class:`EvalResult`.
 """
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from sven.engine.metrics import average_precision, batched_link_metrics, mrr
+from sven.engine.startup import StartupClock, lean_adam, undecorated
 from sven.errors import ConfigError, DataError
-from sven.metrics import average_precision, batched_link_metrics, mrr
 from sven.models import MemoryModel
 from sven.pipeline.batch import Batch
 from sven.pipeline.eval_negatives import (
@@ -40,7 +41,6 @@ from sven.pipeline.eval_negatives import (
     filtered_mrr_negatives,
 )
 from sven.pipeline.negatives import sample_negatives
-from sven.startup import StartupClock, lean_adam, undecorated
 
 if TYPE_CHECKING:
     from sven.pipeline.exchange import FixedExchange
@@ -618,7 +618,7 @@ class Optimizer(torch.optim.Adam):
     torch puts around them for ``torch.compile``. Those wrappers import torch's
     compiler front end (and with it triton) at the first call, which took as long as
     importing torch itself; outside compilation they do nothing else, so the same code
-    runs and the results are the same (:func:`sven.startup.undecorated`).
+    runs and the results are the same (:func:`sven.engine.startup.undecorated`).
 
     Args:
         params: The model's parameters.
@@ -716,7 +716,7 @@ class Evaluator:
 
     A pass walks the split in global batches without gradients and carries the memory
     on (validation continues training's memory, test validation's). The pass is the
-    step's (``fast``, :meth:`sven.step.Step.evaluate`: the same captured path as
+    step's (``fast``, :meth:`sven.engine.step.Step.evaluate`: the same captured path as
     training, on every world size); this component computes the metrics.
 
     The evaluator keeps no state between passes (its negatives are functions of the

@@ -41,7 +41,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sven.components import EVAL_STREAM, EvalResult, eval_result
+from sven.engine.components import EVAL_STREAM, EvalResult, eval_result
+from sven.engine.startup import set_deterministic
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate, MemoryRows
@@ -55,7 +56,6 @@ from sven.pipeline.exchange import (
     LocalExchange,
     read_occurrences,
 )
-from sven.startup import set_deterministic
 
 if TYPE_CHECKING:
     from sven.distributed.grads import GradBucket
@@ -90,7 +90,7 @@ def torch_determinism_off(active: bool = True) -> Iterator[None]:
         return
     was = torch.are_deterministic_algorithms_enabled()
     warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    # sven.startup's setter: torch's own imports its compiler at the first step.
+    # sven.engine.startup's setter: torch's own imports its compiler at the first step.
     set_deterministic(False)
     try:
         yield
@@ -184,7 +184,7 @@ def train_step(
             the ranks' gradients sum to the one-process gradient.
         lap: Called with the name of each stage as it ends (``row_fetch``,
             ``compute``, ``grad_allreduce``, ``optimizer``, ``write_back``;
-            :class:`sven.timeline.Timeline`); None inside a captured graph, which a
+            :class:`sven.engine.timeline.Timeline`); None inside a captured graph, which a
             lap would break.
         grads: The gradient bucket on several ranks (None: gradients stay local).
         vote: () this rank's stop vote, summed with the gradients (with ``grads``).
@@ -492,7 +492,7 @@ class Step:
 
     Args:
         cfg: The run's config (``train``, ``eval``, ``pipeline``, ``dist`` sections).
-        data: The run's :class:`~sven.components.Data` (event tables, splits, owners).
+        data: The run's :class:`~sven.engine.components.Data` (event tables, splits, owners).
         model: The model.
         optimizer: Its optimizer.
         memory: This rank's memory (the whole memory on one process).
@@ -500,7 +500,7 @@ class Step:
         grads: The gradient bucket (several ranks or a launcher), or None.
         plan_group: Process group of prefetched id exchanges (its own communicator:
             they run on a side stream beside the step's collectives), or None.
-        timeline: The rank's :class:`~sven.timeline.Timeline`.
+        timeline: The rank's :class:`~sven.engine.timeline.Timeline`.
         log: Where notices go.
         progress: ``progress(split, events)`` -> a bar with ``update(n)`` and
             ``close()`` for an evaluation pass, or None for none.

@@ -20,13 +20,13 @@ from sven.errors import SvenError, Terminated
 _STAGES = (
     ("data", "sven.datasets.cli"),
     ("partition", "sven.partition.cli"),
-    ("train", "sven.train_cli"),
-    ("eval", "sven.train_cli"),
-    ("predict", "sven.predict_cli"),
-    ("embed", "sven.predict_cli"),
-    ("config", "sven.config_cli"),
-    ("plot", "sven.plot"),
-    ("env", "sven.env"),
+    ("train", "sven.cli.train"),
+    ("eval", "sven.cli.train"),
+    ("predict", "sven.cli.predict"),
+    ("embed", "sven.cli.predict"),
+    ("config", "sven.cli.config"),
+    ("plot", "sven.cli.plot"),
+    ("env", "sven.cli.env"),
 )
 
 

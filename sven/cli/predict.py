@@ -1,4 +1,4 @@
-"""``sven predict`` and ``sven embed``: thin entry points over :class:`sven.predict.Predictor`."""
+"""``sven predict`` and ``sven embed``: entry points over :class:`sven.tasks.predict.Predictor`."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _check_out(path: str, kinds: tuple[str, ...]) -> Path:
 
 
 def _predictor(args: argparse.Namespace) -> Any:
-    from sven.predict import Predictor
+    from sven.tasks.predict import Predictor
 
     return Predictor(
         args.checkpoint,
@@ -106,7 +106,7 @@ def _predictor(args: argparse.Namespace) -> Any:
 def _predict(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from sven.predict import read_pairs, write_table
+    from sven.tasks.predict import read_pairs, write_table
 
     out = _check_out(args.out, (".csv", ".parquet"))
     if args.topk is None:
@@ -145,7 +145,7 @@ def _predict(args: argparse.Namespace) -> int:
 def _embed(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from sven.predict import write_table
+    from sven.tasks.predict import write_table
 
     out = _check_out(args.out, (".npy", ".csv", ".parquet"))
     nodes = _ids(args.nodes)

@@ -1,10 +1,10 @@
 """A trained model put back to work: its run reopened, its stream replayed through it.
 
-Node classification (:mod:`sven.nodeclass`) and predictions (:mod:`sven.predict`) both
+Node classification (:mod:`sven.tasks.nodeclass`) and predictions (:mod:`sven.tasks.predict`) both
 start from a link-prediction checkpoint and need the memory as the model would have it
 at some point of the stream. The memory is a function of the parameters and of the
 events seen, in batches: :func:`open_run` rebuilds the run's components around the
-checkpoint's model (a :class:`~sven.trainer.Trainer` that is never fit, so the data,
+checkpoint's model (a :class:`~sven.engine.trainer.Trainer` that is never fit, so the data,
 partition, memory and, on several ranks, the memory exchange are the run's own), and
 :func:`encode_events` walks events through :meth:`MemoryModel.encode
 <sven.models.base.MemoryModel.encode>` the way evaluation walks them: in global batches,
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sven.checkpoint import find_checkpoint, load_file
-from sven.components import EVAL_STREAM
+from sven.engine.checkpoint import find_checkpoint, load_file
+from sven.engine.components import EVAL_STREAM
 from sven.errors import SvenError
 
 if TYPE_CHECKING:
-    from sven.components import Data
-    from sven.trainer import Trainer
+    from sven.engine.components import Data
+    from sven.engine.trainer import Trainer
 
 __all__ = ["check_same_data", "encode_events", "open_run", "read_checkpoint", "split_stream"]
 
@@ -94,7 +94,7 @@ def open_run(
         SvenError: No usable checkpoint, or one trained on other data.
     """
     from sven.config import Config
-    from sven.trainer import Trainer
+    from sven.engine.trainer import Trainer
 
     folder, state = read_checkpoint(checkpoint)
     cfg = Config.from_dict(state["config"])
@@ -128,7 +128,7 @@ def encode_events(tr: Trainer, lo: int, hi: int, stream: int) -> tuple[torch.Ten
         sources at their times, from the memory before the batch (what the link
         decoder scores).
     """
-    # The step's own selection, exchange and write-back (sven.step.Step.encode).
+    # The step's own selection, exchange and write-back (sven.engine.step.Step.encode).
     return tr.step.encode(lo, hi, stream)
 
 

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sven.config_cli import KeysHelpFormatter, config_help
+from sven.cli.config import KeysHelpFormatter, config_help
 from sven.errors import Stopped, SvenError
 
 if TYPE_CHECKING:
@@ -66,12 +66,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _fit(cfg: Config) -> int:
-    from sven.startup import StartupClock, process_age_s
-    from sven.trainer import STOP_SIGNALS, Trainer
+    from sven.engine.startup import StartupClock, process_age_s
+    from sven.engine.trainer import STOP_SIGNALS, Trainer
 
     if cfg.task == "node_classification":
-        from sven.nodeclass import NodeClassification
-        from sven.trainer import _fmt
+        from sven.engine.trainer import _fmt
+        from sven.tasks.nodeclass import NodeClassification
 
         summary = NodeClassification(cfg).fit()
         if summary.get("rank", 0) != 0:
@@ -95,7 +95,7 @@ def _fit(cfg: Config) -> int:
         raise
     if trainer.rank != 0:
         return 0
-    from sven.trainer import _fmt
+    from sven.engine.trainer import _fmt
 
     print(
         f"{summary['model']} on {summary['dataset']}: test AP {_fmt(summary['test_ap'])} "
@@ -107,9 +107,9 @@ def _fit(cfg: Config) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from sven.checkpoint import find_checkpoint, load_file
     from sven.config import Config
-    from sven.trainer import Trainer, _config_overrides, _finite_or_none
+    from sven.engine.checkpoint import find_checkpoint, load_file
+    from sven.engine.trainer import Trainer, _config_overrides, _finite_or_none
 
     folder = find_checkpoint(args.checkpoint)
     st = load_file(folder / "state.pt")
