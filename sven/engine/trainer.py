@@ -1,34 +1,26 @@
-"""Training and evaluation, on one process or on P ranks with vertex-owned memory.
+"""The trainer: a run's parts built from its config, on one process or on P ranks.
 
-One epoch walks the training events in time order in global batches of B; each batch
-draws deterministic negatives, samples temporal neighbours, reads the memory of its
-unique nodes, runs the model, steps the optimizer and commits the model's memory update.
-Validation continues the memory from the end of training and test from the end of
-validation ("Training semantics" in docs/design.md).
+:class:`Trainer` builds, in order: the process group (under a launcher), the run's
+data (:class:`~sven.engine.data.Data`: store, splits, partition, event tables), the
+model, this rank's node state and the exchange that reads and writes it (the whole
+state on one process; vertex-owned shards on P ranks), the optimizer, the step
+(:class:`~sven.engine.step.Step`, with its evaluation) and the run's checkpoints.
+:meth:`Trainer.fit` trains link prediction on them (:mod:`sven.engine.link`, on the run
+loop of :mod:`sven.engine.loop`); a checkpoint is the parts' state_dicts
+(:meth:`Trainer.state_dict`).
 
-With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.dist`), rank r
-processes the events of each global batch that the partition assigns to it, reads and
-writes memory through :class:`~sven.pipeline.exchange.FixedExchange`, and normalises
-its loss by the global number of predictions, so that the all-reduced gradient is the
-one-process gradient ("Distributed semantics"). Every world size runs the one step of
-:mod:`sven.engine.step`; one process without a launcher runs it with the whole memory as the
-only shard and no collective.
-
-The Trainer is an orchestrator: the epoch loop, early stopping, stop signals and the
-checkpoints at drained boundaries are its own; the state belongs to the components of
-:mod:`sven.engine.components` (data, model, memory shard, exchange, optimizer, evaluator) and
-the checkpointer (:class:`~sven.engine.checkpoint.RunCheckpoints`), and a checkpoint is their
-state_dicts (:meth:`Trainer.state_dict`).
+With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.distributed`), rank
+r processes the events of each global batch that the partition assigns to it, reads
+and writes node state through :class:`~sven.pipeline.exchange.FixedExchange`, and
+normalises its loss by the global number of predictions, so that the all-reduced
+gradient is the one-process gradient ("Distributed semantics" in docs/design.md).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,39 +30,27 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sven.config import Config, dump_config, load_config
+from sven.config import Config, load_config
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
-    check_resume_config,
     find_checkpoint,
     load_file,
 )
-from sven.engine.components import (
-    Data,
-    EvalResult,
-    Evaluator,
-    Optimizer,
-    owned_nodes,
-    predict_comm,
-)
-from sven.engine.startup import StartupClock, set_deterministic, triton_cache_dir
+from sven.engine.comm import predict_comm
+from sven.engine.data import Data, owned_nodes
+from sven.engine.evaluation import EvalResult
+from sven.engine.link import LinkPrediction
+from sven.engine.loop import StopSignals
+from sven.engine.optim import Optimizer
+from sven.engine.run_folder import prepare_out
+from sven.engine.startup import StartupClock, set_deterministic
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
-from sven.engine.timeline import STAGES, StepProfiler, Timeline, timeline_line
-from sven.errors import ConfigError, Diverged, Stopped, SvenError
+from sven.engine.timeline import StepProfiler, Timeline
+from sven.errors import ConfigError, SvenError
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
-
-# Signals that stop training after the current step with a checkpoint: scancel and
-# preemption send SIGTERM; SLURM's --signal=USR1@N warns N seconds before the time limit.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-def _atomic_write_text(text: str, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class Trainer:
@@ -84,11 +64,6 @@ class Trainer:
         >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
     """
 
-    # A stop signal this process received (set by the handler fit() installs), and
-    # the all-ranks vote on it from the last step's gradient all-reduce (a tensor, read
-    # only after the loss's own host sync).
-    _stop_signal: int | None = None
-    _stop_votes: torch.Tensor | None = None
     # Where training is, for failure messages.
     _where: str = "start"
 
@@ -217,7 +192,6 @@ class Trainer:
         if self.distributed:
             grads = GradBucket(self.model.parameters(), None, self.world_size)
         self.grads = grads
-        self.evaluator = Evaluator(cfg, d, self.model)
         self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
@@ -243,7 +217,10 @@ class Trainer:
             log=lambda msg: self._log(msg, force=True),
             progress=self.progress_bar,
         )
-        self.evaluator.fast = self.step.evaluate
+        #: Evaluation passes and their metrics, on the step's parts.
+        self.evaluator = self.step.evaluation
+        #: The stop signals this process received while fit runs.
+        self.signals = StopSignals()
         self.checkpoints = RunCheckpoints(
             self.out,
             tc.keep_latest_k,
@@ -337,14 +314,14 @@ class Trainer:
         return self.data.num_batches(split)
 
     def evaluate(self, split: str) -> EvalResult:
-        """Walks a split without gradients, updating memory; returns all scores
-        (:meth:`Evaluator.evaluate`)."""
-        return self.evaluator.evaluate(split)
+        """Walks a split without gradients, updating node state; returns all scores
+        (:meth:`~sven.engine.evaluation.Evaluation.run`)."""
+        return self.evaluator.run(split)
 
     def split_metrics(self, split: str, res: EvalResult) -> dict[str, float]:
         """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split
-        (:meth:`Evaluator.split_metrics`)."""
-        return self.evaluator.split_metrics(split, res)
+        (:meth:`~sven.engine.evaluation.Evaluation.metrics`)."""
+        return self.evaluator.metrics(split, res)
 
     @property
     def mrr_negatives(self) -> int:
@@ -441,11 +418,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
-        """Trains with early stopping on val AP, then evaluates the best model on test.
+        """Trains link prediction with early stopping on validation, then evaluates the
+        best model on test (:class:`~sven.engine.link.LinkPrediction`).
 
-        SIGTERM and SIGUSR1 (:data:`STOP_SIGNALS`) stop training after the step that
-        follows them, on every rank at the same step, with a checkpoint; the previous
-        handlers are back when fit returns.
+        SIGTERM and SIGUSR1 (:data:`~sven.engine.loop.STOP_SIGNALS`) stop training after
+        the step that follows them, on every rank at the same step, with a checkpoint;
+        the previous handlers are back when fit returns.
 
         Returns:
             The summary (also written to ``<out>/summary.json`` by rank 0).
@@ -454,9 +432,9 @@ class Trainer:
             Stopped: A stop signal arrived; the checkpoint is written (exit code 75).
             DistError: A rank died or hung; the message names it (exit code 4).
         """
-        restore = self._catch_stop_signals()
+        restore = self.signals.install()
         try:
-            return self._fit()
+            return LinkPrediction(self).run()
         except RuntimeError as exc:
             if self.world_size == 1 or not _is_comm_failure(exc):
                 raise
@@ -493,362 +471,6 @@ class Trainer:
                 restore()
                 self._release_out()
 
-    def _catch_stop_signals(self) -> Callable[[], None]:
-        """Makes SIGTERM/SIGUSR1 set a flag; returns what puts the old handlers back.
-
-        Only the main thread may install handlers; elsewhere (a Trainer run in a
-        thread) signals keep their handlers and training cannot be stopped by them.
-        """
-        self._stop_signal = None
-        self._stop_votes = None
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def on_signal(signum: int, frame: object) -> None:
-            # Only a flag: the step boundary where all ranks agree is the train loop's.
-            if self._stop_signal is None:
-                self._stop_signal = signum
-
-        old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-
-        def restore() -> None:
-            for s, handler in old.items():
-                # None: installed from C; the default is the closest we can put back.
-                signal.signal(s, signal.SIG_DFL if handler is None else handler)
-
-        return restore
-
-    def _stop_requested(self) -> int:
-        """The stop signal all ranks agreed on after a finished step, or 0.
-
-        On several ranks the votes travel in the step's gradient all-reduce; on CUDA
-        they are read one step late (:meth:`Step.status`), so that the host never
-        waits for the step in flight: every rank still stops after the same step. The
-        same read stops the run if a batch overflowed an exchange capacity.
-        """
-        if not self.distributed:
-            return self._stop_signal or 0
-        votes, fetch_over, push_over = self.step.status()
-        if fetch_over > 0 or push_over > 0:
-            self.exchange.check()
-        got = _stop_from_votes(votes, self.world_size)
-        # Rank 0 speaks for all: name its own signal where it had one.
-        return (self._stop_signal or got) if got else 0
-
-    def _stop(
-        self,
-        signum: int,
-        epoch: int,
-        next_batch: int,
-        last: int,
-        progress: dict[str, Any],
-        saved: bool,
-    ) -> Stopped:
-        """Writes the stop checkpoint (unless this step's periodic one is it).
-
-        Returns:
-            The :class:`Stopped` to raise, which says where and what was written.
-        """
-        step = progress["global_step"]
-        ck = self.checkpoints
-        if not saved:
-            ck.save(ck.latest, step, *self.state_dict(epoch, next_batch, progress))
-        name = signal.Signals(signum).name
-        path = ck.latest.path(step)
-        return Stopped(
-            f"stopped by {name} at epoch {epoch} step {step} (batch {next_batch} of {last}); "
-            f"checkpoint {path}; rerun with train.resume=true",
-            signal_name=name,
-            checkpoint=path,
-            quiet=self.rank != 0,
-        )
-
-    def _fit(self) -> dict[str, Any]:
-        cfg, tc = self.cfg, self.cfg.train
-        wall0 = time.perf_counter()
-        main = self.rank == 0
-        self._claim_out()
-        if main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            dump_config(cfg, self.out / "config.json")
-        self._barrier("start")
-        progress: dict[str, Any] = {
-            "history": [],
-            "best_val_ap": -1.0,
-            "best_val_auc": -1.0,
-            "best_epoch": -1,
-            "bad_epochs": 0,
-            "epoch_loss": 0.0,
-            "epoch_batches": 0,
-            "epoch_time": 0.0,
-            "train_time": 0.0,
-            "train_events": 0,
-            "global_step": 0,
-            "stopped": False,
-        }
-        start_epoch, start_batch = 0, 0
-        if tc.resume:
-            ck = self.checkpoints
-            step = ck.newest(ck.latest)
-            if step is None:
-                self._log(f"no checkpoint under {self.out}, starting fresh")
-            else:
-                st = self._load(ck.latest, step)
-                progress = st["progress"]
-                start_epoch, start_batch = st["cursor"]["epoch"], st["cursor"]["next_batch"]
-                self._log(
-                    f"resumed from {ck.latest.path(step)} "
-                    f"(epoch {start_epoch}, batch {start_batch})"
-                )
-        if main:
-            # metrics.jsonl is rebuilt from the checkpointed history, so lines written
-            # after the checkpoint by an interrupted run do not appear twice.
-            _atomic_write_text(
-                "".join(json.dumps(h) + "\n" for h in progress["history"]),
-                self.out / "metrics.jsonl",
-            )
-
-        nb = self.num_batches("train")
-        lo, hi = self.ranges["train"]
-        b = tc.batch_size
-        # The epoch whose best model is the live state (model and memory as saved).
-        best_live: int | None = None
-        self._times = {"eval_s": 0.0, "eval_events": 0, "checkpoint_s": 0.0}
-        for epoch in range(start_epoch, tc.epochs):
-            if progress["stopped"]:
-                break
-            best_live = None
-            if start_batch == 0:
-                self.memory.reset()
-                self.exchange.drop_held()
-                progress.update(epoch_loss=0.0, epoch_batches=0, epoch_time=0.0)
-                self.exchange.counter.reset()
-            if epoch == start_epoch:
-                # The exchange's fixed sizes, from an exact replay of this epoch's batches.
-                self.step.plan_capacities(epoch)
-            last = nb if not tc.max_batches else min(nb, tc.max_batches)
-            bar = self._bar = self.progress_bar(
-                f"epoch {epoch}", min(hi, lo + last * b) - lo, min(hi, lo + start_batch * b) - lo
-            )
-            tl, prof = self.timeline, self.profiler
-            if prof is not None:
-                prof.fit(start_batch, last)
-            self.step.start_epoch(epoch, start_batch, last)
-            ep_t0, paused = time.perf_counter(), 0.0
-            tl.begin()
-            for i in range(start_batch, last):
-                self._where = f"epoch {epoch} batch {i}"
-                self.ctx.set_step(progress["global_step"])
-                g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
-                for fn in self._hooks["before_step"]:
-                    fn(self)
-                tl.lap("wait")
-                if prof is not None:
-                    prof.before(i)
-                t_first = None if self.startup.done else time.perf_counter()
-                # Nothing is read back: the loss accumulates on the device.
-                self.step.train_batch(
-                    epoch, i, g_lo, g_hi, _stop_vote(self._stop_signal, self.world_size)
-                )
-                if t_first is not None:
-                    self._first_step_done(t_first, bar)
-                if prof is not None:
-                    prof.after(i)
-                for fn in self._hooks["after_step"]:
-                    fn(self)
-                progress["epoch_batches"] += 1
-                progress["train_events"] += g_hi - g_lo
-                progress["global_step"] += 1
-                bar.update(g_hi - g_lo)
-                saved = False
-                stop = self._stop_requested()
-                at_ckpt = (
-                    tc.checkpoint_every and (i + 1) % tc.checkpoint_every == 0 and i + 1 < last
-                )
-                if at_ckpt or stop:
-                    tl.pause()  # the checkpoint is no stage of the epoch's training
-                    t_save = time.perf_counter()
-                    self._flush_step(progress)
-                    # The epoch's training time so far goes into the checkpoint (the
-                    # epoch's end adds it to progress), so that a resumed run's events/s
-                    # divides all its events by all their time.
-                    so_far = t_save - ep_t0 - paused
-                    snap = {
-                        **progress,
-                        "epoch_time": progress["epoch_time"] + so_far,
-                        "train_time": progress["train_time"] + so_far,
-                    }
-                    if at_ckpt:
-                        self.checkpoints.save(
-                            self.checkpoints.latest,
-                            progress["global_step"],
-                            *self.state_dict(epoch, i + 1, snap),
-                        )
-                        saved = True
-                    paused += time.perf_counter() - t_save
-                    tl.begin()
-                if stop:
-                    bar.close()
-                    raise self._stop(stop, epoch, i + 1, last, snap, saved)
-            self._flush_step(progress)
-            tl.lap("wait")
-            # Wall time of the epoch's training, device work included (the steps run
-            # asynchronously; _flush_step waited for them), checkpoints excluded.
-            dt = time.perf_counter() - ep_t0 - paused
-            if prof is not None:
-                prof.close()
-            progress["epoch_time"] += dt
-            progress["train_time"] += dt
-            bar.close()
-            start_batch = 0
-            epoch_events = min(hi, lo + last * b) - lo
-            comm = self.exchange.epoch_bytes() if self.distributed else {}
-            stages = self._timeline_line(dt)
-            self._where = f"epoch {epoch} validation"
-            val, val_rate = self._eval_split("val")
-            line = {
-                "epoch": epoch,
-                "train_loss": progress["epoch_loss"] / max(progress["epoch_batches"], 1),
-                "val_ap": val["val_ap"],
-                "val_auc": val["val_auc"],
-                "events_per_s": epoch_events / max(progress["epoch_time"], 1e-9),
-                "val_events_per_s": val_rate,
-                **{k: v for k, v in val.items() if k not in ("val_ap", "val_auc")},
-                **comm,
-                **stages,
-            }
-            line = _finite_or_none(line)
-            progress["history"].append(line)
-            if main:
-                with open(self.out / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(line) + "\n")
-                self.epoch_log.write(line)
-            self._log(
-                f"epoch {epoch}: loss {line['train_loss']:.4f} val AP {_fmt(line['val_ap'])} "
-                f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} train events/s, "
-                f"{val_rate:.0f} eval events/s)"
-            )
-            ck = self.checkpoints
-            if improved(tc.select, val, progress):
-                progress.update(
-                    best_val_ap=val["val_ap"],
-                    best_val_auc=val["val_auc"],
-                    best_epoch=epoch,
-                    bad_epochs=0,
-                )
-                # The best model with the memory at the end of validation, which test
-                # continues (no optimizer: it is not resumed from).
-                best_state = {
-                    "data": self.data.state_dict(),
-                    "model": self.model.state_dict(),
-                    "epoch": epoch,
-                    "memory_phase": "val_end",
-                }
-                t_ck = time.perf_counter()
-                ck.save(ck.best, epoch, best_state, {"memory": self.memory.state_dict()})
-                self._times["checkpoint_s"] += time.perf_counter() - t_ck
-                # Test continues from this state, unless another epoch trains after it.
-                best_live = epoch
-            else:
-                progress["bad_epochs"] += 1
-                if tc.patience and progress["bad_epochs"] >= tc.patience:
-                    progress["stopped"] = True
-            progress["global_step"] += 1
-            t_ck = time.perf_counter()
-            ck.save(ck.latest, progress["global_step"], *self.state_dict(epoch + 1, 0, progress))
-            self._times["checkpoint_s"] += time.perf_counter() - t_ck
-
-        self.startup.finish()
-        ck = self.checkpoints
-        if best_live is not None and best_live == progress["best_epoch"]:
-            # The best model and its memory at the end of validation are the live state
-            # (saved unchanged just now): test continues from them without a reload.
-            best = {"epoch": best_live}
-        else:
-            t_ck = time.perf_counter()
-            step = ck.newest(ck.best)
-            if step is None:
-                raise SvenError(f"no valid best model under {ck.best.root}")
-            best = self._load(ck.best, step)
-            self._times["checkpoint_s"] += time.perf_counter() - t_ck
-        self._where = "test"
-        test, test_rate = self._eval_split("test")
-        hist = {h["epoch"]: h for h in progress["history"]}
-        best_line = hist.get(best["epoch"], {})
-        summary = {
-            "model": cfg.model.name,
-            "dataset": self.data.dataset_name,
-            "world_size": self.world_size,
-            "partition": self.data.partition_meta.get("strategy"),
-            "epochs_run": len(progress["history"]),
-            "best_epoch": best["epoch"],
-            "val_ap": best_line.get("val_ap"),
-            "val_auc": best_line.get("val_auc"),
-            "eval_negatives": cfg.eval.negatives,
-            "eval_mrr_negatives": self.mrr_negatives,
-            "eval_mrr_source": self.data.mrr_source,
-            **test,
-            "train_events_per_s": progress["train_events"] / max(progress["train_time"], 1e-9),
-            "eval_events_per_s": self._times["eval_events"] / max(self._times["eval_s"], 1e-9),
-            "test_events_per_s": test_rate,
-            "eval_s": self._times["eval_s"],
-            "checkpoint_s": self._times["checkpoint_s"],
-            **self.startup.summary(),
-            "wall_s": time.perf_counter() - wall0,
-        }
-        st = self.step
-        summary.update(
-            pipeline_prefetch=st.depth,
-            pipeline_micro_batches=st.micro_batches,
-            pipeline_staleness=st.staleness,
-            step_captured=any(g.captured for g in st.train_graphs),
-        )
-        # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
-        evals = [g for _, _, graphs in st._evals.values() for g in graphs]
-        for name, graphs in (("train", st.train_graphs), ("eval", evals)):
-            summary[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
-            summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
-        if self.device.type == "cuda":
-            summary["triton_cache_dir"] = triton_cache_dir()
-        if self.distributed:
-            caps = self.exchange.capacities.get("train")
-            if caps is not None:
-                summary["exchange_capacities"] = {
-                    "events": caps.events,
-                    "fetch": caps.fetch,
-                    "push": caps.push,
-                }
-        for key in (
-            "comm_bytes",
-            "comm_bytes_naive",
-            "comm_bytes_max_rank",
-            "comm_bytes_per_rank",
-            "comm_bytes_exchange",
-            "comm_bytes_grads",
-            "comm_max_over_mean",
-        ):
-            if key in best_line:
-                summary[key] = best_line[key]
-        if self.predicted_comm is not None:
-            summary.update(self.predicted_comm)
-            first = hist.get(0, {})
-            if "comm_bytes_exchange_per_rank" in first:
-                summary["comm_bytes_measured_epoch0_per_rank"] = first[
-                    "comm_bytes_exchange_per_rank"
-                ]
-                summary["comm_bytes_naive_measured_epoch0_per_rank"] = first[
-                    "comm_bytes_naive_per_rank"
-                ]
-        summary = _finite_or_none(summary)
-        if main:
-            _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
-        self._log(
-            f"test AP {_fmt(summary['test_ap'])} AUC {_fmt(summary['test_auc'])} "
-            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); "
-            f"summary in {self.out / 'summary.json'}"
-        )
-        return summary
-
     def progress_bar(self, desc: str, events: int, initial: int = 0) -> tqdm:
         """A progress bar over ``events`` events on rank 0 (events/s and the time left),
         disabled when quiet."""
@@ -873,67 +495,6 @@ class Trainer:
         if self.rank == 0 and not self.cfg.quiet:
             bar.write(self.startup.line(), file=sys.stderr)
 
-    def _eval_split(self, split: str) -> tuple[dict[str, float], float]:
-        """Evaluates ``split`` and computes its metrics; returns them and the events/s
-        of the two together (the negatives drawn, the pass, the metrics)."""
-        t0 = time.perf_counter()
-        metrics = self.split_metrics(split, self.evaluate(split))
-        dt = time.perf_counter() - t0
-        lo, hi = self.ranges[split]
-        self._times["eval_s"] += dt
-        self._times["eval_events"] += hi - lo
-        return metrics, (hi - lo) / max(dt, 1e-9)
-
-    def _flush_step(self, progress: dict[str, Any]) -> None:
-        """Waits for the queued steps and moves the device-side loss into ``progress``.
-
-        A write-back held for staleness 1 is committed, so that a checkpoint or an
-        evaluation sees it; a batch that overflowed an exchange capacity stops the run.
-        """
-        progress["epoch_loss"] += self.step.take_loss()
-        if not math.isfinite(progress["epoch_loss"]):
-            raise self._diverged(progress["epoch_loss"])
-
-    def _diverged(self, loss: float) -> Diverged:
-        """The error of a loss that turned NaN/inf, naming the last good checkpoint.
-
-        Raised where the loss is read (checkpoints, epoch ends), before anything of
-        the diverged state is saved, validated or logged: every checkpoint on disk
-        was written at a finite loss. All ranks see the same summed loss.
-        """
-        ck = self.checkpoints
-        step = ck.newest(ck.latest)
-        kept = (
-            f"the last checkpoint at a finite loss is {ck.latest.path(step)}"
-            if step is not None
-            else "no checkpoint was written before it"
-        )
-        err = Diverged(
-            f"the training loss is {'NaN' if math.isnan(loss) else 'infinite'} by "
-            f"{self._where}; training stopped, keeping nothing of that state ({kept}). "
-            f"Lower train.lr (now {self.cfg.train.lr:g}) or check the data's features"
-        )
-        err.quiet = self.rank != 0
-        return err
-
-    # ---------------------------------------------------------------- comm
-    def _timeline_line(self, epoch_s: float) -> dict[str, Any]:
-        """This epoch's per-stage times of every rank (:mod:`sven.engine.timeline`).
-
-        The timeline's events are read once here; the totals travel as one host
-        tensor (the group carries gloo for host tensors under NCCL too).
-        """
-        totals = self.timeline.epoch_totals()
-        mine = torch.tensor([*(totals[s] for s in STAGES), epoch_s], dtype=torch.float64)
-        if self.world_size > 1:
-            allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
-            dist.all_gather(allr, mine)
-            per = torch.stack(allr)
-        else:
-            per = mine[None]
-        return timeline_line(per[:, :-1], per[:, -1])
-
-    # ------------------------------------------------------------- re-eval
     def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Re-evaluates a saved model: a run folder (its best), or a ``step-N`` folder.
 
@@ -982,86 +543,6 @@ class Trainer:
             print(msg, file=sys.stderr, flush=True)
 
 
-def is_run_folder(path: str | Path) -> bool:
-    """Whether ``path`` holds a Sven run: a ``config.json`` that a trainer wrote."""
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and {"data", "model", "train", "out"} <= set(cfg)
-
-
-#: What a run writes into its folder (its manifest): ``train.overwrite=true`` deletes
-#: these and refuses to run where anything else is there. ``plots`` is ``sven plot``'s.
-RUN_FILES = frozenset(
-    {"config.json", "metrics.jsonl", "summary.json", "checkpoints", "best", "tb", "traces"}
-    | {"logs", "plots"}
-)
-
-
-def _is_run_file(name: str) -> bool:
-    # _atomic_write_text's temporaries (".summary.json.tmp-<pid>"), where it was killed.
-    temp = name.startswith(".") and ".tmp-" in name and name[1:].split(".tmp-")[0] in RUN_FILES
-    return name in RUN_FILES or temp
-
-
-def prepare_out(
-    out: Path, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print
-) -> None:
-    """Checks (and with ``overwrite`` empties) the run folder before training writes.
-
-    A missing or empty ``out`` is used as is. A non-empty one is refused unless it is
-    a Sven run folder and ``resume`` (continue it) or ``overwrite`` (delete it first)
-    is set, so that the checkpoints of two runs never mix. ``overwrite`` deletes only
-    what a run writes (:data:`RUN_FILES`) and refuses, naming them, where the folder
-    holds anything else.
-
-    Raises:
-        ConfigError: ``out`` may not be used; the message says what to do.
-    """
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ConfigError(f"out={out} is a file, not a folder")
-    # On several ranks, this launch's own per-rank logs (``out/logs``, where
-    # sven.dist sends torch's C++ output) are there before the trainer starts.
-    content = [p for p in out.iterdir() if p.name != "logs"]
-    if not content:
-        return
-    run = is_run_folder(out)
-    if overwrite:
-        if not run:
-            raise ConfigError(
-                f"out={out} is not empty and not a Sven run folder (no config.json of "
-                "Sven's); train.overwrite=true only deletes a run folder: choose another out"
-            )
-        import shutil
-
-        from sven.ownership import foreign_files, refuse_foreign
-
-        foreign = foreign_files(out, _is_run_file)
-        if foreign:
-            raise ConfigError("out=" + refuse_foreign(out, foreign, "train.overwrite=true"))
-        for p in content:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-        log(f"train.overwrite: deleted the earlier run in {out}")
-        return
-    if resume:
-        if not run:
-            raise ConfigError(
-                f"out={out} is not empty and not a Sven run folder: nothing to resume there"
-            )
-        return
-    what = "an earlier run" if run else "files that are not a Sven run"
-    raise ConfigError(
-        f"out={out} already holds {what}; use another out, train.resume=true to continue "
-        "it, or train.overwrite=true to replace it"
-    )
-
-
 def _data_state(state: dict[str, Any]) -> dict[str, Any]:
     """The data component's part of a checkpoint's state; checkpoints written before the
     components kept the owner map and world size at the top."""
@@ -1071,49 +552,6 @@ def _data_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 # Kept under its old name (it moved to sven.engine.checkpoint with the checkpointer).
-_check_resume_config = check_resume_config
-
-
-def _stop_vote(signum: int | None, world_size: int) -> int:
-    """This rank's term of the summed stop vote: SIGTERM 1, SIGUSR1 ``world_size + 1``.
-
-    A sum of P such terms still says whether any rank got each signal (see
-    :func:`_stop_from_votes`); exact in float32 up to P = 4095.
-    """
-    if signum is None:
-        return 0
-    return 1 if signum == signal.SIGTERM else world_size + 1
-
-
-def _stop_from_votes(total: int, world_size: int) -> int:
-    """The signal to report from a summed vote (SIGTERM first), or 0 for none."""
-    usr1, term = divmod(total, world_size + 1)
-    if term:
-        return int(signal.SIGTERM)
-    return int(signal.SIGUSR1) if usr1 else 0
-
-
-def improved(select: str, val: dict[str, float], best: dict[str, Any]) -> bool:
-    """Whether an epoch's validation improves on the best so far (``train.select``).
-
-    Args:
-        select: ``ap`` (val AP above the best) or ``ap_auc`` (val AP and val AUC both at
-            or above their bests, DyGLib's rule).
-        val: The epoch's ``val_ap`` and ``val_auc``.
-        best: ``best_val_ap`` and ``best_val_auc`` so far (-1 before the first epoch;
-            a checkpoint written before ``best_val_auc`` existed lacks it).
-
-    Returns:
-        True to keep this epoch's model and reset the patience count. A NaN metric
-        never improves.
-    """
-    if select == "ap_auc":
-        return val["val_ap"] >= best["best_val_ap"] and val["val_auc"] >= best.get(
-            "best_val_auc", -1.0
-        )
-    return val["val_ap"] > best["best_val_ap"]
-
-
 def _is_comm_failure(exc: BaseException) -> bool:
     """Whether a RuntimeError comes from a broken or timed-out collective."""
     if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
@@ -1123,16 +561,6 @@ def _is_comm_failure(exc: BaseException) -> bool:
     # connection, a hung one trips the application timeout ("... caused pair closure").
     marks = ("gloo", "nccl", "connection", "timed out", "timeout", "broken pipe", "closure")
     return any(s in text for s in marks)
-
-
-def _finite_or_none(d: dict[str, Any]) -> dict[str, Any]:
-    """Replaces NaN/inf floats by None: JSON has no NaN, and None reads as "undefined"
-    (e.g. inductive metrics of a split without inductive events)."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
 
 
 def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
@@ -1150,11 +578,3 @@ def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
     return flat + list(overrides)
 
 
-def _main_thread_only(fn: Callable[[str], None]) -> Callable[[str], None]:
-    """``fn`` when called from the main thread, a no-op elsewhere."""
-
-    def call(stage: str) -> None:
-        if threading.current_thread() is threading.main_thread():
-            fn(stage)
-
-    return call

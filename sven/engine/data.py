@@ -1,37 +1,25 @@
-"""The components the :class:`~sven.engine.trainer.Trainer` orchestrates.
+"""The data of a run: the event store, its splits and partition, on this rank's device.
 
-Each component owns one part of a run's state and says what of it a checkpoint needs
-through ``state_dict()`` / ``load_state_dict(state)`` (the contract is in
-docs/contracts.md, "Trainer components"):
-
-* :class:`Data`: the event store, its splits, the partition (owner and assignment
-  maps), the device-resident event tables, the T-CSR sampler and the evaluation
-  negatives table. All of it follows from the config and the store; its state_dict is
-  the identity a checkpoint must match (partition, world size, node and event counts).
-* the model (a :class:`~sven.models.MemoryModel`, an ``nn.Module``) and the memory shard
-  (:class:`~sven.models.MemoryState`) have their own state_dicts;
-* the exchange (:class:`~sven.pipeline.exchange.FixedExchange`, under a process group):
-  its byte counters;
-* :class:`Optimizer`: Adam with this run's device flags;
-* the checkpointer (:class:`~sven.engine.checkpoint.RunCheckpoints`): the run's checkpoint
-  folders;
-* :class:`Evaluator`: evaluation passes, their metrics and :class:`EvalResult`.
+:class:`Data` loads the store (verified), its chronological splits and the partition
+(owner of every vertex, rank of every event), and builds what the step reads: the
+device-resident event tables, the T-CSR sampler, the evaluation negatives. All of it
+follows from the config and the store; its state_dict is the identity a checkpoint
+must match (partition, world size, node and event counts).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from sven.engine.metrics import average_precision, batched_link_metrics, mrr
-from sven.engine.startup import StartupClock, lean_adam, undecorated
+from sven.engine.evaluation import EVAL_STREAM, MRR_STREAM
+from sven.engine.startup import StartupClock
 from sven.errors import ConfigError, DataError
 from sven.models import MemoryModel
 from sven.pipeline.batch import Batch
@@ -42,26 +30,8 @@ from sven.pipeline.eval_negatives import (
 )
 from sven.pipeline.negatives import sample_negatives
 
-if TYPE_CHECKING:
-    from sven.pipeline.exchange import FixedExchange
+__all__ = ["SPLITS", "Data", "check_splits", "owned_nodes"]
 
-__all__ = [
-    "EVAL_STREAM",
-    "MRR_STREAM",
-    "SPLITS",
-    "Data",
-    "EvalResult",
-    "Evaluator",
-    "Optimizer",
-    "eval_result",
-    "owned_nodes",
-    "predict_comm",
-]
-
-# Negative streams of evaluation are fixed per split, independent of the epoch, so every
-# run and every epoch evaluates against the same negatives.
-EVAL_STREAM = {"train": (1 << 20) + 2, "val": 1 << 20, "test": (1 << 20) + 1}
-MRR_STREAM = {"train": (1 << 21) + 2, "val": 1 << 21, "test": (1 << 21) + 1}
 SPLITS = ("train", "val", "test")
 
 
@@ -70,7 +40,6 @@ def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.nonzero(owner == rank).flatten()
 
 
-# ---------------------------------------------------------------------------- data
 class Data:
     """The event store, its splits and partition, on this rank's device.
 
@@ -530,289 +499,3 @@ def check_splits(path: str, ranges: dict[str, tuple[int, ...]], rank: int) -> No
             file=sys.stderr,
             flush=True,
         )
-
-
-def predict_comm(
-    cfg: Any, data: Data, model: MemoryModel, exchange: FixedExchange
-) -> dict[str, Any]:
-    """The partition cost model's prediction of epoch 0's exchange, per rank.
-
-    Computed with the runtime's own sampler, row widths and the model's access
-    pattern (which roots are sampled, whether neighbours are read or get mail), so
-    that the measured bytes of epoch 0 must equal it exactly.
-    """
-    report = comm_report(cfg, data, model, exchange)
-    return {
-        "comm_bytes_predicted_epoch0_per_rank": report.bytes_sent.tolist(),
-        "comm_bytes_naive_predicted_epoch0_per_rank": report.naive_bytes.tolist(),
-        "comm_max_over_mean_predicted": float(
-            report.bytes_sent.max() / max(report.bytes_sent.mean(), 1.0)
-        ),
-    }
-
-
-def comm_report(
-    cfg: Any, data: Data, model: MemoryModel, exchange: FixedExchange, per_batch: bool = False
-) -> Any:
-    """The cost model's replay of epoch 0 (:func:`sven.partition.cost.comm_cost`) with
-    this run's sampler, row widths and access pattern; ``per_batch`` keeps the counts of
-    every batch (``report.batches``)."""
-    from sven.partition.cost import Access, RowBytes, comm_cost
-    from sven.pipeline.exchange import ID_BYTES
-
-    tc = cfg.train
-    lo, hi = data.ranges["train"]
-    if tc.max_batches:
-        hi = min(hi, lo + tc.max_batches * tc.batch_size)
-    sampler = None
-    if data.sampler is not None:
-        smp = data.sampler
-
-        def sampler(
-            nodes: torch.Tensor, times: torch.Tensor, keys: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            dev = data.device
-            block = smp.sample(nodes.to(dev), times.to(dev), keys=keys.to(dev))[0]
-            return block.nbr.cpu(), block.mask.cpu()
-
-    ev = data.events
-    report = comm_cost(
-        ev.src,
-        ev.dst,
-        ev.t,
-        data.owner.cpu().numpy(),
-        data.assign.cpu().numpy(),
-        batch_size=tc.batch_size,
-        k=cfg.model.num_neighbors if sampler else 0,
-        num_neg=tc.num_neg,
-        seed=tc.seed,
-        epoch=0,
-        start=lo,
-        stop=hi,
-        parts=data.world_size,
-        candidates=data.candidates.cpu().numpy(),
-        sampler=sampler,
-        access=Access.of(model),
-        widths=RowBytes(
-            read=exchange.read_codec.row_bytes,
-            write=exchange.write_codec.row_bytes,
-            id=ID_BYTES,
-        ),
-        per_batch=per_batch,
-    )
-    return report
-
-
-# ----------------------------------------------------------------------- optimizer
-class Optimizer(torch.optim.Adam):
-    """Adam with this run's implementation flags: the fused kernel, on CUDA with its
-    step count on the device (so the optimizer step can be captured in a CUDA graph).
-    On CPU too the fused step is one C++ loop instead of a Python loop of small ops per
-    parameter (TGN's 23 tensors: 0.24 ms against 0.82 ms per step, one thread).
-
-    Its state_dict is Adam's; :meth:`load_state_dict` accepts one saved by any run (CPU
-    or GPU) and applies this run's flags.
-
-    ``lean`` (the default, unless the run compiles): torch's ``step``, ``zero_grad``,
-    ``add_param_group`` and ``state_dict`` run without the ``torch._dynamo`` wrappers
-    torch puts around them for ``torch.compile``. Those wrappers import torch's
-    compiler front end (and with it triton) at the first call, which took as long as
-    importing torch itself; outside compilation they do nothing else, so the same code
-    runs and the results are the same (:func:`sven.engine.startup.undecorated`).
-
-    Args:
-        params: The model's parameters.
-        lr: Learning rate.
-        device: Where the parameters live.
-        lean: Call torch's methods without their compiler wrappers.
-    """
-
-    def __init__(self, params: Any, lr: float, device: torch.device, *, lean: bool = True) -> None:
-        flags = {"cuda": {"fused": True, "capturable": True}, "cpu": {"fused": True}}
-        self._flags = flags.get(device.type, {})
-        self._lean = lean and lean_adam()
-        super().__init__(params, lr=lr, **self._flags)
-
-    def _call(self, name: str, base: type, *args: Any) -> Any:
-        if self._lean:
-            return undecorated(getattr(base, name))(self, *args)
-        return getattr(super(), name)(*args)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """torch's, without its compiler wrapper (``lean``)."""
-        self._call("add_param_group", torch.optim.Optimizer, param_group)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """torch's, without its compiler wrapper (``lean``)."""
-        self._call("zero_grad", torch.optim.Optimizer, set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        """torch's, without its compiler wrapper (``lean``)."""
-        return self._call("state_dict", torch.optim.Optimizer)
-
-    def step(self, closure: Any = None) -> Any:
-        """Adam's step; ``lean``: without the wrapper that imports ``torch._dynamo`` for
-        a graph break, keeping what it does in eager mode (gradients off)."""
-        if not self._lean:
-            return super().step(closure)
-        prev = torch.is_grad_enabled()
-        torch.set_grad_enabled(self.defaults["differentiable"])
-        try:
-            return undecorated(torch.optim.Adam.step)(self, closure)
-        finally:
-            torch.set_grad_enabled(prev)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Loads Adam state saved by any run, with this run's flags."""
-        for g in state_dict.get("param_groups", []):
-            for k in ("fused", "capturable"):
-                g[k] = self._flags.get(k, False)
-        self._call("load_state_dict", torch.optim.Optimizer, state_dict)
-
-
-# ----------------------------------------------------------------------- evaluator
-@dataclass
-class EvalResult:
-    """Scores of one evaluation pass over a split, in global event order.
-
-    Attributes:
-        pos: (n,) positive logits.
-        neg: (n,) logits of the one evaluation negative of each event (``eval.negatives``).
-        mrr_neg: (n, q) logits of the MRR negatives, or None.
-        mrr_valid: (n, q) bool, False for MRR negatives filtered out as true edges.
-        protocol_neg: Logits (n,) of the negatives of the other protocols, by name.
-    """
-
-    pos: torch.Tensor
-    neg: torch.Tensor
-    mrr_neg: torch.Tensor | None = None
-    mrr_valid: torch.Tensor | None = None
-    protocol_neg: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def eval_result(
-    scores: torch.Tensor,
-    protocols: list[str],
-    protocol_cols: int,
-    mrr: int,
-    mrr_valid: torch.Tensor | None,
-) -> EvalResult:
-    """Splits (n, 1 + protocol_cols + mrr) scores into an :class:`EvalResult`.
-
-    Columns: the positive, one negative per protocol column (the first is
-    ``eval.negatives``; ``protocols`` names the scored ones), then the MRR negatives.
-    """
-    return EvalResult(
-        scores[:, 0],
-        scores[:, 1],
-        scores[:, 1 + protocol_cols :] if mrr else None,
-        mrr_valid,
-        {p: scores[:, 1 + i] for i, p in enumerate(protocols) if i > 0},
-    )
-
-
-class Evaluator:
-    """Evaluation passes over a split and their metrics (AP, AUC, inductive, MRR).
-
-    A pass walks the split in global batches without gradients and carries the memory
-    on (validation continues training's memory, test validation's). The pass is the
-    step's (``fast``, :meth:`sven.engine.step.Step.evaluate`: the same captured path as
-    training, on every world size); this component computes the metrics.
-
-    The evaluator keeps no state between passes (its negatives are functions of the
-    seed, the split and the event): its state_dict is empty.
-
-    Args:
-        cfg: The run's config.
-        data: The run's :class:`Data`.
-        model: The model.
-    """
-
-    def __init__(self, cfg: Any, data: Data, model: MemoryModel) -> None:
-        self.cfg, self.data, self.model = cfg, data, model
-        #: The step's pass (the trainer sets it).
-        self.fast: Callable[[str], EvalResult] | None = None
-        #: Makes a progress bar (description, events); the trainer sets it.
-        self.progress: Callable[[str, int], Any] | None = None
-
-    def evaluate(self, split: str) -> EvalResult:
-        """Walks a split without gradients, updating memory; returns all scores."""
-        if self.fast is None:
-            raise RuntimeError("Evaluator.fast is not set: the trainer sets the step's pass")
-        return self.fast(split)
-
-    def _gather_rows(
-        self, idx: torch.Tensor, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """All ranks' (index, row) pairs on every rank (one padded all_gather)."""
-        p, dev = self.data.world_size, self.data.device
-        if p == 1:
-            return idx, rows
-        n = torch.tensor([idx.numel()], device=dev)
-        sizes = [torch.zeros_like(n) for _ in range(p)]
-        dist.all_gather(sizes, n)
-        m = int(max(int(s) for s in sizes))
-        pad_idx = torch.full((m,), -1, dtype=torch.int64, device=dev)
-        pad_idx[: idx.numel()] = idx
-        pad_rows = torch.zeros(m, rows.shape[1], dtype=rows.dtype, device=dev)
-        pad_rows[: rows.shape[0]] = rows
-        gi = [torch.empty_like(pad_idx) for _ in range(p)]
-        gr = [torch.empty_like(pad_rows) for _ in range(p)]
-        dist.all_gather(gi, pad_idx)
-        dist.all_gather(gr, pad_rows)
-        gi_t, gr_t = torch.cat(gi), torch.cat(gr)
-        keep = gi_t >= 0
-        return gi_t[keep], gr_t[keep]
-
-    def split_metrics(self, split: str, res: EvalResult) -> dict[str, float]:
-        """AP/AUC (mean of per-batch values, and pooled), inductive, MRR of a split."""
-        b = self.cfg.train.batch_size
-        inductive = self.data.inductive
-        out: dict[str, float] = {}
-        # Rank metrics on float32 scores: float64 runs on P ranks differ from one process
-        # in the last bits (reduction order), which would otherwise break exact ties (e.g.
-        # two nodes with the same memory) in a different direction and move AP.
-        res = EvalResult(
-            res.pos.float(),
-            res.neg.float(),
-            None if res.mrr_neg is None else res.mrr_neg.float(),
-            res.mrr_valid,
-            {k: v.float() for k, v in res.protocol_neg.items()},
-        )
-
-        def per_batch(pos: torch.Tensor, neg: torch.Tensor) -> tuple[float, float]:
-            # All batches at once on the run's device (the batches' sorts are the cost),
-            # equal to a per-batch loop of link_metrics to the last bit.
-            dev = self.data.device
-            return batched_link_metrics(pos.to(dev), neg.to(dev), b)
-
-        out[f"{split}_ap"], out[f"{split}_auc"] = per_batch(res.pos, res.neg)
-        labels = torch.cat([torch.ones_like(res.pos), torch.zeros_like(res.neg)])
-        out[f"{split}_ap_pooled"] = average_precision(
-            torch.cat([res.pos, res.neg]).to(self.data.device), labels.to(self.data.device)
-        )
-        if split in inductive:
-            m = inductive[split]
-            out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(
-                res.pos[m], res.neg[m]
-            )
-            out[f"{split}_inductive_events"] = int(m.sum())
-        for name, neg in res.protocol_neg.items():
-            # The other evaluation protocols: test_<protocol>neg_ap[_inductive] etc.
-            p = f"{split}_{name}neg"
-            out[f"{p}_ap"], out[f"{p}_auc"] = per_batch(res.pos, neg)
-            if split in inductive:
-                m = inductive[split]
-                out[f"{p}_ap_inductive"], out[f"{p}_auc_inductive"] = per_batch(res.pos[m], neg[m])
-        if res.mrr_neg is not None:
-            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg, res.mrr_valid)
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        """Empty: an evaluation pass starts from the memory and model it is given."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Accepts the empty state; anything else is another evaluator's."""
-        if state:
-            raise ValueError(f"Evaluator has no state; got keys {sorted(state)}")

@@ -1,0 +1,424 @@
+"""Where a step's batches come from: their inputs, this rank's share, the build, the ring.
+
+A step does not read its batch from the host: a batch is named by a few numbers (its
+share's range in this rank's event order, its global start, its random stream, its
+split's start) that live in :class:`BatchInputs` (0-d device tensors refilled in place
+on a fixed-shape step, which a captured graph reads; plain numbers on the exact-size
+one). :class:`BatchSource` builds the batch those numbers name (selection, negatives,
+neighbour sampling, de-duplication into node slots) and plans where its node-state
+rows come from; none of it reads node state or parameters, so a batch can be built
+ahead of its step. A :class:`Ring` of D + 1 built batches does that with prefetch
+depth D (:class:`Inline` builds each batch in its own step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from sven.engine.body import StepInput
+from sven.pipeline.batch import Batch
+from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.exchange import FixedExchange, LocalExchange, read_occurrences
+
+__all__ = [
+    "BatchInputs",
+    "BatchSource",
+    "Inline",
+    "Ring",
+    "Shares",
+    "batch_bounds",
+    "copy_tree",
+    "tree_tensors",
+]
+
+#: The numbers that name a batch.
+INPUT_NAMES = ("start", "stop", "gstart", "stream", "split_lo")
+
+Lap = Callable[[str], None]
+
+
+def batch_bounds(lo: int, hi: int, b: int, i: int) -> tuple[int, int]:
+    """Events of batch i of size b in [lo, hi) (empty past ``hi``)."""
+    return min(lo + i * b, hi), min(lo + (i + 1) * b, hi)
+
+
+class BatchInputs:
+    """The numbers that name one batch (:data:`INPUT_NAMES`, plus extras such as the
+    prediction count).
+
+    On a fixed-shape step they are 0-d device tensors refilled in place (a captured
+    graph reads them where they are); on the exact-size step plain numbers.
+
+    Args:
+        fixed: Device tensors (True) or numbers.
+        device: Where the tensors live.
+        extra: More named numbers: name -> dtype of its tensor.
+    """
+
+    def __init__(
+        self, fixed: bool, device: torch.device, extra: dict[str, torch.dtype] | None = None
+    ) -> None:
+        self.fixed, self.device = fixed, device
+        kinds = {**dict.fromkeys(INPUT_NAMES, torch.int64), **(extra or {})}
+        if fixed:
+            self.values: dict[str, Any] = {
+                k: torch.zeros((), dtype=dt, device=device) for k, dt in kinds.items()
+            }
+        else:
+            self.values = dict.fromkeys(kinds, 0)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def fill(self, **values: float) -> None:
+        """Sets named numbers (in place on the device)."""
+        for k, v in values.items():
+            if self.fixed:
+                self.values[k].fill_(v)
+            else:
+                self.values[k] = v
+
+    def copy(self) -> BatchInputs:
+        """Inputs of their own with the same values (a replay walks beside the step)."""
+        new = BatchInputs.__new__(BatchInputs)
+        new.fixed, new.device = self.fixed, self.device
+        new.values = {
+            k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.values.items()
+        }
+        return new
+
+
+class Shares:
+    """This rank's share of every global batch: where its events lie, how many slots.
+
+    One process owns every event: a global batch's share is the batch itself. On P
+    ranks, rank r processes the events the partition assigns to it, in time order
+    (``order``); its share of a global batch is padded to the largest share any rank
+    has of any batch (the same number everywhere, from the assignment every rank
+    holds), so that every step has one shape.
+
+    Args:
+        data: The run's data (``assign``, ``ranges``).
+        rank: This rank.
+        world_size: P.
+        batch_size: The global batch size B.
+        fixed: Whether steps have a static shape (CUDA, or a process group).
+        distributed: Whether this rank runs under a process group.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        *,
+        fixed: bool,
+        distributed: bool,
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.order: torch.Tensor | None = None
+        self._order_host: np.ndarray | None = None
+        if distributed:
+            mine = (data.assign == rank).nonzero().squeeze(1)
+            self._order_host = mine.cpu().numpy()
+            # A filler entry: a padded slot repeats the share's last event.
+            filler = mine[-1:] if mine.numel() else mine.new_zeros(1)
+            self.order = torch.cat([mine, filler])
+            self.capacity: int | None = self._largest_share(data, batch_size)
+        else:
+            self.capacity = batch_size if fixed else None
+
+    def _largest_share(self, data: Any, b: int) -> int:
+        assign = data.assign.cpu().numpy()
+        p, most = self.world_size, 1
+        for lo, hi in data.ranges.values():
+            if hi <= lo:
+                continue
+            batch = (np.arange(lo, hi) - lo) // b
+            per = np.bincount(batch * p + assign[lo:hi], minlength=(batch[-1] + 1) * p)
+            most = max(most, int(per.max()))
+        return most
+
+    def of(self, g_lo: int, g_hi: int) -> tuple[int, int]:
+        """Where a global batch's share of this rank lies in ``order``."""
+        if self._order_host is None:
+            return g_lo, g_hi
+        a, z = np.searchsorted(self._order_host, [g_lo, g_hi])
+        return int(a), int(z)
+
+    def name(self, inp: BatchInputs, g_lo: int, g_hi: int, stream: int) -> None:
+        """Sets ``inp`` to the share of global batch [g_lo, g_hi) drawn from ``stream``."""
+        lo, hi = self.of(g_lo, g_hi)
+        inp.fill(start=lo, stop=hi, gstart=g_lo, stream=stream)
+
+
+class BatchSource:
+    """Builds the batch a :class:`BatchInputs` names and plans its node-state rows.
+
+    Reads no node state and no parameter, so it may run ahead of the step (prefetch).
+
+    Args:
+        tables: The step's event tables (:class:`~sven.pipeline.stages.EventTables`).
+        model: The model (its ``sample_roots`` and ``read_neighbors``).
+        seed: The run's seed.
+        shares: This rank's shares.
+        exchange: Where rows come from: a :class:`FixedExchange` plans each share's
+            remote rows with their owners; a :class:`LocalExchange` reads them in place.
+    """
+
+    def __init__(
+        self,
+        tables: Any,
+        model: Any,
+        seed: int,
+        shares: Shares,
+        exchange: LocalExchange | FixedExchange,
+    ) -> None:
+        self.tables, self.model, self.seed = tables, model, seed
+        self.shares = shares
+        self.exchange = exchange
+        self.distributed = exchange.distributed
+
+    def select(
+        self,
+        inp: BatchInputs,
+        num_neg: int,
+        start: Any,
+        stop: Any,
+        capacity: int | None,
+        neg_table: torch.Tensor | None = None,
+    ) -> Batch:
+        """The events [start, stop) of this rank's order, as one batch."""
+        from sven.pipeline.stages import select_batch
+
+        return select_batch(
+            self.tables,
+            start,
+            stop,
+            inp["stream"],
+            seed=self.seed,
+            num_neg=num_neg,
+            sample_roots=self.model.sample_roots,
+            read_neighbors=self.model.read_neighbors,
+            capacity=capacity,
+            neg_table=neg_table,
+            table_lo=inp["split_lo"],
+            order=self.shares.order,
+            batch_start=inp["gstart"],
+        )
+
+    def select_share(
+        self, inp: BatchInputs, num_neg: int, neg_table: torch.Tensor | None, micro: int
+    ) -> list[Batch]:
+        """The share named by ``inp``, whole or as ``micro`` parts of equal capacity
+        that its events fill in order."""
+        start, stop, cap = inp["start"], inp["stop"], self.shares.capacity
+        if micro == 1:
+            return [self.select(inp, num_neg, start, stop, cap, neg_table)]
+        c = -(-cap // micro)  # type: ignore[operator]
+        return [
+            self.select(
+                inp,
+                num_neg,
+                torch.minimum(start + j * c, stop),
+                torch.minimum(start + (j + 1) * c, stop),
+                c,
+                neg_table,
+            )
+            for j in range(micro)
+        ]
+
+    def build(
+        self,
+        inp: BatchInputs,
+        num_neg: int,
+        mode: str,
+        neg_table: torch.Tensor | None = None,
+        micro: int = 1,
+        group: Any = None,
+        lap: Lap | None = None,
+    ) -> StepInput:
+        """A share's micro-batches and the plan of its rows; ``lap`` ends the
+        ``sample`` and ``id_exchange`` stages (eager runs)."""
+        lap = lap or _no_lap
+        batches = self.select_share(inp, num_neg, neg_table, micro)
+        lap("sample")
+        if not self.distributed and micro == 1:
+            return StepInput(batches)
+        at = None
+        if micro == 1:
+            nodes, occ = batches[0].nodes, read_occurrences(batches[0])
+        else:
+            # One fetch for the whole share: each node is read once, by whichever
+            # micro-batch needs it, so the bytes are those of the unsplit share.
+            cat = torch.cat([mb.nodes for mb in batches])
+            nodes, inverse = dedupe_fixed(cat, self.tables.num_nodes)
+            at = list(torch.split(inverse, [mb.nodes.shape[0] for mb in batches]))
+            occ = torch.zeros_like(nodes)
+            for mb, pos in zip(batches, at):
+                occ.index_add_(0, pos, read_occurrences(mb))
+        if not self.distributed:
+            return StepInput(batches, nodes, at)
+        plan = self.exchange.plan(nodes, occ, mode, group=group)  # type: ignore[union-attr]
+        lap("id_exchange")
+        return StepInput(batches, plan, at)
+
+
+class Inline:
+    """Depth 0: each step builds its own batch, from the step's own inputs."""
+
+    depth = 0
+
+    def take(self, k: int, build: Callable[[], StepInput]) -> StepInput:
+        """The batch of the step at ring position ``k``: built now."""
+        return build()
+
+    def join(self) -> None:
+        """Nothing runs beside the step."""
+
+    def fill(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing is built ahead."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """No batch is kept between steps."""
+        return []
+
+
+class Ring:
+    """The prefetch ring of depth D: during step i the batch of step i + D is built (on
+    a side stream on CUDA) into position (i + D) mod (D + 1), in place once the position
+    exists, so that the graph captured at each position finds its batch where it was.
+
+    Args:
+        depth: D >= 1.
+        device: Where the steps run (a side stream on CUDA).
+        determinism: The step's arithmetic mode (:func:`sven.engine.capture.determinism`).
+    """
+
+    def __init__(
+        self,
+        depth: int,
+        device: torch.device,
+        determinism: Callable[[], contextlib.AbstractContextManager[None]],
+    ) -> None:
+        self.depth = depth
+        self.slots: list[StepInput | None] = [None] * (depth + 1)
+        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._determinism = determinism
+
+    def _put(self, k: int, item: StepInput) -> None:
+        if self.slots[k] is None:
+            self.slots[k] = item
+        else:
+            copy_tree(self.slots[k], item)
+
+    def take(self, k: int, build: Callable[[], StepInput]) -> StepInput:
+        """Builds the batch D ahead of position k into its position (on the side
+        stream) and returns position k's batch, built D steps before."""
+        d = self.depth
+        with self._ahead_stream():
+            self._put((k + d) % (d + 1), build())
+        return self.slots[k]  # type: ignore[return-value]
+
+    def join(self) -> None:
+        """The step's stream waits for the batch built beside it (before the step that
+        uses it)."""
+        if self._side is not None:
+            torch.cuda.current_stream().wait_stream(self._side)
+
+    def fill(
+        self,
+        inputs: BatchInputs,
+        shares: Shares,
+        first: int,
+        bounds: Callable[[int], tuple[int, int]],
+        stream: int,
+        build: Callable[[], StepInput],
+    ) -> None:
+        """Builds batches ``first..first + D`` (batch i's global events ``bounds(i)``)
+        into positions i mod (D + 1): every position, the one the step of ``first``
+        builds too, so that the ring has all its tensors before a graph is captured."""
+        d = self.depth
+        with self._determinism():
+            for i in range(first, first + d + 1):
+                shares.name(inputs, *bounds(i), stream)
+                self._put(i % (d + 1), build())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the ring holds (a captured graph's warm-up restores them)."""
+        return [t for item in self.slots for t in tree_tensors(item)]
+
+    @contextlib.contextmanager
+    def _ahead_stream(self) -> Iterator[None]:
+        """Where a batch ahead is built: on CUDA a side stream that starts after the
+        work queued so far (it reads no memory or parameter, so it runs beside the
+        step's compute); elsewhere the current stream."""
+        if self._side is None:
+            yield
+            return
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            yield
+
+
+def ring(
+    depth: int,
+    device: torch.device,
+    determinism: Callable[[], contextlib.AbstractContextManager[None]],
+) -> Inline | Ring:
+    """The ring of a step with prefetch depth ``depth`` (0: :class:`Inline`)."""
+    return Ring(depth, device, determinism) if depth else Inline()
+
+
+def copy_tree(dst: Any, src: Any) -> None:
+    """Copies a built batch (dataclasses, lists and tensors) into one of the same
+    shapes, in place: one multi-tensor copy per dtype and device, a few kernels where a
+    copy per tensor was one each (27 in TGN's prefetched step)."""
+    groups: dict[tuple[torch.dtype, torch.device], tuple[list, list]] = {}
+    for a, b in _tensor_pairs(dst, src):
+        to, frm = groups.setdefault((a.dtype, a.device), ([], []))
+        to.append(a)
+        frm.append(b)
+    for to, frm in groups.values():
+        torch._foreach_copy_(to, frm)
+
+
+def _children(obj: Any) -> list[Any] | None:
+    """The parts of a tree node (a list, tuple or dataclass instance), or None for a
+    leaf."""
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        # Not dataclasses.astuple: it deep-copies every tensor.
+        return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    return None
+
+
+def _tensor_pairs(dst: Any, src: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The tensors of two trees of the same structure, pairwise (None leaves skipped)."""
+    if isinstance(dst, torch.Tensor):
+        yield dst, src
+        return
+    parts = _children(dst)
+    if parts is not None:
+        for a, b in zip(parts, _children(src) or [], strict=True):
+            yield from _tensor_pairs(a, b)
+
+
+def tree_tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a tree of lists, tuples and dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    parts = _children(obj)
+    return [] if parts is None else [t for x in parts for t in tree_tensors(x)]
+
+
+def _no_lap(stage: str) -> None:
+    pass

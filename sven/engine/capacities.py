@@ -1,0 +1,142 @@
+"""The exchange's fixed sizes, from an exact replay of the step's own batch building.
+
+On P ranks every collective of the step has split sizes fixed before training (so that
+the step can be captured): rank r sends at most ``fetch[r][q]`` row requests and
+``push[r][q]`` written rows to rank q in one batch. They are measured by building every
+batch of a pass exactly as the step will (same selection, negatives, sampling and
+de-duplication; :class:`~sven.engine.batches.BatchSource`) without touching node state,
+counting each rank's distinct remote reads and writes per peer, and all-gathering the
+maxima into P x P matrices. Training's grow by ``dist.capacity_slack`` (later epochs draw
+other negatives); evaluation's are exact (its negatives are fixed by the seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sven.engine.batches import BatchInputs, BatchSource
+from sven.engine.capture import determinism
+from sven.pipeline.exchange import Capacities, read_occurrences
+
+__all__ = ["CapacityPlanner"]
+
+Counts = tuple[list[int], list[int]]
+#: (lo, hi, stream, num_neg, neg_table) of one replayed pass.
+Pass = tuple[int, int, int, int, "torch.Tensor | None"]
+
+
+class CapacityPlanner:
+    """Measures and sets the capacities of every kind of step of one rank.
+
+    Args:
+        source: The step's batch source (the replay builds batches with it).
+        inputs: Batch inputs to copy for the replay (it never touches the step's).
+        model: The model (its mail receivers: who a batch writes).
+        dtype: Floating type of node state.
+        batch_size: The global batch size B.
+    """
+
+    def __init__(
+        self,
+        source: BatchSource,
+        inputs: BatchInputs,
+        model: Any,
+        dtype: torch.dtype,
+        batch_size: int,
+    ) -> None:
+        self.source, self.inputs, self.model = source, inputs, model
+        self.exchange = source.exchange
+        self.shares = source.shares
+        self.dtype, self.batch_size = dtype, batch_size
+        self.rank, self.world_size = self.shares.rank, self.shares.world_size
+        self.device = inputs.device
+        self.distributed = self.exchange.distributed
+
+    @torch.no_grad()
+    def measure_range(
+        self,
+        lo: int,
+        hi: int,
+        stream: int,
+        num_neg: int,
+        neg_table: torch.Tensor | None = None,
+        micro: int = 1,
+    ) -> Counts:
+        """This rank's most rows requested from / written to each rank in any global
+        batch of events [lo, hi) from ``lo``, by an exact replay of the batch building.
+
+        Returns:
+            (fetch (P,), push (P,)) per-peer maxima (0 towards itself).
+        """
+        p, r, dev = self.world_size, self.rank, self.device
+        fetch = torch.zeros(p, dtype=torch.int64, device=dev)
+        push = torch.zeros(p, dtype=torch.int64, device=dev)
+        owner = self.exchange._owner_ext  # type: ignore[union-attr]
+        inp = self.inputs.copy()
+        inp.fill(split_lo=lo, stream=stream)
+        with determinism(dev):
+            for start in range(lo, hi, self.batch_size):
+                self.shares.name(inp, start, min(start + self.batch_size, hi), stream)
+                reads, writes = [], []
+                for mb in self.source.select_share(inp, num_neg, neg_table, micro):
+                    reads.append(mb.nodes[read_occurrences(mb) > 0])
+                    zeros = torch.zeros(mb.size, 1, dtype=self.dtype, device=dev)
+                    recv, _, _, keys = self.model.mail_receivers(mb, zeros, zeros)
+                    writes.append(recv[keys >= 0])
+                for ids, acc in ((reads, fetch), (writes, push)):
+                    own = owner[torch.unique(torch.cat(ids))]
+                    cnt = torch.bincount(own[own != r], minlength=p + 1)[:p]
+                    torch.maximum(acc, cnt, out=acc)
+        fetch[r] = push[r] = 0
+        return fetch.tolist(), push.tolist()
+
+    def _gather_matrix(self, row: list[int]) -> list[list[int]]:
+        import torch.distributed as dist
+
+        mine = torch.tensor(row, dtype=torch.int64, device=self.device)
+        allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(allr, mine, group=self.exchange.group)  # type: ignore[union-attr]
+        return torch.stack(allr).tolist()
+
+    def replayed(self, counts: Callable[[], Counts]) -> Capacities:
+        """Capacities from this rank's replayed per-peer maxima (``counts()``, run only
+        where there are peers), gathered into P x P matrices on every rank."""
+        cap = self.shares.capacity
+        if self.world_size == 1:
+            return Capacities(cap or 0, [[0]], [[0]])
+        f, w = counts()
+        return Capacities(cap, self._gather_matrix(f), self._gather_matrix(w))  # type: ignore[arg-type]
+
+    def plan_train(
+        self, lo: int, hi: int, epoch: int, num_neg: int, micro: int, slack: float
+    ) -> Capacities:
+        """Sets the training capacities from an exact replay of ``epoch``'s batches of
+        events [lo, hi), grown by ``slack`` for later epochs (whose draws differ)."""
+        if not self.distributed:
+            return Capacities(self.shares.capacity or 0, [[0]], [[0]])
+        caps = self.replayed(lambda: self.measure_range(lo, hi, epoch, num_neg, micro=micro))
+        if self.world_size > 1:
+            caps = caps.grown(slack)
+        self.exchange.set_capacities("train", caps)  # type: ignore[union-attr]
+        return caps
+
+    def plan_passes(self, mode: str, passes: list[Callable[[], Pass]]) -> None:
+        """Sets exact capacities for ``mode``, covering every pass listed: each callable
+        readies its pass (fills its negatives table) and returns ``(lo, hi, stream,
+        num_neg, neg_table)`` (the evaluation splits of one width, or one replayed
+        range)."""
+        if not self.distributed:
+            return
+
+        def counts() -> Counts:
+            f, w = [0] * self.world_size, [0] * self.world_size
+            for ready in passes:
+                fs, ws = self.measure_range(*ready())
+                f = [max(a, c) for a, c in zip(f, fs)]
+                w = [max(a, c) for a, c in zip(w, ws)]
+            return f, w
+
+        self.exchange.set_capacities(mode, self.replayed(counts))  # type: ignore[union-attr]
