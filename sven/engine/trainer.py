@@ -6,7 +6,7 @@ unique nodes, runs the model, steps the optimizer and commits the model's memory
 Validation continues the memory from the end of training and test from the end of
 validation ("Training semantics" in docs/design.md).
 
-With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.dist`), rank r
+With P ranks (launched by torchrun, srun or mpirun; see :mod:`sven.distributed`), rank r
 processes the events of each global batch that the partition assigns to it, reads and
 writes memory through :class:`~sven.pipeline.exchange.FixedExchange`, and normalises
 its loss by the global number of predictions, so that the all-reduced gradient is the
@@ -58,7 +58,7 @@ from sven.engine.startup import StartupClock, set_deterministic, triton_cache_di
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
 from sven.engine.timeline import STAGES, StepProfiler, Timeline, timeline_line
-from sven.errors import ConfigError, Diverged, Stopped, SvenError
+from sven.errors import ConfigError, Diverged, Stopped, SvenError, first_line
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
 
@@ -121,7 +121,8 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             # Without importing torch's compiler (sven.engine.startup).
             set_deterministic(True, warn_only=True)
-        from sven.dist import detect_launcher, init_distributed
+        from sven.distributed.launcher import detect_launcher
+        from sven.distributed.process_group import init_distributed
 
         # Under a launcher even one rank gets a process group: the P-rank step with
         # its collectives, as on many ranks (a plain process runs without one).
@@ -324,7 +325,7 @@ class Trainer:
         """Rank 0's ``value`` on every rank (a no-op on one process)."""
         if self.world_size == 1:
             return value
-        from sven.dist import broadcast_object
+        from sven.distributed.collectives import broadcast_object
 
         return broadcast_object(value)
 
@@ -365,7 +366,7 @@ class Trainer:
     # ----------------------------------------------------------- checkpoints
     def _barrier(self, what: str) -> None:
         if self.world_size > 1:
-            from sven.dist import barrier_or_die
+            from sven.distributed.collectives import barrier_or_die
 
             barrier_or_die(self.ctx, what)
 
@@ -460,11 +461,11 @@ class Trainer:
         except RuntimeError as exc:
             if self.world_size == 1 or not _is_comm_failure(exc):
                 raise
-            from sven.dist import DistError
+            from sven.distributed.collectives import DistError
 
             # A peer died or hung inside a collective; gloo/NCCL then raise a bare
-            # RuntimeError that does not say which. The heartbeats do (sven.dist).
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            # RuntimeError that does not say which. The heartbeats do (sven.distributed.liveness).
+            first = first_line(exc)
             diag = self.ctx.diagnose_failure()
             peers = list(diag.ranks)
             timeout = self.cfg.dist.timeout_s
@@ -1024,7 +1025,8 @@ def prepare_out(
     if not out.is_dir():
         raise ConfigError(f"out={out} is a file, not a folder")
     # On several ranks, this launch's own per-rank logs (``out/logs``, where
-    # sven.dist sends torch's C++ output) are there before the trainer starts.
+    # sven.distributed.native_log sends torch's C++ output) are there before the
+    # trainer starts.
     content = [p for p in out.iterdir() if p.name != "logs"]
     if not content:
         return
