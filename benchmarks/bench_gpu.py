@@ -6,7 +6,7 @@ costs only its own time and what came before is kept. Steps, in order:
 
 1. ``env``: torch/CUDA/NCCL versions, GPUs, ``nvidia-smi topo -m``.
 2. ``tests``: ``python -m pytest -q -m gpu`` (the CUDA-only tests; they skip without CUDA).
-3. ``selfcheck``: ``torchrun --nproc_per_node 2 -m sven.dist`` (NCCL all-reduce of a
+3. ``selfcheck``: ``torchrun --nproc_per_node 2 -m sven.distributed`` (NCCL all-reduce of a
    device and of a host tensor).
 4. ``gpu1``: ``sven train --config configs/tgn.yaml`` on one GPU.
 5. ``nccl2-hash``, ``nccl2-minmax``: the same under ``torchrun --nproc_per_node 2`` (one
@@ -537,7 +537,7 @@ def main() -> int:
         rec.pop("lines", None)
         r.save()
     if "selfcheck" in steps:
-        check = [*torchrun(2), "-m", "sven.dist", "--device", dev, "--timeout-s", "45"]
+        check = [*torchrun(2), "-m", "sven.distributed", "--device", dev, "--timeout-s", "45"]
         debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"} if dev == "cuda" else {}
         rec = r.run("selfcheck", check, 75, env=debug)
         rec.pop("lines", None)

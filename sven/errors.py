@@ -8,8 +8,8 @@ Exit codes of ``sven``:
        in use by another Sven process, a training loss that turned NaN)
 2      :class:`ConfigError`: a bad configuration or override; rerunning fails again
 3      :class:`DataError`: bad input data; rerunning fails again
-4      :class:`sven.dist.DistError`: a launch that cannot start, or a rank that died
-       or hung; the last complete checkpoint is intact
+4      :class:`sven.distributed.collectives.DistError`: a launch that cannot start, or a
+       rank that died or hung; the last complete checkpoint is intact
 75     :class:`Stopped`: training stopped on SIGTERM or SIGUSR1 after a checkpoint
        (``EX_TEMPFAIL``: try again); ``train.resume=true`` continues exactly
 130    interrupted by Ctrl-C (SIGINT)
@@ -23,6 +23,22 @@ Exit codes of ``sven``:
 """
 
 from __future__ import annotations
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its class name where it has none.
+
+    For one-line reports of errors raised by torch and its C++ side (a failed
+    rendezvous, a broken store), whose messages go on with pages of frames.
+
+    Args:
+        err: The exception.
+
+    Returns:
+        E.g. ``"Connection refused"`` for ``RuntimeError("Connection refused\\n<frames>")``.
+    """
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 class SvenError(Exception):

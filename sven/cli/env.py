@@ -3,8 +3,8 @@
 Versions (Python, torch and its CUDA, triton, torch_geometric, mpi4py, numpy), the
 ``torch.distributed`` backends this torch build has (gloo, NCCL, MPI), the GPUs, and
 the launch this process would join: the launcher and rank that
-:func:`sven.distributed.launch.detect_launcher` reads from the environment, the same function
-``sven train`` uses. ``sven env --json`` prints the same as JSON.
+:func:`sven.distributed.launcher.detect_launcher` reads from the environment, the same
+function ``sven train`` uses. ``sven env --json`` prints the same as JSON.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def environment() -> dict[str, Any]:
     import torch.distributed as dist
 
     from sven.distributed.collectives import DistError
-    from sven.distributed.launch import detect_launcher
+    from sven.distributed.launcher import detect_launcher
 
     gpus = []
     if torch.cuda.is_available():

@@ -42,8 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     from sven.config import load_config
     from sven.distributed.collectives import DistError
-    from sven.distributed.launch import detect_launcher, native_stderr_to
+    from sven.distributed.launcher import detect_launcher
     from sven.distributed.liveness import node_name
+    from sven.distributed.native_log import native_stderr_to
 
     overrides = list(args.overrides)
     if args.quiet:

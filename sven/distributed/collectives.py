@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from sven.errors import SvenError
+from sven.errors import SvenError, first_line
 
 if TYPE_CHECKING:
-    from sven.distributed.launch import DistContext
+    from sven.distributed.process_group import DistContext
 
 
 class DistError(SvenError):
@@ -32,11 +32,6 @@ class DistError(SvenError):
         super().__init__(message)
         self.ranks = tuple(ranks)
         self.what = what
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _missing_ranks(message: str) -> list[int]:
@@ -89,10 +84,10 @@ def barrier_or_die(ctx: DistContext, what: str, timeout_s: float | None = None) 
             msg = (
                 f"rank 0 did not release the barrier within {wait:g} s (at {what!r}): it "
                 "hung or died, or found another rank missing and names it in its own error "
-                f"(rank {ctx.rank}: {_first_line(err)})"
+                f"(rank {ctx.rank}: {first_line(err)})"
             )
         else:
-            msg = f"barrier at {what!r} failed on rank 0: {_first_line(err)}"
+            msg = f"barrier at {what!r} failed on rank 0: {first_line(err)}"
         raise DistError(msg, ranks=missing, what=what) from err
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from sven.distributed.collectives import _first_line
+from sven.errors import first_line
 
 # Rank states a heartbeat carries. "failed": saw a collective fail, is finding out who
 # is missing; "done": posted its verdict; "exit": tore down without having seen a
@@ -276,7 +276,7 @@ class Liveness:
         except RuntimeError as err:  # DistStoreError, DistNetworkError
             # The store's host is gone: the job is failing anyway, and retrying would
             # only fill the log with the store client's warnings.
-            self.store_error = _first_line(err)
+            self.store_error = first_line(err)
         # Watching, the thread still ends a rank that stalls with its store gone.
         lost = self.store_error or ""
         while self._stall is not None and self.state == _RUN and not self._stop.is_set():
@@ -338,7 +338,7 @@ class Liveness:
             pass  # the store is gone: the labels keep what was known
 
     def _store_gone(self, err: BaseException | str) -> Diagnosis:
-        text = err if isinstance(err, str) else _first_line(err)
+        text = err if isinstance(err, str) else first_line(err)
         where = f"{self.host}:{self.port}"
         if self.host_rank is None:
             return Diagnosis((), f"the rendezvous store at {where} does not answer ({text})")

@@ -77,7 +77,8 @@ def prepare_out(
     if not out.is_dir():
         raise ConfigError(f"out={out} is a file, not a folder")
     # On several ranks, this launch's own per-rank logs (``out/logs``, where
-    # sven.dist sends torch's C++ output) are there before the trainer starts.
+    # sven.distributed.native_log sends torch's C++ output) are there before the
+    # trainer starts.
     content = [p for p in out.iterdir() if p.name != "logs"]
     if not content:
         return

@@ -48,7 +48,7 @@ from sven.engine.startup import StartupClock, set_deterministic
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
 from sven.engine.timeline import StepProfiler, Timeline
-from sven.errors import ConfigError, SvenError
+from sven.errors import ConfigError, SvenError, first_line
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
 
@@ -96,7 +96,8 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             # Without importing torch's compiler (sven.engine.startup).
             set_deterministic(True, warn_only=True)
-        from sven.dist import detect_launcher, init_distributed
+        from sven.distributed.launcher import detect_launcher
+        from sven.distributed.process_group import init_distributed
 
         # Under a launcher even one rank gets a process group: the P-rank step with
         # its collectives, as on many ranks (a plain process runs without one).
@@ -301,7 +302,7 @@ class Trainer:
         """Rank 0's ``value`` on every rank (a no-op on one process)."""
         if self.world_size == 1:
             return value
-        from sven.dist import broadcast_object
+        from sven.distributed.collectives import broadcast_object
 
         return broadcast_object(value)
 
@@ -342,7 +343,7 @@ class Trainer:
     # ----------------------------------------------------------- checkpoints
     def _barrier(self, what: str) -> None:
         if self.world_size > 1:
-            from sven.dist import barrier_or_die
+            from sven.distributed.collectives import barrier_or_die
 
             barrier_or_die(self.ctx, what)
 
@@ -438,11 +439,11 @@ class Trainer:
         except RuntimeError as exc:
             if self.world_size == 1 or not _is_comm_failure(exc):
                 raise
-            from sven.dist import DistError
+            from sven.distributed.collectives import DistError
 
             # A peer died or hung inside a collective; gloo/NCCL then raise a bare
-            # RuntimeError that does not say which. The heartbeats do (sven.dist).
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            # RuntimeError that does not say which. The heartbeats do (sven.distributed.liveness).
+            first = first_line(exc)
             diag = self.ctx.diagnose_failure()
             peers = list(diag.ranks)
             timeout = self.cfg.dist.timeout_s

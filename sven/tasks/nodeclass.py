@@ -401,12 +401,12 @@ def _fmt(x: float | None) -> str:
 
 
 def _rank() -> int:
-    from sven.distributed.launch import detect_launcher
+    from sven.distributed.launcher import detect_launcher
 
     return detect_launcher().rank
 
 
 def _world_size() -> int:
-    from sven.distributed.launch import detect_launcher
+    from sven.distributed.launcher import detect_launcher
 
     return detect_launcher().world_size

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sven.dist import free_port
+from sven.distributed.rendezvous import free_port
 
 __all__ = ["RankFailure", "free_port", "run_ranks"]
 
@@ -87,7 +87,7 @@ def run_ranks(
         timeout: Seconds for the whole run; ranks still running then are killed and
             reported as hung. Also the process group's collective timeout.
         backend: Process group each rank joins before calling ``fn`` (and destroys
-            after), or None to leave that to ``fn`` (to test ``sven.dist`` itself).
+            after), or None to leave that to ``fn`` (to test ``sven.distributed`` itself).
 
     Returns:
         The return values, indexed by rank.

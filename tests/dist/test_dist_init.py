@@ -1,4 +1,4 @@
-"""sven.dist on real processes: gloo init, failures that name ranks, torchrun and mpirun.
+"""sven.distributed on real processes: gloo init, failures that name ranks, torchrun and mpirun.
 
 Also tests the rank runner itself: a failing or hung rank must show in the failure.
 """
@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sven.dist import (
+from sven.distributed.collectives import (
     DistError,
     allreduce_sum_,
     barrier_or_die,
     broadcast_object,
-    init_distributed,
     is_main,
 )
+from sven.distributed.process_group import init_distributed
 from tests.dist.launch import RankFailure, free_port, run_ranks
 
 pytestmark = pytest.mark.dist
@@ -141,7 +141,7 @@ def _check_self_check_output(out: str, launcher: str) -> None:
 
 def test_torchrun_launch() -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_port", str(free_port()), "-m", "sven.dist", "--timeout-s", "30"]
+    cmd += ["--master_port", str(free_port()), "-m", "sven.distributed", "--timeout-s", "30"]
     done = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     _check_self_check_output(done.stdout, "torchrun")
@@ -151,7 +151,7 @@ def test_torchrun_launch() -> None:
 def test_mpirun_launch() -> None:
     pytest.importorskip("mpi4py")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2"]
-    cmd += [sys.executable, "-m", "sven.dist", "--timeout-s", "30"]
+    cmd += [sys.executable, "-m", "sven.distributed", "--timeout-s", "30"]
     done = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     _check_self_check_output(done.stdout, "mpi")

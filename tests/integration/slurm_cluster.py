@@ -438,7 +438,7 @@ def local_cluster(
 # Launch helpers shared by the slurm, mpirun/torchrun and fault tests
 # ---------------------------------------------------------------------------
 
-# Variables by which a launcher tells sven.dist who it is; a test clears them all so
+# Variables by which a launcher tells sven.distributed who it is; a test clears them all so
 # that only the launcher under test is seen.
 _LAUNCH_VARS = (
     "RANK",

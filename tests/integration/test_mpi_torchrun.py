@@ -31,7 +31,7 @@ def test_torchrun_reports_launcher_and_backend_once(reference) -> None:
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (OpenMPI) not installed")
 def test_mpirun_matches_torchrun(tiny_store, reference, tmp_path) -> None:
-    # Without MASTER_ADDR/MASTER_PORT sven.dist agrees on them through mpi4py.
+    # Without MASTER_ADDR/MASTER_PORT sven.distributed agrees on them through mpi4py.
     pytest.importorskip("mpi4py")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2"]
     over = tiny_overrides(tiny_store, f"out={tmp_path}", "quiet=false")

@@ -97,8 +97,8 @@ def wait_running(cluster: Cluster, job: str, workdir: Path, timeout: float = 120
 
 @pytest.mark.slurm
 def test_srun_self_check_meets_at_the_first_nodes_address(slurm2, tmp_path) -> None:
-    # No MASTER_ADDR: sven.dist finds n1's NodeAddr, since the name n1 resolves nowhere.
-    cmd = ["srun", "--nodes=2", "--ntasks=2", str(VENV_BIN / "python"), "-m", "sven.dist"]
+    # No MASTER_ADDR: sven.distributed finds n1's NodeAddr, since the name n1 resolves nowhere.
+    cmd = ["srun", "--nodes=2", "--ntasks=2", str(VENV_BIN / "python"), "-m", "sven.distributed"]
     done = run_checked(
         [*cmd, "--device", "cpu", "--timeout-s", "60"], env=sven_env(slurm2.env), cwd=tmp_path
     )

@@ -58,7 +58,7 @@ def test_train_job_matches_torchrun(slurm, tiny_store, reference, tmp_path) -> N
     job, rc = train_job(slurm, tiny_store, out, tmp_path, wait=True)
     log = job_log(tmp_path, job)
     assert rc == 0, log
-    # sven.dist saw an srun step, and only rank 0 says so.
+    # sven.distributed saw an srun step, and only rank 0 says so.
     assert log.count("launcher=slurm backend=gloo world_size=2 device=cpu") == 1, log
     assert metrics(out) == reference.metrics
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sven import dist as sdist
 from sven.config import load_config
-from sven.dist import LaunchInfo, _pick_device, detect_launcher
+from sven.distributed.launcher import LaunchInfo, detect_launcher
+from sven.distributed.process_group import _pick_device, existing_devices
 from sven.errors import ConfigError
 
 
@@ -56,7 +56,7 @@ def test_a_missing_device_names_the_existing_ones(monkeypatch, gpus, device, mes
     with pytest.raises(ConfigError) as info:
         _pick_device(device, LaunchInfo(launcher="single"))
     assert str(info.value).startswith(message)
-    assert sdist.existing_devices()[0] == "cpu"
+    assert existing_devices()[0] == "cpu"
 
 
 def test_config_checks_the_device_spelling_and_resume_with_overwrite() -> None:

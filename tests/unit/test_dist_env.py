@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,21 +13,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sven import dist as sdist
-from sven.dist import (
-    DistError,
-    LaunchInfo,
-    barrier_or_die,
-    detect_launcher,
+from sven.distributed import collectives, launcher, process_group, rendezvous, slurm
+from sven.distributed.collectives import DistError, barrier_or_die
+from sven.distributed.launcher import LaunchInfo, detect_launcher
+from sven.distributed.native_log import native_stderr_to
+from sven.distributed.process_group import init_distributed
+from sven.distributed.rendezvous import host_addresses
+from sven.distributed.slurm import (
     expand_hostlist,
     expand_tasks_per_node,
-    host_addresses,
-    init_distributed,
-    native_stderr_to,
     slurm_node_addr,
     slurm_port,
 )
-from sven.errors import SvenError
+from sven.errors import SvenError, first_line
 
 # An srun task: rank 3 of 6 tasks spread 2(x3) over three nodes, on the second node.
 SRUN = {
@@ -46,7 +45,9 @@ SRUN = {
 @pytest.fixture(autouse=True)
 def _no_scontrol(monkeypatch) -> None:
     """The fabricated jobs' nodes are nowhere: their address is their name."""
-    monkeypatch.setattr(sdist, "slurm_node_addr", lambda node, environ: (node, f"node name {node}"))
+    monkeypatch.setattr(
+        launcher, "slurm_node_addr", lambda node, environ: (node, f"node name {node}")
+    )
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_expand_hostlist_rejects_malformed(spec: str) -> None:
 
 
 def test_unparseable_nodelist_without_scontrol_is_a_dist_error(monkeypatch) -> None:
-    monkeypatch.setattr(sdist.shutil, "which", lambda _: None)
+    monkeypatch.setattr(slurm.shutil, "which", lambda _: None)
     with pytest.raises(DistError, match="n\\[1-3"):
         detect_launcher({**SRUN, "SLURM_STEP_NODELIST": "n[1-3"})
 
@@ -163,7 +164,7 @@ def test_slurm_master_is_the_first_nodes_address(monkeypatch) -> None:
         asked.append(node)
         return "10.1.0.7", f"NodeAddr of {node}"
 
-    monkeypatch.setattr(sdist, "slurm_node_addr", node_addr)
+    monkeypatch.setattr(launcher, "slurm_node_addr", node_addr)
     info = detect_launcher(SRUN)
     assert (info.master_addr, info.master_from, asked) == (
         "10.1.0.7",
@@ -199,7 +200,7 @@ def test_slurm_node_addr_asks_scontrol(tmp_path, monkeypatch, stdout, rc, expect
 def test_slurm_node_addr_prefers_aliases_and_falls_back_to_the_name(monkeypatch) -> None:
     aliases = {"SLURM_NODE_ALIASES": "c1:10.0.0.5:c1,c2:[fd00::2]:c2"}
     assert slurm_node_addr("c2", aliases) == ("fd00::2", "NodeAddr of c2 (SLURM_NODE_ALIASES)")
-    monkeypatch.setattr(sdist.shutil, "which", lambda _: None)
+    monkeypatch.setattr(slurm.shutil, "which", lambda _: None)
     assert slurm_node_addr("c3", aliases) == (
         "c3",
         "node name c3 (no scontrol to ask for its NodeAddr)",
@@ -210,7 +211,7 @@ def test_unresolvable_master_fails_at_once(monkeypatch) -> None:
     def no_such_host(host, *args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    monkeypatch.setattr(sdist.socket, "getaddrinfo", no_such_host)
+    monkeypatch.setattr(process_group.socket, "getaddrinfo", no_such_host)
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "n1", "MASTER_PORT": "12345"}
     with pytest.raises(
         DistError, match=r"rendezvous host n1:12345 \(MASTER_ADDR\) does not resolve"
@@ -220,12 +221,14 @@ def test_unresolvable_master_fails_at_once(monkeypatch) -> None:
 
 
 def test_host_addresses_put_interfaces_first_and_loopback_last(monkeypatch) -> None:
-    monkeypatch.setattr(sdist.socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0"), (3, "ib0")])
+    monkeypatch.setattr(
+        rendezvous.socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0"), (3, "ib0")]
+    )
     addrs = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "ib0": None}
-    monkeypatch.setattr(sdist, "_interface_ipv4", addrs.get)
-    monkeypatch.setattr(sdist.socket, "gethostname", lambda: "h1")
+    monkeypatch.setattr(rendezvous, "_interface_ipv4", addrs.get)
+    monkeypatch.setattr(rendezvous.socket, "gethostname", lambda: "h1")
     # Debian's /etc/hosts maps the host name to 127.0.1.1.
-    monkeypatch.setattr(sdist.socket, "gethostbyname_ex", lambda h: (h, [], ["127.0.1.1"]))
+    monkeypatch.setattr(rendezvous.socket, "gethostbyname_ex", lambda h: (h, [], ["127.0.1.1"]))
     assert host_addresses() == ["10.0.0.5", "127.0.1.1", "h1", "127.0.0.1"]
 
 
@@ -312,7 +315,7 @@ def test_hydra_mpich_and_intel_mpi(flavor: str) -> None:
 
 
 def test_pmix_alone_asks_mpi_for_the_rest(monkeypatch) -> None:
-    monkeypatch.setattr(sdist, "_mpi_world", lambda: (1, 2, 1, 2))
+    monkeypatch.setattr(launcher, "_mpi_world", lambda: (1, 2, 1, 2))
     info = detect_launcher({"PMIX_RANK": "1"})
     assert (info.launcher, info.flavor) == ("mpi", "PMIx")
     assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (1, 2, 1, 2)
@@ -370,10 +373,10 @@ def test_single_process_init_makes_no_process_group() -> None:
         assert ctx.is_main and not ctx.distributed
         assert ctx.describe() == "launcher=single backend=none world_size=1 device=cpu"
         barrier_or_die(ctx, "no-op")
-        assert sdist.is_main()
-        t = sdist.allreduce_sum_(torch.ones(2))
+        assert collectives.is_main()
+        t = collectives.allreduce_sum_(torch.ones(2))
         assert t.tolist() == [1.0, 1.0]
-        assert sdist.broadcast_object({"a": 1}) == {"a": 1}
+        assert collectives.broadcast_object({"a": 1}) == {"a": 1}
 
 
 def test_forced_group_of_one_is_created_and_destroyed(monkeypatch) -> None:
@@ -382,7 +385,7 @@ def test_forced_group_of_one_is_created_and_destroyed(monkeypatch) -> None:
         assert dist.is_initialized() and dist.get_world_size() == 1
         assert ctx.describe().startswith("launcher=single backend=gloo world_size=1 device=cpu")
         barrier_or_die(ctx, "alone", timeout_s=5)
-        assert sdist.allreduce_sum_(torch.ones(1)).item() == 1.0
+        assert collectives.allreduce_sum_(torch.ones(1)).item() == 1.0
         assert os.environ["RANK"] == "0"
     assert not dist.is_initialized()
     assert "RANK" not in os.environ  # the env:// variables it set are put back
@@ -412,8 +415,8 @@ def test_nccl_group_also_carries_gloo_for_host_tensors(monkeypatch) -> None:
     object collectives) need a CPU backend in the default group: NCCL alone raises
     "No backend type associated with device type cpu". Checked without a GPU by
     recording what init_distributed asks torch for."""
-    assert sdist.group_backend("nccl") == "cpu:gloo,cuda:nccl"
-    assert sdist.group_backend("gloo") == "gloo"
+    assert process_group.group_backend("nccl") == "cpu:gloo,cuda:nccl"
+    assert process_group.group_backend("gloo") == "gloo"
     asked: dict = {}
 
     class Stop(Exception):
@@ -423,7 +426,7 @@ def test_nccl_group_also_carries_gloo_for_host_tensors(monkeypatch) -> None:
         asked.update(backend=backend, **kwargs)
         raise Stop
 
-    monkeypatch.setattr(sdist, "_pick_device", lambda device, info: torch.device("cuda", 1))
+    monkeypatch.setattr(process_group, "_pick_device", lambda device, info: torch.device("cuda", 1))
     monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
     monkeypatch.setattr(dist, "init_process_group", fake_init)
     env = {
@@ -446,3 +449,29 @@ def test_nccl_group_also_carries_gloo_for_host_tensors(monkeypatch) -> None:
                 os.environ[k] = v
     assert asked["backend"] == "cpu:gloo,cuda:nccl"
     assert asked["device_id"] == torch.device("cuda", 1)
+
+
+def test_first_line_of_an_error() -> None:
+    assert first_line(RuntimeError("refused\n  frame #0: c10::Error")) == "refused"
+    assert first_line(ValueError("  \n")) == "ValueError"
+
+
+def test_python_m_sven_distributed_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sven.distributed", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "python -m sven.distributed" in out.stdout and "--timeout-s" in out.stdout
+    # One process: no group, one line per rank, exit 0.
+    env = {"PATH": "/usr/bin:/bin"}
+    one = subprocess.run(
+        [sys.executable, "-m", "sven.distributed", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert one.returncode == 0, one.stderr
+    assert "rank=0 world_size=1" in one.stdout and "allreduce=1" in one.stdout

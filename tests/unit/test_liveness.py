@@ -1,4 +1,5 @@
-"""Heartbeats and the diagnosis of who is missing (sven.dist.Liveness), on one process.
+"""Heartbeats and the diagnosis of who is missing (:class:`sven.distributed.liveness.Liveness`),
+on one process.
 
 A TCPStore served by the test stands in for the rendezvous store; the other ranks'
 beats are written by hand (or by a thread that keeps them fresh), so each verdict is
@@ -16,7 +17,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from sven.dist import Beat, Liveness, free_port, heartbeat_interval
+from sven.distributed.liveness import Beat, Liveness, heartbeat_interval
+from sven.distributed.rendezvous import free_port
 
 INTERVAL_S = 0.1
 

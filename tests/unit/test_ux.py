@@ -119,7 +119,7 @@ def test_sven_env_reports_versions_backends_and_launch(capsys, monkeypatch) -> N
     assert env["backends"]["gloo"] is True
     assert env["launch"]["launcher"] == "single" and env["launch"]["world_size"] == 1
     assert len(env["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    # The launch comes from sven.dist's own detection.
+    # The launch comes from sven.distributed's own detection.
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("MASTER_ADDR", "node7")

@@ -1,0 +1,145 @@
+"""Configs in and out: a YAML preset with ``key=value`` overrides (:func:`load_config`),
+the resolved config as JSON (:func:`dump_config`), and what may differ when a run
+resumes (:data:`RESUME_MAY_CHANGE`, :func:`config_differences`).
+
+Overrides address fields by dotted path (``train.batch_size=600``) and are parsed
+with YAML scalar rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sven.config.schema import Config
+from sven.errors import ConfigError
+
+#: Keys whose value may differ between a checkpoint's config and the config that
+#: resumes it: how long and how verbosely to go on, where and on how many threads to
+#: run and with which kernels, and how to treat the folders; none of them changes what
+#: the model computes (a device, a compiled model or TF32 products change its rounding,
+#: not its function or its state's layout).
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "train.epochs",
+        "train.patience",
+        "train.resume",
+        "train.overwrite",
+        "train.checkpoint_every",
+        "train.keep_latest_k",
+        "train.device",
+        "train.threads",
+        "train.compile",
+        "train.matmul_precision",
+        "nc.epochs",
+        "nc.patience",
+        "data.verify",
+        "dist.timeout_s",
+        "dist.backend",
+        "pipeline.prefetch",
+        "pipeline.micro_batches",
+        "quiet",
+        "profile",
+        "log.profile_start",
+        "log.profile_steps",
+        "out",
+    }
+)
+
+
+def config_differences(saved: dict[str, Any], current: Config) -> list[str]:
+    """The dotted keys whose values differ between a checkpoint's config and ``current``.
+
+    Keys in :data:`RESUME_MAY_CHANGE` are ignored. A key the checkpoint lacks (it was
+    written before the key existed) takes its default; a key this version does not
+    know counts as different.
+
+    Args:
+        saved: The ``config`` dict stored in a checkpoint.
+        current: The config of the run that resumes it.
+
+    Returns:
+        Sorted ``key (saved -> current)`` strings; empty when the configs agree.
+    """
+    try:
+        saved = Config.from_dict(saved).to_dict()
+    except ConfigError:
+        pass  # keys of another version: compared as they are
+    a, b = _flatten(saved), _flatten(current.to_dict())
+    for flat in (a, b):
+        # The same store named relative or absolute is the same store.
+        if flat.get("data.path"):
+            flat["data.path"] = os.path.realpath(str(flat["data.path"]))
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in RESUME_MAY_CHANGE:
+            continue
+        if a.get(key, "<missing>") != b.get(key, "<missing>"):
+            out.append(f"{key} ({a.get(key, '<missing>')!r} -> {b.get(key, '<missing>')!r})")
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    cur = d
+    for k in keys[:-1]:
+        cur = cur.setdefault(k, {})
+        if not isinstance(cur, dict):
+            raise ConfigError(f"override {dotted!r}: {k!r} is not a section")
+    cur[keys[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Loads a YAML preset (optional) and applies ``key=value`` overrides.
+
+    Args:
+        path: YAML file with sections data/model/train and top-level out/quiet.
+        overrides: Dotted ``key=value`` strings; values parse as YAML scalars.
+
+    Returns:
+        The validated config.
+    """
+    d: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            d = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: invalid YAML: {exc}") from None
+        if not isinstance(d, dict):
+            kind = {list: "a list", str: "a string", int: "a number", float: "a number"}
+            raise ConfigError(
+                f"{p}: the top level must be a mapping of sections (data:, model:, "
+                f"train:, ...), got {kind.get(type(d), type(d).__name__)}"
+            )
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(d, key.strip(), value)
+    return Config.from_dict(d)
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    """Writes the resolved config as JSON (exactly what the run used)."""
+    Path(path).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")

@@ -1,0 +1,293 @@
+"""The shape of the code: small modules, no import circles, no module nothing imports.
+
+These read the sources (``ast``), never import them: a module that fails to import still
+gets its violations named. The package is what ``pyproject.toml`` installs: ``sven/``,
+and ``pipeline/``, ``partition/``, ``datasets/`` as ``sven.pipeline``, ``sven.partition``,
+``sven.datasets`` (``[tool.setuptools.package-dir]``).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser under its older name
+    tomllib = pytest.importorskip("tomli")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_LINES = 700
+
+
+def _package_dirs() -> dict[str, Path]:
+    """Dotted package name -> its folder, from pyproject's ``package-dir``."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {name: ROOT / folder for name, folder in setup["package-dir"].items()}
+
+
+@functools.cache
+def _modules() -> dict[str, Path]:
+    """Every module of the package: dotted name -> file (a package is its ``__init__``)."""
+    dirs = _package_dirs()
+    # A folder installed under a name of its own (pipeline/ as sven.pipeline) is not also
+    # a subfolder of another entry.
+    homes = set(dirs.values())
+    out: dict[str, Path] = {}
+    for name, folder in dirs.items():
+        for path in sorted(folder.rglob("*.py")):
+            if any(p in homes and p != folder for p in path.parents):
+                continue
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join((name, *parts))] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """Whether an ``if`` tests ``TYPE_CHECKING`` (or ``typing.TYPE_CHECKING``)."""
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, inside functions too, except under ``if TYPE_CHECKING:``
+    (its ``else:`` branch runs, so it counts)."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+            continue
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The module of the package that importing ``name`` means: its longest known prefix."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in modules:
+            return prefix
+    return None
+
+
+def _by_name(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The modules a module imports by name: where it calls ``importlib.import_module``,
+    every string constant that is the dotted name of a module of the package (the
+    subcommand table of ``sven.cli``, the Triton kernels table of ``sven.kernels``)."""
+    nodes = list(ast.walk(tree))
+    if not any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "import_module"
+        for n in nodes
+    ):
+        return set()
+    return {
+        n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    } & set(modules)
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of the package that ``module`` imports (itself excluded), by import
+    statements and by name (:func:`_by_name`)."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), str(path))
+    found = _by_name(tree, modules) - {module}
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                # Relative: from the module's package, one level up per extra dot.
+                anchor = module.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # ``from pkg import sub`` imports the submodule where one has that name.
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                for alias in node.names
+            ]
+        for target in targets:
+            resolved = _resolve(target, modules)
+            if resolved is not None and resolved != module:
+                found.add(resolved)
+    return found
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports."""
+    modules = _modules()
+    return {m: _imports(m, p, modules) for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected component of more than one module, in order.
+
+    Tarjan's algorithm finds the components; within each, the shortest path from its
+    first module (by name) back to itself is the circle reported.
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                components.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    out = []
+    for comp in sorted(components):
+        inside, start = set(comp), comp[0]
+        # Breadth-first from start: the first path that returns to start is the shortest.
+        paths = [[start]]
+        seen = {start}
+        while paths:
+            path = paths.pop(0)
+            nxt = sorted(graph[path[-1]] & inside)
+            if start in nxt:
+                out.append([*path, start])
+                break
+            for w in nxt:
+                if w not in seen:
+                    seen.add(w)
+                    paths.append([*path, w])
+    return out
+
+
+def _entry_points(modules: dict[str, Path]) -> set[str]:
+    """Modules run by name rather than imported: ``__main__`` modules (``python -m``)
+    and the console script's module (``[project.scripts]``)."""
+    entries = {m for m in modules if m.rsplit(".", 1)[-1] == "__main__"}
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    return entries | {target.split(":", 1)[0] for target in scripts.values()}
+
+
+def _unused(graph: dict[str, set[str]], entries: set[str]) -> list[str]:
+    """The modules that no other module imports and that are no entry point."""
+    reached = set().union(*graph.values()) | entries
+    # Importing or running a submodule runs its packages' __init__ first.
+    reached |= {m.rsplit(".", i)[0] for m in reached for i in range(1, m.count(".") + 1)}
+    return sorted(set(graph) - reached)
+
+
+# ---------------------------------------------------------------------------
+# The checks' own machinery, on hand-built graphs
+# ---------------------------------------------------------------------------
+
+
+def test_cycles_are_found_and_named_in_order() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c", "a"], ["e", "f", "e"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_unused_modules_are_found_and_packages_count_as_run_by_their_modules() -> None:
+    graph = {
+        "p": set(),
+        "p.__main__": {"p.a"},
+        "p.a": {"p.b"},
+        "p.b": set(),
+        "p.c": set(),
+        "q": set(),
+        "q.d": set(),
+    }
+    assert _unused(graph, {"p.__main__"}) == ["p.c", "q", "q.d"]
+
+
+def test_imports_skip_type_checking_blocks_but_count_function_bodies(tmp_path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from sven.x import y\n"
+        "if TYPE_CHECKING:\n"
+        "    from sven.z import Z\n"
+        "else:\n"
+        "    import sven.w\n"
+        "def f():\n"
+        "    from . import v\n"
+        "    from .u import thing\n"
+    )
+    modules = dict.fromkeys(
+        ["sven.p.m", "sven.x", "sven.x.y", "sven.z", "sven.w", "sven.p", "sven.p.v", "sven.p.u"],
+        src,
+    )
+    assert _imports("sven.p.m", src, modules) == {"sven.x.y", "sven.w", "sven.p.v", "sven.p.u"}
+    # Names in a table count where the module imports by name, and only there.
+    table = 'TABLE = {"a": "sven.z", "b": "sven.nowhere"}\n'
+    src.write_text(f"import importlib\n{table}importlib.import_module(TABLE['a'])\n")
+    assert _imports("sven.p.m", src, modules) == {"sven.z"}
+    src.write_text(table)
+    assert _imports("sven.p.m", src, modules) == set()
+
+
+def test_package_folders_map_to_their_installed_names() -> None:
+    modules = _modules()
+    assert modules["sven.pipeline"] == ROOT / "pipeline" / "__init__.py"
+    assert modules["sven.datasets.cli"] == ROOT / "datasets" / "cli.py"
+    assert "pipeline" not in modules and "sven.cli" in modules
+
+
+# ---------------------------------------------------------------------------
+# The checks
+# ---------------------------------------------------------------------------
+
+
+def test_no_module_is_longer_than_700_lines() -> None:
+    long = {
+        f"{path.relative_to(ROOT)} ({n} lines)"
+        for path in _modules().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines, split them by concern: {sorted(long)}"
+
+
+def test_no_import_circle() -> None:
+    circles = [" -> ".join(c) for c in _cycles(_graph())]
+    assert not circles, "import circles (imports inside functions count): " + "; ".join(circles)
+
+
+def test_every_module_is_imported_or_an_entry_point() -> None:
+    unused = _unused(_graph(), _entry_points(_modules()))
+    assert not unused, f"modules that no module of the package imports: {unused}"
+
+
+def test_entry_points_and_imports_by_name_are_seen() -> None:
+    modules = _modules()
+    assert {"sven.__main__", "sven.distributed.__main__", "sven.cli"} <= _entry_points(modules)
+    # The subcommands, which sven.cli imports by name from its _STAGES table.
+    assert {"sven.cli.train", "sven.datasets.cli"} <= _graph()["sven.cli"]
