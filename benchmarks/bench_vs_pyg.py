@@ -112,7 +112,7 @@ from sven.datasets.store import TemporalEvents
 
 # Sven's fixed negative streams of evaluation, so both sides score the same val and
 # test negatives.
-from sven.engine.components import EVAL_STREAM
+from sven.engine.evaluation import EVAL_STREAM
 from sven.engine.metrics import average_precision
 from sven.models.base import LinkDecoder
 from sven.pipeline.negatives import sample_negatives

@@ -75,11 +75,11 @@ def main() -> None:
             s_lo, s_hi = tr.ranges[split]
             events, batches = s_hi - s_lo, -(-(s_hi - s_lo) // b)
             r: dict[str, Any] = {"events": events, "batches": batches}
-            _, r["negatives_s"] = timed(lambda split=split: st._negatives(split))
-            res, r["pass1_s"] = timed(lambda split=split: st.evaluate(split))
+            _, r["negatives_s"] = timed(lambda split=split: st.evaluation.negatives(split))
+            res, r["pass1_s"] = timed(lambda split=split: st.evaluation.run(split))
             _, r["metrics_s"] = timed(lambda split=split, res=res: tr.split_metrics(split, res))
-            _, r["pass2_s"] = timed(lambda split=split: st.evaluate(split))
-            graphs = st.eval_graph(split)[2]
+            _, r["pass2_s"] = timed(lambda split=split: st.evaluation.run(split))
+            graphs = st.evaluation.width(split).graphs
             r["warmup_s"] = sum(g.warmup_s for g in graphs)
             r["capture_s"] = sum(g.capture_s for g in graphs)
             r["ms_per_batch_warm"] = r["pass2_s"] / batches * 1e3
@@ -87,7 +87,7 @@ def main() -> None:
             r["events_per_s_first"] = events / (r["negatives_s"] + r["pass1_s"] + r["metrics_s"])
             # Kernels of a warm evaluation pass, per batch.
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                st.evaluate(split)
+                st.evaluation.run(split)
                 sync()
             r["step"] = _kernels(prof, batches)
             rec[split] = r

@@ -27,6 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", help="YAML preset (e.g. configs/tgn.yaml)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what the run needs in GPU memory, host memory and disk, and where "
+        "node state would live (state.device), then stop; nothing is read or written",
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     p.set_defaults(func=_train)
 
@@ -50,6 +56,12 @@ def _train(args: argparse.Namespace) -> int:
     if args.quiet:
         overrides.append("quiet=true")
     cfg = load_config(args.config, overrides)
+    if args.dry_run:
+        from sven.engine.trainer import dry_run
+
+        plan = dry_run(cfg)
+        print(plan.describe())
+        return 0 if plan.shortfall() is None else 2
     info = detect_launcher()
     if info.world_size == 1:
         return _fit(cfg)
@@ -67,11 +79,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _fit(cfg: Config) -> int:
+    from sven.engine.loop import STOP_SIGNALS
     from sven.engine.startup import StartupClock, process_age_s
-    from sven.engine.trainer import STOP_SIGNALS, Trainer
+    from sven.engine.trainer import Trainer
 
     if cfg.task == "node_classification":
-        from sven.engine.trainer import _fmt
+        from sven.engine.run_folder import fmt
         from sven.tasks.nodeclass import NodeClassification
 
         summary = NodeClassification(cfg).fit()
@@ -79,7 +92,7 @@ def _fit(cfg: Config) -> int:
             return 0
         print(
             f"{summary['model']} on {summary['dataset']}: node classification test AUC "
-            f"{_fmt(summary['test_auc'])} (val {_fmt(summary['val_auc'])})"
+            f"{fmt(summary['test_auc'])} (val {fmt(summary['val_auc'])})"
         )
         return 0
 
@@ -96,12 +109,12 @@ def _fit(cfg: Config) -> int:
         raise
     if trainer.rank != 0:
         return 0
-    from sven.engine.trainer import _fmt
+    from sven.engine.run_folder import fmt
 
     print(
-        f"{summary['model']} on {summary['dataset']}: test AP {_fmt(summary['test_ap'])} "
-        f"AUC {_fmt(summary['test_auc'])} | inductive AP {_fmt(summary['test_ap_inductive'])} "
-        f"AUC {_fmt(summary['test_auc_inductive'])} | "
+        f"{summary['model']} on {summary['dataset']}: test AP {fmt(summary['test_ap'])} "
+        f"AUC {fmt(summary['test_auc'])} | inductive AP {fmt(summary['test_ap_inductive'])} "
+        f"AUC {fmt(summary['test_auc_inductive'])} | "
         f"{summary['train_events_per_s']:.0f} train events/s"
     )
     return 0
@@ -110,7 +123,8 @@ def _fit(cfg: Config) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from sven.config import Config
     from sven.engine.checkpoint import find_checkpoint, load_file
-    from sven.engine.trainer import Trainer, _config_overrides, _finite_or_none
+    from sven.engine.run_folder import finite_or_none
+    from sven.engine.trainer import Trainer, _config_overrides
 
     folder = find_checkpoint(args.checkpoint)
     st = load_file(folder / "state.pt")
@@ -123,7 +137,7 @@ def _eval(args: argparse.Namespace) -> int:
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
     trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
-    res = _finite_or_none(trainer.evaluate_checkpoint(folder))
+    res = finite_or_none(trainer.evaluate_checkpoint(folder))
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -40,6 +40,7 @@ class Config:
     eval: sections.EvalConfig = field(default_factory=sections.EvalConfig)
     dist: sections.DistConfig = field(default_factory=sections.DistConfig)
     pipeline: sections.PipelineConfig = field(default_factory=sections.PipelineConfig)
+    state: sections.StateConfig = field(default_factory=sections.StateConfig)
     log: sections.LogConfig = field(default_factory=sections.LogConfig)
     nc: sections.NodeClassConfig = field(default_factory=sections.NodeClassConfig)
     out: str = "runs/default"

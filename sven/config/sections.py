@@ -308,7 +308,7 @@ class PipelineConfig:
     gives the same result; 0 builds each batch in its own step. Evaluation passes
     prefetch the same way (a ring per evaluation width)."""
     micro_batches: str = "1"
-    """m: 1, 2, 4 (auto: 1). Each rank's share of a batch is split into m micro-batches
+    """m: 1, 2 or 4. Each rank's share of a batch is split into m micro-batches
     that read the memory of one fetch (each node fetched once for the whole share) and
     sum their gradients; the whole batch's write-back is one push, so every m gives the
     result of m = 1. It bounds the activations of a large share; it does not overlap
@@ -325,12 +325,47 @@ class PipelineConfig:
         _check_numbers(self, "pipeline")
         if self.prefetch < 0:
             raise ConfigError(f"pipeline.prefetch must be >= 0, got {self.prefetch}")
-        if self.micro_batches not in ("1", "2", "4", "auto"):
+        if self.micro_batches not in ("1", "2", "4"):
             raise ConfigError(
-                f"pipeline.micro_batches must be 1, 2, 4 or auto, got {self.micro_batches!r}"
+                f"pipeline.micro_batches must be 1, 2 or 4, got {self.micro_batches!r}"
             )
         if self.staleness not in (0, 1):
             raise ConfigError(f"pipeline.staleness must be 0 or 1, got {self.staleness}")
+
+
+@dataclass(kw_only=True)
+class StateConfig:
+    """Where node state lives (memory, mailbox, last-update times: everything sized by
+    the number of nodes) and the budgets the run's plan checks before any work
+    (docs/scale.md). The math is the same in every tier."""
+
+    device: str = "auto"
+    """auto, gpu, host or disk. gpu: beside the compute (on a CPU run, host memory).
+    host: pinned host memory, read and written by the step's kernels over the host
+    link (the step stays captured). disk: memory-mapped files under ``state.path``, for
+    state larger than host memory (on CUDA rows are staged through host copies and the
+    step runs uncaptured). auto: gpu when the run fits ``state.gpu_budget_gb``, else
+    host when it fits ``state.host_budget_gb``, else disk."""
+    gpu_budget_gb: float = 0.0
+    """GPU memory the run may use, in GB (10^9 bytes); 0: the device's free memory at
+    start less 5%. The plan counts the event tables, the sampler, node state in the
+    gpu tier, per-node indexes, the model, the step and evaluation tables."""
+    host_budget_gb: float = 0.0
+    """Host memory the run may use, in GB; 0: the memory available at start less 10%.
+    The plan counts node state in the host tier, the event tables on a CPU run and
+    the transient copies of loading."""
+    path: str = ""
+    """Folder of the disk tier's files; empty: ``<out>/state``. They are scratch (the
+    checkpoints hold the state) and are removed when the run ends."""
+
+    def __post_init__(self) -> None:
+        _check_numbers(self, "state")
+        self.device = self.device.lower()
+        if self.device not in ("auto", "gpu", "host", "disk"):
+            raise ConfigError(f"state.device must be auto, gpu, host or disk, got {self.device!r}")
+        for name in ("gpu_budget_gb", "host_budget_gb"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"state.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True)

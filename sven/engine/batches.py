@@ -88,9 +88,7 @@ class BatchInputs:
         """Inputs of their own with the same values (a replay walks beside the step)."""
         new = BatchInputs.__new__(BatchInputs)
         new.fixed, new.device = self.fixed, self.device
-        new.values = {
-            k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.values.items()
-        }
+        new.values = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.values.items()}
         return new
 
 

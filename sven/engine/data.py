@@ -43,9 +43,11 @@ def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
 class Data:
     """The event store, its splits and partition, on this rank's device.
 
-    Built in two steps: the constructor loads the store and the partition (what the
-    model's construction needs: feature widths, training events); :meth:`attach` then
-    builds what depends on the model (the T-CSR sampler, the event tables of the step).
+    Built in three steps: the constructor opens the store (its structure: what a
+    run's plan needs); :meth:`load` verifies its checksums and loads it and the
+    partition onto the device (what the model's construction needs: feature widths,
+    training events); :meth:`attach` then builds what depends on the model (the T-CSR
+    sampler, the event tables of the step).
 
     Args:
         cfg: The run's config (``data``, ``dist``, ``train``, ``model`` sections are read).
@@ -54,6 +56,7 @@ class Data:
         device: Where the event tensors live.
         dtype: Floating type of features.
         agree: Rank 0's value on every rank (a no-op on one process).
+        load: Load at once (else call :meth:`load`).
 
     Attributes:
         src, dst, t: (E,) event endpoints and times, on ``device``.
@@ -79,21 +82,24 @@ class Data:
         dtype: torch.dtype,
         agree: Callable[[Any], Any],
         clock: StartupClock | None = None,
+        load: bool = True,
     ) -> None:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         self.device, self.dtype = device, dtype
         self._agree = agree
         self._clock = clock or StartupClock()
-        self._load()
-        self._partition()
         self.sampler: Any = None
         self.tables: Any = None
         self.sample_roots = "none"
         self.read_neighbors = False
         self._eval_neg: EvalNegatives | None = None
+        self._open()
+        if load:
+            self.load()
 
-    def _load(self) -> None:
+    def _open(self) -> None:
+        """Opens the store (its structure, not its checksums: no column is read)."""
         path = self.cfg.data.path
         if not path:
             from sven.datasets.synth import default_dataset
@@ -103,28 +109,34 @@ class Data:
             raise ConfigError(
                 f"data.path: no event store at {path} (create one with `sven data convert`)"
             )
-        clock = self._clock
-        ev = self._open_store(path)
-        self.events = ev
-        self.dataset_name = ev.meta.get("name") or Path(path).name
-        self.num_nodes = int(ev.num_nodes)
+        self.path = path
+        self.events = self._agreed(lambda: self._structure(path))
+        self.dataset_name = self.events.meta.get("name") or Path(path).name
+        self.num_nodes = int(self.events.num_nodes)
+
+    def load(self) -> None:
+        """Verifies the store's checksums (rank 0), loads its columns and the partition
+        onto the device."""
+        if self.cfg.data.verify:
+            self._agreed(self._verify)
+        self._load()
+        self._partition()
+
+    def _load(self) -> None:
+        path, ev, clock = self.path, self.events, self._clock
         dev = self.device
         t_dev = time.perf_counter()
         # Ids travel in the store's width (int32 for most graphs) and widen on the
-        # device: half the bytes read into host memory and copied.
-        self.src = torch.from_numpy(np.array(ev.src)).to(dev).to(torch.int64)
-        self.dst = torch.from_numpy(np.array(ev.dst)).to(dev).to(torch.int64)
-        self.t = torch.as_tensor(np.array(ev.t), device=dev)
-        self.edge_feat = (
-            None
-            if ev.edge_feat is None
-            else torch.as_tensor(np.array(ev.edge_feat), device=dev).to(self.dtype)
-        )
+        # device.
+        self.src = _column(ev.src, dev, torch.int64)
+        self.dst = _column(ev.dst, dev, torch.int64)
+        self.t = _column(ev.t, dev)
+        self.edge_feat = None if ev.edge_feat is None else _column(ev.edge_feat, dev, self.dtype)
         # Node features of one process are loaded whole; on several ranks each rank
         # holds only its own vertices' rows (owned_node_feat), once owners are known.
         self.node_feat: torch.Tensor | None = None
         if self.world_size == 1 and ev.node_feat is not None:
-            self.node_feat = torch.as_tensor(np.array(ev.node_feat), device=dev).to(self.dtype)
+            self.node_feat = _column(ev.node_feat, dev, self.dtype)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         clock.add("to_device", time.perf_counter() - t_dev)
@@ -181,31 +193,37 @@ class Data:
             self.mrr_source = "sampled" if sampled else None
             self._mrr_q = sampled
 
-    def _open_store(self, path: str) -> Any:
-        """Loads the store (structure checked); verifies its checksums once, on rank 0.
+    def _structure(self, path: str) -> Any:
+        from sven.datasets.store import open_verified_store
 
-        Rank 0's verdict is shared, so that every rank stops with the same error
-        instead of the others waiting for rank 0 in a collective.
-        """
-        from sven.datasets.store import open_verified_store, verify_store
+        # Structure on every rank; one function for every command that reads a store.
+        with self._clock.phase("store_open"):
+            return open_verified_store(path, verify=False)
 
-        ev, problem = None, None
+    def _verify(self) -> Any:
+        # Checksums (every byte) on rank 0 only.
+        from sven.datasets.store import verify_store
+
+        if self.rank == 0:
+            with self._clock.phase("checksums"):
+                verify_store(self.events, "set data.verify=false to train anyway")
+        return self.events
+
+    def _agreed(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, with rank 0's verdict on a data error shared, so that every rank
+        stops with the same error instead of the others waiting for rank 0 in a
+        collective."""
+        out, problem = None, None
         try:
-            # Structure on every rank, checksums (every byte) on rank 0; one function
-            # for every command that reads a store (sven.datasets.store).
-            with self._clock.phase("store_open"):
-                ev = open_verified_store(path, verify=False)
-            if self.cfg.data.verify and self.rank == 0:
-                with self._clock.phase("checksums"):
-                    verify_store(ev, "set data.verify=false to train anyway")
+            out = fn()
         except DataError as exc:
             problem = str(exc)
         problem = self._agree(problem)
-        if problem is not None or ev is None:
+        if problem is not None or out is None:
             err = DataError(problem or "the store could not be opened on this rank")
             err.quiet = self.rank != 0 and problem is not None
             raise err
-        return ev
+        return out
 
     def _partition(self) -> None:
         """owner (N,) and assign (E,): from a partition folder, computed, or all rank 0."""
@@ -297,8 +315,8 @@ class Data:
         if model.sample_roots != "none":
             from sven.pipeline.sampler import TCSR, TemporalSampler
 
-            ev = self.events
-            tcsr = TCSR.from_events(ev.src, ev.dst, ev.t, self.num_nodes, device=self.device)
+            # From the columns already on the device (the same values as the store's).
+            tcsr = TCSR.from_events(self.src, self.dst, self.t, self.num_nodes, device=self.device)
             self.sampler = TemporalSampler(tcsr, [mc.num_neighbors], mc.sampling)
         feat = self.node_feat
         if feat is not None:
@@ -499,3 +517,25 @@ def check_splits(path: str, ranges: dict[str, tuple[int, ...]], rank: int) -> No
             file=sys.stderr,
             flush=True,
         )
+
+
+# Columns cross to the device in chunks of this many bytes: host memory holds one chunk
+# of a column, not the column (a 10^8-event store's times are 800 MB).
+_CHUNK_BYTES = 64 << 20
+
+
+def _column(arr: Any, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A store column (a memory-mapped array) as a tensor on ``device``, in ``dtype``
+    (default: the column's)."""
+    if device.type != "cuda":
+        host = torch.from_numpy(np.array(arr))
+        return host if dtype is None else host.to(dtype)
+    n = arr.shape[0]
+    kind = torch.from_numpy(np.asarray(arr[:0])).dtype
+    out = torch.empty(arr.shape, dtype=dtype or kind, device=device)
+    row = max(1, int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize)
+    step = max(1, _CHUNK_BYTES // row)
+    for a in range(0, n, step):
+        # The cast (int32 ids to int64) happens on the device, as .to() did.
+        out[a : a + step].copy_(torch.from_numpy(np.ascontiguousarray(arr[a : a + step])))
+    return out

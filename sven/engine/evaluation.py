@@ -143,6 +143,7 @@ class Evaluation:
         node_state: Returns the tensors a pass changes besides its own (node state,
             exchange counters): a capture's warm-up restores them.
         depth: Prefetch depth D (0 on the exact-size step).
+        graph_mode: How the step runs (:class:`~sven.engine.capture.StepGraph`'s mode).
         plan_group: Process group of prefetched id exchanges, or None.
         log: Where notices go.
         progress: ``progress(split, events)`` -> a bar with ``update(n)`` and
@@ -160,6 +161,7 @@ class Evaluation:
         planner: CapacityPlanner,
         node_state: Callable[[], list[torch.Tensor]],
         depth: int,
+        graph_mode: str,
         plan_group: Any,
         log: Callable[[str], None],
         progress: Callable[[str, int], Any] | None = None,
@@ -171,6 +173,7 @@ class Evaluation:
         self.shares = source.shares
         self._node_state = node_state
         self.depth, self.plan_group = depth, plan_group
+        self.graph_mode = graph_mode
         self.device = data.device
         self.distributed = self.exchange.distributed
         fixed = planner.inputs.fixed
@@ -200,9 +203,7 @@ class Evaluation:
         fixed by the seed): the protocol columns, then the MRR negatives."""
         if split not in self._neg_cache:
             protocols = self.split_protocols(split)
-            self._neg_cache[split] = self.data.eval_negative_table(
-                split, protocols, len(protocols)
-            )
+            self._neg_cache[split] = self.data.eval_negative_table(split, protocols, len(protocols))
         return self._neg_cache[split]
 
     def width(self, split: str) -> _Width:
@@ -225,7 +226,7 @@ class Evaluation:
             graphs = [
                 StepGraph(
                     self._step_fn(k, neg, scores, rg),
-                    mode=self.cfg.train.cuda_graph,
+                    mode=self.graph_mode,
                     device=dev,
                     state=state,
                     log=self._log,

@@ -48,7 +48,7 @@ def is_run_folder(path: str | Path) -> bool:
 #: these and refuses to run where anything else is there. ``plots`` is ``sven plot``'s.
 RUN_FILES = frozenset(
     {"config.json", "metrics.jsonl", "summary.json", "checkpoints", "best", "tb", "traces"}
-    | {"logs", "plots"}
+    | {"logs", "plots", "state"}
 )
 
 
@@ -79,7 +79,9 @@ def prepare_out(
     # On several ranks, this launch's own per-rank logs (``out/logs``, where
     # sven.distributed.native_log sends torch's C++ output) are there before the
     # trainer starts.
-    content = [p for p in out.iterdir() if p.name != "logs"]
+    # So are the node-state files of this run's disk tier (``out/state``), made when
+    # the trainer was built.
+    content = [p for p in out.iterdir() if p.name != "logs" and not _own_state(p)]
     if not content:
         return
     run = is_run_folder(out)
@@ -114,6 +116,12 @@ def prepare_out(
         f"out={out} already holds {what}; use another out, train.resume=true to continue "
         "it, or train.overwrite=true to replace it"
     )
+
+
+def _own_state(p: Path) -> bool:
+    from sven.models.storage import is_state_folder
+
+    return p.name == "state" and p.is_dir() and is_state_folder(p)
 
 
 def finite_or_none(d: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ matplotlib and (on CPU) triton are not imported by ``sven train``
 (``tests/integration/test_startup.py``). Torch itself would import its compiler front
 end (``torch._dynamo``, and with it triton: about as long as importing torch) in two
 places a run without ``train.compile`` does not need it: ``torch.optim``'s methods,
-wrapped for ``torch.compile`` (see :class:`sven.engine.components.Optimizer`'s ``lean``),
+wrapped for ``torch.compile`` (see :class:`sven.engine.optim.Optimizer`'s ``lean``),
 and ``torch.use_deterministic_algorithms``, which imports the compiler to set one of
 its flags (:func:`set_deterministic`).
 """
@@ -90,7 +90,7 @@ def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def lean_adam() -> bool:
     """Whether torch's Adam can run without importing ``torch._dynamo`` (see
-    :class:`sven.engine.components.Optimizer`); prepares it where it can.
+    :class:`sven.engine.optim.Optimizer`); prepares it where it can.
 
     Adam's step calls the functional ``torch.optim.adam.adam``, which torch wraps in a
     ``torch._dynamo.disable`` that imports the compiler at its first call and caches

@@ -175,6 +175,16 @@ class Step:
             self.model = torch.compile(model, dynamic=False)
         elif tc.compile:
             log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
+        #: How the step runs: captured (``train.cuda_graph``) unless node-state rows
+        #: are staged through host copies, which synchronise every step.
+        self.graph_mode = tc.cuda_graph
+        if memory.storage.staged:
+            self.graph_mode = "off"
+            if dev.type == "cuda":
+                log(
+                    "sven: node state is in files (state.device=disk): rows are staged "
+                    "through host copies each step, which runs uncaptured"
+                )
         self.shares = Shares(
             data,
             data.rank,
@@ -211,6 +221,7 @@ class Step:
             planner=self.planner,
             node_state=self._node_state,
             depth=self.depth,
+            graph_mode=self.graph_mode,
             plan_group=plan_group,
             log=log,
             progress=progress,
@@ -227,7 +238,7 @@ class Step:
         self.train_graphs = [
             StepGraph(
                 self._train_fn(k),
-                mode=tc.cuda_graph,
+                mode=self.graph_mode,
                 device=dev,
                 state=state,
                 optimizer=optimizer,

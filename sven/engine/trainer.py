@@ -43,6 +43,7 @@ from sven.engine.evaluation import EvalResult
 from sven.engine.link import LinkPrediction
 from sven.engine.loop import StopSignals
 from sven.engine.optim import Optimizer
+from sven.engine.plan import Plan, plan_run
 from sven.engine.run_folder import prepare_out
 from sven.engine.startup import StartupClock, set_deterministic
 from sven.engine.step import Step
@@ -50,6 +51,7 @@ from sven.engine.tblog import EpochLog
 from sven.engine.timeline import StepProfiler, Timeline
 from sven.errors import ConfigError, SvenError, first_line
 from sven.models import MemoryModel, MemoryState, model_from_config
+from sven.models.storage import Storage
 from sven.pipeline.exchange import FixedExchange, LocalExchange
 
 
@@ -125,7 +127,8 @@ class Trainer:
         self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
         self.out = Path(cfg.out)
         self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
-        # The components (sven.engine.components): each owns its part of the run's state.
+        # The run's parts, each owning its part of the run's state: the store first
+        # (its shape), then the plan, before any work.
         self.data = Data(
             cfg,
             rank=self.rank,
@@ -134,7 +137,12 @@ class Trainer:
             dtype=self.dtype,
             agree=self._agree,
             clock=clock,
+            load=False,
         )
+        #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
+        self.plan = plan_for(cfg, self.data.events, self.world_size, self.device)
+        self.plan.check()
+        self.data.load()
         t_model = time.perf_counter()
         torch.manual_seed(tc.seed)
         d = self.data
@@ -145,6 +153,8 @@ class Trainer:
             node_dim=d.node_dim,
             train_events=(d.events.src[lo:hi], d.events.dst[lo:hi], d.events.t[lo:hi]),
         ).to(self.device, self.dtype)
+        state_dir = Path(cfg.state.path) if cfg.state.path else self.out / "state"
+        storage = Storage(self.plan.tier, self.device, folder=state_dir / f"rank{self.rank}")
         self.memory = MemoryState(
             int(d.owned.numel()),
             mc.memory_dim,
@@ -153,6 +163,7 @@ class Trainer:
             self.device,
             self.dtype,
             time_origin=float(d.t[0]) if d.t.numel() else 0.0,
+            storage=storage,
         )
         clock.add("model", time.perf_counter() - t_model)
         t_tables = time.perf_counter()
@@ -579,3 +590,44 @@ def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
     return flat + list(overrides)
 
 
+def plan_for(cfg: Config, events: Any, world_size: int, device: torch.device) -> Plan:
+    """The plan (:func:`~sven.engine.plan.plan_run`) of a run of ``cfg`` on an opened
+    store: the model's widths from a model built on the CPU (cheap: parameters only)."""
+    mc = cfg.model
+    edge_dim = 0 if events.edge_feat is None else int(events.edge_feat.shape[1])
+    node_dim = 0 if events.node_feat is None else int(events.node_feat.shape[1])
+    with torch.random.fork_rng(devices=[]):
+        # Its initialisation draws nothing from the run's generator.
+        probe = model_from_config(mc, edge_dim=edge_dim, node_dim=node_dim)
+    return plan_run(
+        cfg,
+        num_events=int(events.num_events),
+        num_nodes=int(events.num_nodes),
+        edge_dim=edge_dim,
+        node_dim=node_dim,
+        mail_dim=probe.mail_dim,
+        mailbox_size=probe.mailbox_size,
+        world_size=world_size,
+        device=device,
+    )
+
+
+def dry_run(config: Config | str | Path | None, overrides: list[str] | None = None) -> Plan:
+    """The plan of a run without running it (``sven train --dry-run``): the store is
+    opened (not read), the device and the ranks are those a run would get here."""
+    from sven.distributed.launcher import detect_launcher
+    from sven.distributed.process_group import _pick_device
+
+    cfg = config if isinstance(config, Config) else load_config(config, overrides)
+    info = detect_launcher(os.environ)
+    device = _pick_device(cfg.train.device, info)
+    data = Data(
+        cfg,
+        rank=0,
+        world_size=info.world_size,
+        device=device,
+        dtype=torch.float32,
+        agree=lambda value: value,
+        load=False,
+    )
+    return plan_for(cfg, data.events, info.world_size, device)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from sven import kernels
+from sven.models.storage import Storage
 
 
 def winner_rows(
@@ -166,6 +167,7 @@ class MemoryState:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         time_origin: float = 0.0,
+        storage: Storage | None = None,
     ) -> None:
         self.num_nodes = num_nodes
         self.time_origin = float(time_origin)
@@ -174,20 +176,33 @@ class MemoryState:
         self.mailbox_size = mailbox_size
         self.device = torch.device(device)
         self.dtype = dtype
-        dev, n1, m = self.device, num_nodes + 1, mailbox_size
-        # Full buffers with the scratch row; the public attributes are views of the
-        # first N rows.
-        self.full: dict[str, torch.Tensor] = {
-            "memory": torch.zeros(n1, memory_dim, device=dev, dtype=dtype),
-            "last_update": torch.full((n1,), self.time_origin, device=dev, dtype=torch.float64),
-            "mail": torch.zeros(n1, m, mail_dim, device=dev, dtype=dtype),
-            "mail_ts": torch.zeros(n1, m, device=dev, dtype=torch.float64),
-            "mail_valid": torch.zeros(n1, m, device=dev, dtype=torch.bool),
+        #: Where the tensors live (:mod:`sven.models.storage`; default: beside the
+        #: compute).
+        self.storage = storage if storage is not None else Storage("gpu", self.device)
+        n1, m = num_nodes + 1, mailbox_size
+        shapes = {
+            "memory": ((n1, memory_dim), dtype),
+            "last_update": ((n1,), torch.float64),
+            "mail": ((n1, m, mail_dim), dtype),
+            "mail_ts": ((n1, m), torch.float64),
+            "mail_valid": ((n1, m), torch.bool),
         }
+        # Full buffers with the scratch row; the public attributes are views of the
+        # first N rows. ``host`` holds the host tensor behind each where the tier has
+        # one (pinned memory, a mapped file): checkpoints read and write it directly.
+        self.full: dict[str, torch.Tensor] = {}
+        self.host: dict[str, torch.Tensor] = {}
+        for name, (shape, dt) in shapes.items():
+            view, host = self.storage.empty(name, shape, dt)
+            self.full[name] = view
+            if host is not None:
+                self.host[name] = host
+        self.reset()
         # The winners' per-node maximum key, -1 everywhere between calls: kept rather
         # than refilled per call, which on a large graph was a memset of N + 1 words
         # per write (160 MB a step on 10^7 nodes) where only the batch's rows change.
-        self._best = torch.full((n1,), -1, device=dev, dtype=torch.int64)
+        # Beside the tensors the commit indexes (the host when rows are staged).
+        self._best = torch.full((n1,), -1, device=self.storage.host_device, dtype=torch.int64)
 
     _FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
 
@@ -223,13 +238,27 @@ class MemoryState:
     def detach(self) -> None:
         """Kept for API symmetry: the state is stored detached (commits detach)."""
 
+    def close(self) -> None:
+        """Releases the tier's host resources (pinned pages, mapped files)."""
+        self.storage.close()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state's tensors (the scratch row and winners' buffer included)."""
+        return sum(t.numel() * t.element_size() for t in self.full.values())
+
     @property
     def scratch(self) -> int:
         """Index of the scratch row (N)."""
         return self.num_nodes
 
     def gather(self, nodes: torch.Tensor) -> MemoryRows:
-        """Reads the rows of ``nodes`` (U,) as a :class:`MemoryRows` (N: the scratch row)."""
+        """Reads the rows of ``nodes`` (U,) as a :class:`MemoryRows` (N: the scratch row),
+        on the compute device."""
+        if self.storage.staged:
+            # Rows in files: indexed on the host, then copied over (a host sync).
+            idx = nodes.cpu()
+            return MemoryRows(*(self.full[name][idx].to(self.device) for name in self._FIELDS))
         return MemoryRows(*(self.full[name][nodes] for name in self._FIELDS))
 
     def winners(self, nodes: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -252,6 +281,9 @@ class MemoryState:
         The same result as ``commit(update.compact())``: each node gets the memory and
         the mail of its candidate with the largest key.
         """
+        if self.storage.staged:
+            # The write-back goes to the host, where the rows live.
+            update = DenseUpdate(*(t.detach().cpu() for t in vars(update).values()))
         f = self.full
         tgt = self.winners(update.nodes, update.key)
         f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
@@ -285,8 +317,12 @@ class MemoryState:
         self.mail_valid[n, 0] = True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """All state tensors without the scratch row (for checkpoints)."""
-        return {name: getattr(self, name) for name in self._FIELDS}
+        """All state tensors without the scratch row (for checkpoints): the host tensors
+        where the tier has them (written without a copy through the device), else the
+        device's."""
+        return {
+            name: self.host.get(name, self.full[name])[: self.num_nodes] for name in self._FIELDS
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restores :meth:`state_dict` output, checking shapes."""
@@ -297,6 +333,7 @@ class MemoryState:
                 raise ValueError(
                     f"memory state {name}: shape {tuple(new.shape)} != {tuple(cur.shape)}"
                 )
+            cur = self.host.get(name, self.full[name])[: self.num_nodes]
             cur.copy_(new.to(cur.device))
 
 

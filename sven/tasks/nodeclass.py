@@ -39,7 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sven.config import Config, dump_config, load_config
+from sven.engine.evaluation import gather_rows
 from sven.engine.metrics import roc_auc
+from sven.engine.run_folder import atomic_write_text, finite_or_none
 from sven.errors import ConfigError, DataError
 from sven.tasks.replay import encode_events, open_run, split_stream
 
@@ -124,7 +126,7 @@ class NodeClassification:
             The summary (also ``<out>/summary.json``): ``{split}_auc`` of the best epoch
             (by val AUC), the encoder, the label counts.
         """
-        from sven.engine.trainer import _atomic_write_text, _finite_or_none, prepare_out
+        from sven.engine.run_folder import prepare_out
 
         cfg, tc = self.cfg, self.cfg.train
         wall0 = time.perf_counter()
@@ -139,7 +141,7 @@ class NodeClassification:
         encoder = self._encoder()
         tr, folder, _ = open_run(encoder, self._encoder_overrides())
         try:
-            return self._fit(tr, folder, wall0, _atomic_write_text, _finite_or_none)
+            return self._fit(tr, folder, wall0)
         finally:
             tr.ctx.teardown()
 
@@ -182,8 +184,9 @@ class NodeClassification:
         out.append(f"out={self.out / 'encoder-replay'}")
         return out
 
-    def _fit(self, tr: Trainer, folder: Path, wall0: float, atomic: Any, finite: Any) -> dict:
+    def _fit(self, tr: Trainer, folder: Path, wall0: float) -> dict:
         from sven.engine.checkpoint import RunCheckpoints
+        from sven.engine.loop import RunLoop, new_progress
 
         cfg, nc = self.cfg, self.nc
         rank0 = tr.rank == 0
@@ -203,81 +206,29 @@ class NodeClassification:
             barrier=tr._barrier,
             agree=tr._agree,
         )
-        progress: dict[str, Any] = {
-            "history": [],
-            "best_val_auc": -math.inf,
-            "best_epoch": -1,
-            "bad_epochs": 0,
-            "stopped": False,
-        }
-        start = 0
+        task = _Classification(self, tr, folder, clf, opt, y)
+        loop = RunLoop(
+            task,
+            ck,
+            out=self.out,
+            epochs=nc.epochs,
+            patience=nc.patience,
+            checkpoint_every=0,
+            main=rank0,
+            log=self._log,
+            device=tr.device,
+        )
+        progress = new_progress(best_val_auc=-math.inf)
+        start_epoch, start_batch = 0, 0
         if cfg.train.resume:
-            step = ck.newest(ck.latest)
-            if step is not None:
-                state, _ = ck.load(ck.latest, step, tr.device)
-                clf.load_state_dict(state["classifier"])
-                opt.load_state_dict(state["optimizer"])
-                if nc.finetune:
-                    tr.model.load_state_dict(state["model"])
-                progress, start = state["progress"], int(state["epoch"])
-                self._log(f"resumed from {ck.latest.path(step)} (epoch {start})")
-            else:
-                self._log(f"no classifier checkpoint under {self.out}, starting fresh")
-        if rank0:
-            atomic(
-                "".join(json.dumps(h) + "\n" for h in progress["history"]),
-                self.out / "metrics.jsonl",
-            )
-        frozen = None if nc.finetune else self._frozen_embeddings(tr)
-        for epoch in range(start, nc.epochs):
-            if progress["stopped"]:
-                break
-            t0 = time.perf_counter()
-            # The classifier's dropout draws from torch's generator: seeded per epoch, so
-            # that a resumed run draws what an uninterrupted one does.
-            torch.manual_seed(cfg.train.seed * 100_003 + epoch)
-            if frozen is None:
-                loss, scores = self._finetune_epoch(tr, clf, opt, y, epoch)
-            else:
-                loss = self._classifier_epoch(clf, opt, frozen, y, epoch)
-                scores = {s: (idx, self._logits(clf, h)) for s, (idx, h) in frozen.items()}
-            aucs = {f"{s}_auc": roc_auc(scores[s][1].cpu(), y[scores[s][0]].cpu()) for s in SPLITS}
-            line = finite(
-                {"epoch": epoch, "train_loss": loss, **aucs, "epoch_s": time.perf_counter() - t0}
-            )
-            progress["history"].append(line)
-            if rank0:
-                with open(self.out / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(line) + "\n")
-            self._log(
-                f"epoch {epoch}: loss {loss:.4f} val AUC {_fmt(aucs['val_auc'])} "
-                f"test AUC {_fmt(aucs['test_auc'])}"
-            )
-            val = aucs["val_auc"]
-            if not math.isnan(val) and val > progress["best_val_auc"]:
-                progress.update(best_val_auc=val, best_epoch=epoch, bad_epochs=0)
-                best = {"classifier": clf.state_dict(), "epoch": epoch, "encoder": str(folder)}
-                if nc.finetune:
-                    best["model"] = tr.model.state_dict()
-                ck.save(ck.best, epoch, best, {})
-            else:
-                progress["bad_epochs"] += 1
-                if nc.patience and progress["bad_epochs"] >= nc.patience:
-                    progress["stopped"] = True
-            state = {
-                "classifier": clf.state_dict(),
-                "optimizer": opt.state_dict(),
-                "progress": progress,
-                "epoch": epoch + 1,
-                "encoder": str(folder),
-            }
-            if nc.finetune:
-                state["model"] = tr.model.state_dict()
-            ck.save(ck.latest, epoch + 1, state, {})
+            progress, start_epoch, start_batch = loop.resume(progress)
+        if nc.finetune is False:
+            task.frozen = self._frozen_embeddings(tr)
+        progress = loop.run(progress, start_epoch, start_batch)
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(progress["best_epoch"], {})
         counts = {f"{s}_positives": int(y[slice(*tr.data.ranges[s])].sum()) for s in SPLITS}
-        summary = finite(
+        summary = finite_or_none(
             {
                 "task": "node_classification",
                 "model": tr.cfg.model.name,
@@ -294,7 +245,7 @@ class NodeClassification:
             }
         )
         if rank0:
-            atomic(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
+            atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         else:
             summary["rank"] = tr.rank
         self._log(
@@ -313,7 +264,7 @@ class NodeClassification:
         for s in SPLITS:
             lo, hi = tr.data.ranges[s]
             idx, h = encode_events(tr, lo, hi, split_stream(s))
-            idx, h = tr.evaluator._gather_rows(idx, h)
+            idx, h = gather_rows(idx, h, tr.world_size)
             order = torch.argsort(idx)
             out[s] = (idx[order], h[order])
         return out
@@ -394,6 +345,124 @@ class NodeClassification:
     def _log(self, msg: str) -> None:
         if _rank() == 0 and not self.cfg.quiet:
             print(msg, file=sys.stderr, flush=True)
+
+
+class _Classification:
+    """Node classification as a task of the run loop: each epoch one pass of the
+    classifier (over the frozen embeddings, or fine-tuning the encoder through the
+    training events), then the AUC of every split; the best epoch by val AUC."""
+
+    where = "start"
+
+    def __init__(
+        self,
+        run: NodeClassification,
+        tr: Trainer,
+        folder: Path,
+        clf: NodeClassifier,
+        opt: torch.optim.Optimizer,
+        y: torch.Tensor,
+    ) -> None:
+        self.run, self.tr, self.folder = run, tr, folder
+        self.clf, self.opt, self.y = clf, opt, y
+        self.finetune = run.nc.finetune
+        self.frozen: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        #: The epoch's pass, until its line is made: its mean loss and, fine-tuning,
+        #: every split's (indices, logits).
+        self._pass: dict[str, Any] = {}
+
+    def begin_epoch(self, epoch: int, first: int, progress: dict[str, Any]) -> int:
+        """One batch: the epoch's pass."""
+        self._t0 = time.perf_counter()
+        self.where = f"epoch {epoch}"
+        return 1
+
+    def train_batch(self, epoch: int, i: int, progress: dict[str, Any]) -> None:
+        """The epoch's pass of the classifier (and the encoder, fine-tuning)."""
+        run, seed = self.run, self.run.cfg.train.seed
+        # The classifier's dropout draws from torch's generator: seeded per epoch, so
+        # that a resumed run draws what an uninterrupted one does.
+        torch.manual_seed(seed * 100_003 + epoch)
+        if self.frozen is None:
+            loss, scores = run._finetune_epoch(self.tr, self.clf, self.opt, self.y, epoch)
+            self._pass = {"loss": loss, "scores": scores}
+        else:
+            loss = run._classifier_epoch(self.clf, self.opt, self.frozen, self.y, epoch)
+            self._pass = {"loss": loss}
+
+    def stop_requested(self) -> int:
+        """Never: an epoch is one short pass, and node classification installs no
+        signal handler (a stop signal ends the process; ``train.resume=true`` goes on
+        from the last epoch's checkpoint)."""
+        return 0
+
+    def pause(self, progress: dict[str, Any]) -> dict[str, Any]:
+        """Nothing is queued."""
+        return progress
+
+    def unpause(self) -> None:
+        """Nothing to restart."""
+
+    def end_epoch(self, epoch: int, progress: dict[str, Any]) -> dict[str, Any]:
+        """The AUC of every split from the epoch's classifier."""
+        scores = self._pass.get("scores")
+        if scores is None:
+            assert self.frozen is not None
+            clf = self.clf
+            scores = {s: (idx, self.run._logits(clf, h)) for s, (idx, h) in self.frozen.items()}
+        y = self.y
+        aucs = {f"{s}_auc": roc_auc(scores[s][1].cpu(), y[scores[s][0]].cpu()) for s in SPLITS}
+        return {
+            "epoch": epoch,
+            "train_loss": self._pass["loss"],
+            **aucs,
+            "epoch_s": time.perf_counter() - self._t0,
+        }
+
+    def describe(self, line: dict[str, Any]) -> str:
+        """The epoch's log line."""
+        return (
+            f"epoch {line['epoch']}: loss {line['train_loss']:.4f} val AUC "
+            f"{_fmt(line['val_auc'])} test AUC {_fmt(line['test_auc'])}"
+        )
+
+    def improved(self, line: dict[str, Any], progress: dict[str, Any]) -> bool:
+        """Val AUC above the best so far (an undefined AUC never improves)."""
+        val = line["val_auc"]
+        if val is None or math.isnan(val) or val <= progress["best_val_auc"]:
+            return False
+        progress["best_val_auc"] = val
+        return True
+
+    def _models(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"classifier": self.clf.state_dict(), "encoder": str(self.folder)}
+        if self.finetune:
+            state["model"] = self.tr.model.state_dict()
+        return state
+
+    def state_dict(
+        self, epoch: int, next_batch: int, progress: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Classifier, optimizer, progress, cursor (and the encoder, fine-tuning)."""
+        state = {
+            **self._models(),
+            "optimizer": self.opt.state_dict(),
+            "progress": progress,
+            "cursor": {"epoch": epoch, "next_batch": next_batch},
+        }
+        return state, {}
+
+    def load_state_dict(self, state: dict[str, Any], shard: dict[str, Any]) -> None:
+        """Loads :meth:`state_dict`'s checkpoint (also one of a run written before the
+        run loop, whose cursor was its ``epoch``)."""
+        self.clf.load_state_dict(state["classifier"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.finetune:
+            self.tr.model.load_state_dict(state["model"])
+
+    def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The classifier (and the encoder, fine-tuning) of the best epoch."""
+        return {**self._models(), "epoch": epoch}, {}
 
 
 def _fmt(x: float | None) -> str:

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sven.engine.checkpoint import find_checkpoint, load_file
-from sven.engine.components import EVAL_STREAM
+from sven.engine.evaluation import EVAL_STREAM
 from sven.errors import SvenError
 
 if TYPE_CHECKING:
-    from sven.engine.components import Data
+    from sven.engine.data import Data
     from sven.engine.trainer import Trainer
 
 __all__ = ["check_same_data", "encode_events", "open_run", "read_checkpoint", "split_stream"]

@@ -162,7 +162,7 @@ def test_p_ranks_equal_one_process(store, reference, tmp_path, world_size: int) 
 
 
 def _capacity_main(rank: int, world_size: int, store: str, out: str) -> dict | None:
-    from sven.engine.components import comm_report
+    from sven.engine.comm import comm_report
 
     tr = sven.Trainer(
         None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -116,10 +117,10 @@ class _StageError(RuntimeError):
 def _failing_stage_main(rank: int, world_size: int, store: str, out: str) -> str:
     before = _threads()
     tr = sven.Trainer(None, _overrides_for(store, out, 2))
-    build = tr.step._build
+    build = tr.step.source.build
     calls = []
 
-    def broken(inp: dict, *args: object, **kwargs: object) -> object:
+    def broken(inp: Any, *args: object, **kwargs: object) -> object:
         # The ring's first D + 1 builds (batches 0-2) run when the epoch starts; step i
         # builds batch i + 2, so batch 5 is built in step 3.
         calls.append(int(inp["gstart"]))
@@ -127,7 +128,7 @@ def _failing_stage_main(rank: int, world_size: int, store: str, out: str) -> str
             raise _StageError(f"build failed at event {calls[-1]}")
         return build(inp, *args, **kwargs)
 
-    tr.step._build = broken
+    tr.step.source.build = broken
     steps = []
     tr.add_hook("after_step", lambda t: steps.append(1))
     msg = _fit_raising(tr, _StageError)

@@ -12,7 +12,8 @@ import sven
 from sven.config import load_config
 from sven.datasets.store import write_events
 from sven.engine.checkpoint import RunCheckpoints
-from sven.engine.components import Data, Evaluator, Optimizer
+from sven.engine.data import Data
+from sven.engine.optim import Optimizer
 from sven.errors import ConfigError
 from sven.models import MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange
@@ -179,7 +180,7 @@ def test_checkpointer_state_and_files_round_trip(store, tmp_path) -> None:
 
 
 def test_evaluator_state_is_empty(store, tmp_path) -> None:
-    ev = Evaluator(None, _data(store, tmp_path), None)
+    ev = sven.Trainer(None, _overrides(store, tmp_path / "run")).evaluator
     assert ev.state_dict() == {}
     ev.load_state_dict({})
     with pytest.raises(ValueError, match="no state"):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from sven.engine.components import EVAL_STREAM, EvalResult
+from sven.engine.evaluation import EVAL_STREAM, EvalResult
 from sven.engine.metrics import average_precision, batched_link_metrics, link_metrics, mrr
 from sven.engine.trainer import Trainer
 from sven.pipeline.eval_negatives import TRIES, EvalNegatives, eval_negative_columns
@@ -63,7 +63,7 @@ def _oracle_table(tr: Trainer, split: str) -> torch.Tensor:
     step = tr.step
     lo, hi = tr.ranges[split]
     b, seed, q = tr.cfg.train.batch_size, tr.cfg.train.seed, tr.mrr_negatives
-    protocols = step.protocols if split == "test" else step.protocols[:1]
+    protocols = step.evaluation.split_protocols(split)
     sampler = tr.data.eval_negatives()
     cols = []
     for start in range(lo, hi, b):
@@ -77,7 +77,7 @@ def _oracle_table(tr: Trainer, split: str) -> torch.Tensor:
                 s = EVAL_STREAM[split] + {"historical": 1 << 22, "inductive": 2 << 22}[p]
                 c.append(_oracle_draw(sampler, p, seed, s, idx, start, stop))
         c = torch.stack(c, 1)
-        c = torch.cat([c, c[:, :1].expand(-1, len(step.protocols) - c.shape[1])], 1)
+        c = torch.cat([c, c[:, :1].expand(-1, len(step.evaluation.protocols) - c.shape[1])], 1)
         if q:
             c = torch.cat([c, tr.data.mrr_draw(split, idx)], 1)
         cols.append(c)
@@ -246,8 +246,10 @@ def test_evaluation_metrics_equal_the_per_batch_code(store, tmp_path, selected: 
         # The old table repeated a split's first column up to the widest split's width;
         # each split now has its own width.
         old = _oracle_table(tr, split)
-        n_p, n_all = len(tr.step.split_protocols(split)), len(tr.step.protocols)
-        assert torch.equal(tr.step._negatives(split), torch.cat([old[:, :n_p], old[:, n_all:]], 1))
+        n_p, n_all = len(tr.step.evaluation.split_protocols(split)), len(tr.step.evaluation.protocols)
+        assert torch.equal(
+            tr.step.evaluation.negatives(split), torch.cat([old[:, :n_p], old[:, n_all:]], 1)
+        )
         res = tr.evaluate(split)
         assert res.protocol_neg or split == "val"
         _same(tr.split_metrics(split, res), _oracle_metrics(tr, split, res))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sven.config import Config, config_differences, load_config
-from sven.engine.trainer import is_run_folder, prepare_out
+from sven.engine.run_folder import is_run_folder, prepare_out
 from sven.errors import ConfigError
 
 

@@ -7,7 +7,9 @@ import copy
 import pytest
 import torch
 
-from sven.engine.step import StepGraph, StepInput, _copy_tree, _tree_tensors, masked_bce, train_step
+from sven.engine.batches import copy_tree, tree_tensors
+from sven.engine.body import StepInput, masked_bce, train_step
+from sven.engine.capture import StepGraph
 from sven.models import MODELS, MemoryState, build_model
 from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate
@@ -224,7 +226,7 @@ def test_copy_tree_fills_a_ring_slot_in_place() -> None:
     before = {id(t): t for t in _tensors(slot)}
     assert any(t.dtype == torch.bool for t in before.values())
     assert any(t.is_floating_point() for t in before.values())
-    _copy_tree(slot, new)
+    copy_tree(slot, new)
     after = _tensors(slot)
     assert [id(t) for t in after] == list(before)
     for a, b in zip(after, _tensors(new), strict=True):
@@ -232,7 +234,7 @@ def test_copy_tree_fills_a_ring_slot_in_place() -> None:
 
 
 def _tensors(item: StepInput) -> list[torch.Tensor]:
-    return _tree_tensors(item)
+    return tree_tensors(item)
 
 
 def test_step_graph_off_runs_eagerly_and_validates_mode() -> None:

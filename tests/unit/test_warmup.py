@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from sven.engine.components import EVAL_STREAM
-from sven.engine.step import StepGraph, undone
+from sven.engine.capture import StepGraph, undone
+from sven.engine.evaluation import EVAL_STREAM
 from sven.engine.trainer import Trainer
 from tests.conftest import write_tiny_store
 
@@ -84,22 +84,20 @@ def _run(store, out, model: str, rehearse_at: set[int]) -> tuple[dict[str, Any],
         stop = min(start + B, hi)
         if i in rehearse_at:
             # What train_batch sets before the graph's first call, then its warm-up.
-            step._fill(
-                step.inp, start=start, stop=stop, gstart=start, stream=0,
-                npred=float((stop - start) * 2),
-            )  # fmt: skip
+            step.inp.fill(
+                start=start, stop=stop, gstart=start, stream=0, npred=float((stop - start) * 2)
+            )
             step.train_graph.rehearse()
         step.train_batch(0, i, start, stop)
     train_state = _state(tr)
     if rehearse_at:
         # The eval graph's warm-up, as at the first batch of the first evaluation.
         vlo, vhi = tr.ranges["val"]
-        neg_table, _, (graph,) = step.eval_graph("val")
-        neg_table[: vhi - vlo].copy_(step._negatives("val"))
-        step._fill(
-            step.inp, split_lo=vlo, stream=EVAL_STREAM["val"], start=vlo, stop=vlo + B,
-            gstart=vlo,
-        )  # fmt: skip
+        ev = step.evaluation
+        width = ev.width("val")
+        (graph,) = width.graphs
+        width.neg[: vhi - vlo].copy_(ev.negatives("val"))
+        ev.inp.fill(split_lo=vlo, stream=EVAL_STREAM["val"], start=vlo, stop=vlo + B, gstart=vlo)
         graph.rehearse()
     res = tr.evaluate("val")
     return train_state, (res, _state(tr))
@@ -123,7 +121,7 @@ def test_without_the_restore_the_warm_up_would_change_the_state(store, tmp_path)
     step = tr.step
     lo = tr.ranges["train"][0]
     before = _state(tr)
-    step._fill(step.inp, start=lo, stop=lo + B, gstart=lo, stream=0, npred=float(2 * B))
+    step.inp.fill(start=lo, stop=lo + B, gstart=lo, stream=0, npred=float(2 * B))
     StepGraph(step._train_fn(0), mode="off", device=tr.device, state=lambda: []).rehearse()
     after = _state(tr)
     assert any(not torch.equal(before["model"][k], after["model"][k]) for k in before["model"])

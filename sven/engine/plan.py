@@ -1,0 +1,277 @@
+"""A run's plan: what it needs in GPU memory, host memory and disk, checked before any
+work.
+
+:func:`plan_run` counts, from the store's shape, the model's widths and the config, the
+bytes each part of a run holds at its peak (node state, event tables, the sampler's
+index, per-node indexes, evaluation tables, the model, checkpoints kept on disk),
+picks the node-state tier (``state.device=auto``: the GPU when the run fits its budget,
+else host memory, else files), and :meth:`Plan.check` refuses a run that does not fit,
+in one line naming the numbers and the setting to change. ``sven train --dry-run``
+prints the plan (:meth:`Plan.describe`) and stops.
+
+The counts are estimates of the large items (what grows with nodes and events), not
+of every small buffer; each budget keeps a margin for the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sven.errors import ConfigError
+
+__all__ = ["Plan", "node_row_bytes", "plan_run"]
+
+GB = 1e9
+# What a budget of 0 leaves to everything the plan does not count.
+_GPU_MARGIN = 0.95
+_HOST_MARGIN = 0.90
+
+
+def node_row_bytes(memory_dim: int, mail_dim: int, mailbox: int, itemsize: int) -> int:
+    """Bytes of one node's state: memory, last update, the mailbox with its times and
+    flags."""
+    return memory_dim * itemsize + 8 + mailbox * (mail_dim * itemsize + 8 + 1)
+
+
+@dataclass
+class Item:
+    """One part of a run and the bytes it holds where."""
+
+    what: str
+    gpu: int = 0
+    host: int = 0
+    disk: int = 0
+
+
+@dataclass
+class Plan:
+    """What a run needs and where it has room.
+
+    Attributes:
+        tier: The node-state tier (``gpu``, ``host`` or ``disk``).
+        items: The parts counted.
+        budgets: ``gpu``, ``host``, ``disk`` -> bytes the run may use (``None``: no such
+            device).
+        device: The compute device's type.
+        state_bytes: This rank's node state.
+        disk_path: Where checkpoints go (its free space is the disk budget).
+    """
+
+    tier: str
+    items: list[Item]
+    budgets: dict[str, int | None]
+    device: str
+    state_bytes: int
+    disk_path: Path
+    notes: list[str] = field(default_factory=list)
+
+    def total(self, where: str) -> int:
+        """Bytes needed in ``gpu``, ``host`` or ``disk``."""
+        return sum(getattr(i, where) for i in self.items)
+
+    def _largest(self, where: str, k: int = 3) -> str:
+        top = sorted(self.items, key=lambda i: -getattr(i, where))[:k]
+        return ", ".join(f"{i.what} {_gb(getattr(i, where))}" for i in top if getattr(i, where))
+
+    def shortfall(self) -> str | None:
+        """The first budget the run exceeds, as one line, or None when it fits."""
+        hints = {
+            "gpu": "set state.device=host (node state in host memory) or raise state.gpu_budget_gb",
+            "host": "set state.device=disk (node state in files), or raise state.host_budget_gb",
+            "disk": "free space, lower train.keep_latest_k, or set out= on a larger disk",
+        }
+        names = {"gpu": "GPU memory", "host": "host memory", "disk": f"disk at {self.disk_path}"}
+        for where in ("gpu", "host", "disk"):
+            have = self.budgets.get(where)
+            need = self.total(where)
+            if have is None or need <= have:
+                continue
+            hint = hints[where]
+            if where == "gpu" and self.tier != "gpu":
+                hint = "raise state.gpu_budget_gb or lower train.batch_size"
+            if where == "host" and self.tier == "disk":
+                hint = "raise state.host_budget_gb"
+            return (
+                f"the run needs {_gb(need)} of {names[where]} ({self._largest(where)}) but "
+                f"{_gb(have)} {'is' if where == 'disk' else 'are'} available: {hint}"
+            )
+        return None
+
+    def check(self) -> None:
+        """Refuses a run that does not fit a budget.
+
+        Raises:
+            ConfigError: One line: what is needed, what is available, what to change.
+        """
+        short = self.shortfall()
+        if short is not None:
+            raise ConfigError(short)
+
+    def describe(self) -> str:
+        """The plan as ``sven train --dry-run`` prints it."""
+        rows = [f"node state: {self.tier} tier, {_gb(self.state_bytes)} on this rank"]
+        rows.append(f"{'':30s} {'GPU':>10s} {'host':>10s} {'disk':>10s}")
+        for i in self.items:
+            if i.gpu or i.host or i.disk:
+                rows.append(
+                    f"{i.what:30s} {_cell(i.gpu):>10s} {_cell(i.host):>10s} {_cell(i.disk):>10s}"
+                )
+        rows.append(
+            f"{'total':30s} {_cell(self.total('gpu')):>10s} {_cell(self.total('host')):>10s} "
+            f"{_cell(self.total('disk')):>10s}"
+        )
+        rows.append(
+            f"{'available':30s} {_cell(self.budgets.get('gpu')):>10s} "
+            f"{_cell(self.budgets.get('host')):>10s} {_cell(self.budgets.get('disk')):>10s}"
+        )
+        rows.extend(self.notes)
+        short = self.shortfall()
+        rows.append("fits" if short is None else f"does not fit: {short}")
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's numbers (``summary.json``'s ``plan``)."""
+        return {
+            "state_tier": self.tier,
+            "state_bytes": self.state_bytes,
+            "need": {w: self.total(w) for w in ("gpu", "host", "disk")},
+            "budgets": self.budgets,
+        }
+
+
+def _gb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / GB:.2f} GB"
+
+
+def _cell(n: int | None) -> str:
+    return "-" if not n else f"{n / GB:.2f} GB"
+
+
+def _available_host() -> int:
+    """MemAvailable (Linux), else the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _free_disk(path: Path) -> int:
+    p = path.resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def plan_run(
+    cfg: Any,
+    *,
+    num_events: int,
+    num_nodes: int,
+    edge_dim: int,
+    node_dim: int,
+    mail_dim: int,
+    mailbox_size: int,
+    world_size: int,
+    device: torch.device,
+) -> Plan:
+    """The plan of a run (:class:`Plan`); ``cfg.state.device=auto`` resolved.
+
+    Args:
+        cfg: The run's config.
+        num_events: E, the store's events.
+        num_nodes: N, its nodes.
+        edge_dim: Edge feature width.
+        node_dim: Node feature width.
+        mail_dim: The model's mail width.
+        mailbox_size: The model's mailbox slots.
+        world_size: P ranks.
+        device: The compute device.
+    """
+    tc, mc, sc = cfg.train, cfg.model, cfg.state
+    e, p = int(num_events), max(int(world_size), 1)
+    n_all = int(num_nodes)
+    # A rank's rows: all of them on one process; about N / P on P ranks (the
+    # partition balances events, not vertices: a margin of 10%).
+    n = n_all if p == 1 else int(n_all / p * 1.1) + 1
+    itemsize = 8 if tc.dtype == "float64" else 4
+    row = node_row_bytes(mc.memory_dim, mail_dim, mailbox_size, itemsize)
+    state = (n + 1) * row
+    cuda = device.type == "cuda"
+    compute = "gpu" if cuda else "host"
+
+    def on(where: str, what: str, nbytes: int) -> Item:
+        return Item(what, **{where: int(nbytes)})
+
+    items: list[Item] = []
+    # The event tables on the device: ids and times widened to 64 bits, the edge
+    # features, the rank of every event; the sampler's T-CSR (each event twice: id,
+    # event, time) and its transient build (sorts and permutations of 2E entries).
+    events = e * (8 + 8 + 8 + 8) + e * edge_dim * itemsize
+    items.append(on(compute, "event tables", events))
+    sampler = 48 * e + 8 * (n_all + 1) if mc.num_neighbors else 0
+    items.append(on(compute, "sampler index", sampler + 64 * e))
+    # Per-node indexes: owner, owned rows, candidates, winners; on P ranks the
+    # exchange's owner/local maps and winners over every vertex.
+    per_node = 8 * 4 * (n_all + 1) + (8 * 5 * (n_all + 1) if p > 1 else 0)
+    items.append(on(compute, "per-node indexes", per_node))
+    if node_dim:
+        items.append(on(compute, "node features", n * node_dim * itemsize))
+    # Evaluation: each of val and test holds a negatives table and its copy, and a
+    # scores table, of (rows, 1 + width) for about 15% of the events each.
+    width = 1 + (cfg.eval.mrr_negatives or 0) + (2 if cfg.eval.all_protocols else 0)
+    items.append(on(compute, "evaluation tables", 2 * int(0.16 * e) * (1 + width) * 3 * 8))
+    # The step: its batch of B events, their negatives and sampled neighbours' rows
+    # (state rows and embeddings), a few times over for the backward and the ring.
+    slots = tc.batch_size * (2 + tc.num_neg) * (1 + mc.num_neighbors)
+    step = slots * (row + 16 * mc.embed_dim * itemsize) * (2 + cfg.pipeline.prefetch)
+    items.append(on(compute, "step and prefetch ring", step + (64 << 20)))
+    # The process itself (torch and CUDA's libraries, the Python heap).
+    items.append(on("host", "process", (3 << 30) if cuda else (1 << 30)))
+    tier = sc.device
+    budgets: dict[str, int | None] = {
+        "gpu": None,
+        "host": int(sc.host_budget_gb * GB) or int(_available_host() * _HOST_MARGIN),
+    }
+    if cuda:
+        free = torch.cuda.mem_get_info(device)[0]
+        budgets["gpu"] = int(sc.gpu_budget_gb * GB) or int(free * _GPU_MARGIN)
+    out = Path(cfg.out)
+    budgets["disk"] = _free_disk(out)
+    notes: list[str] = []
+    if tier == "auto":
+        fixed_gpu = sum(i.gpu for i in items)
+        fixed_host = sum(i.host for i in items)
+        if cuda and fixed_gpu + state <= budgets["gpu"]:  # type: ignore[operator]
+            tier = "gpu"
+        elif not cuda and fixed_host + state <= budgets["host"]:  # type: ignore[operator]
+            tier = "gpu"
+        elif cuda and fixed_host + state <= budgets["host"]:  # type: ignore[operator]
+            tier = "host"
+        else:
+            tier = "disk"
+        notes.append(f"state.device=auto chose {tier}")
+    if tier == "gpu":
+        items.append(on(compute, "node state", state))
+    elif tier == "host":
+        items.append(on("host", "node state (pinned)" if cuda else "node state", state))
+    else:
+        items.append(on("disk", "node state (files)", state))
+    # Checkpoints: each holds the node state once (best/ links the latest's files);
+    # alive at once: the kept ones, the one being written, and a best model older than
+    # all of them.
+    per_epoch = 1 + (
+        (-(-e // tc.batch_size) - 1) // tc.checkpoint_every if tc.checkpoint_every else 0
+    )
+    writes = max(1, tc.epochs * per_epoch)
+    kept = min(writes, tc.keep_latest_k + 2)
+    items.append(on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
+    return Plan(tier, items, budgets, device.type, state, out, notes)

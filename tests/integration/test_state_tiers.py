@@ -1,0 +1,236 @@
+"""Node state in host memory or in memory-mapped files gives the same run as node state
+beside the compute: every model, 50 batches, one process and two gloo ranks; exact
+resume with host state; the staged path of files on CUDA, run on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import sven
+from sven.errors import ConfigError
+from sven.models.memory import DenseUpdate, MemoryState
+from sven.models.storage import Storage
+from tests.dist.launch import run_ranks
+
+MODELS = ("tgn", "jodie", "apan", "dyrep")
+TIERS = ("host", "disk")
+BATCHES = 50
+
+
+def _overrides(store: str, out: Path | str, model: str, tier: str, *extra: str) -> list[str]:
+    return [
+        f"data.path={store}",
+        f"out={out}",
+        f"model.name={model}",
+        f"state.device={tier}",
+        "quiet=true",
+        "train.epochs=1",
+        f"train.max_batches={BATCHES}",
+        "train.batch_size=20",
+        "model.memory_dim=8",
+        "model.time_dim=4",
+        "model.embed_dim=8",
+        "model.num_neighbors=3",
+        "model.mailbox_size=2",
+        "model.dropout=0.1",
+        "train.threads=1",
+        "dist.timeout_s=120",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    from sven.datasets.synth import generate
+
+    path = tmp_path_factory.mktemp("tiers") / "store"
+    generate(path, events=1500, nodes=60, seed=5, edge_feat_dim=2)
+    return str(path)
+
+
+def _run(store: str, out: Path | str, model: str, tier: str) -> tuple[list, dict, str]:
+    """(per-batch parameters and node state, the summary, the tier used)."""
+    tr = sven.Trainer(None, _overrides(store, out, model, tier))
+    records: list = []
+
+    def record(t: sven.Trainer) -> None:
+        params = torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]).clone()
+        state = {k: v.clone() for k, v in t.memory.state_dict().items()}
+        records.append((params, state))
+
+    tr.add_hook("after_step", record)
+    summary = tr.fit()
+    return records, summary, tr.memory.storage.tier
+
+
+def _same_runs(a: tuple[list, dict, str], b: tuple[list, dict, str], label: str) -> None:
+    (rec_a, sum_a, _), (rec_b, sum_b, _) = a, b
+    assert len(rec_a) == len(rec_b) == BATCHES, label
+    for i, ((pa, sa), (pb, sb)) in enumerate(zip(rec_a, rec_b)):
+        assert torch.equal(pa, pb), f"{label}: parameters differ after batch {i}"
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), f"{label}: node state {k} differs after batch {i}"
+    for k in ("val_ap", "val_auc", "test_ap", "test_auc", "test_ap_inductive"):
+        assert sum_a[k] == sum_b[k], (label, k)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_host_and_disk_state_equal_device_state(store, tmp_path, model: str) -> None:
+    ref = _run(store, tmp_path / "gpu", model, "gpu")
+    assert ref[2] == "gpu"
+    for tier in TIERS:
+        got = _run(store, tmp_path / tier, model, tier)
+        assert got[2] == tier
+        _same_runs(ref, got, f"{model} {tier}")
+    # The disk tier's rows are in files under the run (scratch, not a checkpoint).
+    files = sorted(p.name for p in (tmp_path / "disk" / "state" / "rank0").iterdir())
+    assert files == [
+        ".sven-state",
+        "last_update.bin",
+        "mail.bin",
+        "mail_ts.bin",
+        "mail_valid.bin",
+        "memory.bin",
+    ]
+
+
+def _rank_run(rank: int, world_size: int, store: str, out: str, model: str, tier: str) -> dict:
+    tr = sven.Trainer(None, _overrides(store, out, model, tier, "dist.strategy=hash"))
+    records: list = []
+
+    def record(t: sven.Trainer) -> None:
+        state = {k: v.clone() for k, v in t.memory.state_dict().items()}
+        params = torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]).clone()
+        records.append((params, state))
+
+    tr.add_hook("after_step", record)
+    summary = tr.fit()
+    return {"records": records, "summary": summary, "tier": tr.memory.storage.tier}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("model", MODELS)
+def test_two_ranks_host_and_disk_state_equal_device_state(store, tmp_path, model: str) -> None:
+    ref = run_ranks(_rank_run, 2, store, str(tmp_path / "gpu"), model, "gpu", timeout=300)
+    for tier in TIERS:
+        got = run_ranks(_rank_run, 2, store, str(tmp_path / tier), model, tier, timeout=300)
+        for r in range(2):
+            assert got[r]["tier"] == tier
+            _same_runs(
+                (ref[r]["records"], ref[r]["summary"], "gpu"),
+                (got[r]["records"], got[r]["summary"], tier),
+                f"{model} {tier} rank {r}",
+            )
+
+
+def test_resume_with_host_state_is_exact(store, tmp_path) -> None:
+    """Two epochs straight, against one epoch then a resumed second, state in host
+    memory: the same metrics and node state."""
+
+    def over(out: Path, epochs: int, *extra: str) -> list[str]:
+        base = _overrides(store, out, "tgn", "host", "train.max_batches=0", *extra)
+        return [*base, f"train.epochs={epochs}", "train.patience=0"]
+
+    straight = sven.Trainer(None, over(tmp_path / "a", 2))
+    whole = straight.fit()
+    first = sven.Trainer(None, over(tmp_path / "b", 1))
+    first.fit()
+    resumed = sven.Trainer(None, over(tmp_path / "b", 2, "train.resume=true"))
+    assert resumed.memory.storage.tier == "host"
+    again = resumed.fit()
+    for k in ("val_ap", "test_ap", "test_auc", "best_epoch", "epochs_run"):
+        assert again[k] == whole[k], k
+    lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["train_loss"] for x in lines] == [x["train_loss"] for x in ref]
+    for k, v in straight.memory.state_dict().items():
+        assert torch.equal(resumed.memory.state_dict()[k], v), k
+
+
+def test_staged_rows_equal_direct_rows(tmp_path) -> None:
+    """Files on CUDA stage each batch's rows through host copies; the same commits
+    through that path (forced here on the CPU) leave the same state."""
+    n, d, dm, m = 30, 4, 5, 2
+    direct = MemoryState(n, d, dm, m, "cpu")
+    store = Storage("disk", "cpu", folder=tmp_path / "staged")
+    store.staged = True
+    staged = MemoryState(n, d, dm, m, "cpu", storage=store)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        p, q = 12, 9
+        update = DenseUpdate(
+            nodes=torch.randint(0, n + 1, (p,), generator=g),
+            memory=torch.randn(p, d, generator=g),
+            last_update=torch.rand(p, generator=g, dtype=torch.float64),
+            key=torch.randperm(100, generator=g)[:p] - 20,
+            mail_nodes=torch.randint(0, n + 1, (q,), generator=g),
+            mail=torch.randn(q, dm, generator=g),
+            mail_ts=torch.rand(q, generator=g, dtype=torch.float64),
+            mail_key=torch.randperm(100, generator=g)[:q] - 20,
+        )
+        direct.commit_dense(update)
+        staged.commit_dense(update)
+        ids = torch.randint(0, n + 1, (7,), generator=g)
+        a, b = direct.gather(ids), staged.gather(ids)
+        for x, y in zip(vars(a).values(), vars(b).values()):
+            assert (x is None and y is None) or torch.equal(x, y)
+    for k, v in direct.state_dict().items():
+        assert torch.equal(staged.state_dict()[k], v), k
+    assert float(direct.memory.abs().sum()) > 0
+
+
+def test_plan_refuses_a_run_that_does_not_fit_before_any_work(store, tmp_path) -> None:
+    out = tmp_path / "run"
+    over = _overrides(store, out, "tgn", "gpu", "state.host_budget_gb=0.001")
+    with pytest.raises(ConfigError) as err:
+        sven.Trainer(None, over)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "GB of host memory" in msg and "0.00 GB are available" in msg
+    assert "state.device=disk" in msg and "state.host_budget_gb" in msg
+    assert not out.exists()
+
+
+def test_auto_picks_files_when_host_memory_is_short(store, tmp_path) -> None:
+    from sven.engine.trainer import dry_run
+
+    over = _overrides(store, tmp_path / "run", "tgn", "auto", "state.host_budget_gb=100")
+    assert dry_run(None, over).tier == "gpu"
+    plan = dry_run(None, [*over, "state.host_budget_gb=0.0001"])
+    # Everything else does not fit either: the plan says so rather than running.
+    assert plan.tier == "disk" and plan.shortfall() is not None
+    text = plan.describe()
+    assert "node state: disk tier" in text and "does not fit" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", MODELS)
+def test_pinned_host_state_on_cuda_equals_gpu_state(store, tmp_path, model: str) -> None:
+    """On CUDA the host tier's tables are pinned host memory that the captured step's
+    kernels read and write directly: the same run, bit for bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+    def run(tier: str) -> tuple[list, dict, str]:
+        over = _overrides(store, tmp_path / tier, model, tier, "train.device=cuda")
+        tr = sven.Trainer(None, over)
+        records: list = []
+
+        def record(t: sven.Trainer) -> None:
+            params = torch.cat([p.detach().reshape(-1) for p in t.model.parameters()])
+            state = {k: v.detach().cpu().clone() for k, v in t.memory.state_dict().items()}
+            records.append((params.cpu().clone(), state))
+
+        tr.add_hook("after_step", record)
+        summary = tr.fit()
+        if tier == "host":
+            assert all(v.device.type == "cuda" for v in tr.memory.full.values())
+            assert all(v.device.type == "cpu" for v in tr.memory.host.values())
+            assert tr.step.train_graph.captured
+        return records, summary, tr.memory.storage.tier
+
+    _same_runs(run("gpu"), run("host"), f"{model} cuda host")
