@@ -25,113 +25,18 @@ are read once per epoch. A batch that needs more than a capacity is recorded in
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from sven.errors import SvenError
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryState, winner_rows
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.wire import COUNTERS, ID_BYTES, Capacities, CapacityError, CommCounter, RowCodec
 
-__all__ = [
-    "COUNTERS",
-    "ID_BYTES",
-    "Capacities",
-    "CapacityError",
-    "CommCounter",
-    "FetchPlan",
-    "FixedExchange",
-    "LocalExchange",
-    "read_occurrences",
-]
-
-ID_BYTES = 8
-#: The byte counters, in the order of :attr:`CommCounter.value`.
-COUNTERS = ("ids", "read_rows", "write_rows", "grads", "naive")
-
-
-class CommCounter:
-    """Bytes this rank sent to other ranks, by kind, kept on the device.
-
-    ``naive`` counts what a scheme without de-duplication would send: one request and one
-    row per occurrence of a remote node in the batch, one row per remote write.
-
-    Args:
-        device: Where the counters live (the step adds to them without a host sync).
-    """
-
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.value = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
-
-    def add(self, **counts: torch.Tensor | int) -> None:
-        """Adds byte counts by name (0-d tensors or ints)."""
-        for name, n in counts.items():
-            self.value[COUNTERS.index(name)] += n
-
-    def reset(self) -> None:
-        """Zeroes every counter."""
-        self.value.zero_()
-
-    def read(self) -> dict[str, int]:
-        """The counters on the host (one device read)."""
-        return dict(zip(COUNTERS, self.value.tolist()))
-
-    def __getattr__(self, name: str) -> int:
-        if name in COUNTERS:
-            return int(self.value[COUNTERS.index(name)])
-        raise AttributeError(name)
-
-
-@dataclass
-class Capacities:
-    """The static sizes of one kind of step (training, or evaluation) on P ranks.
-
-    Attributes:
-        events: Event slots of a rank's share of one global batch.
-        fetch: (P, P) most node rows rank r requests from rank q in one batch (0 on
-            the diagonal: local rows are read in place).
-        push: (P, P) most written nodes rank r sends to rank q in one batch.
-    """
-
-    events: int
-    fetch: list[list[int]]
-    push: list[list[int]]
-
-    def grown(self, slack: float, extra: int = 8) -> Capacities:
-        """Room for later epochs, whose negatives and uniform draws differ: each
-        off-diagonal capacity times ``slack`` plus ``extra`` rows."""
-
-        def grow(m: list[list[int]]) -> list[list[int]]:
-            return [
-                [0 if r == q else math.ceil(c * slack) + extra for q, c in enumerate(row)]
-                for r, row in enumerate(m)
-            ]
-
-        return Capacities(self.events, grow(self.fetch), grow(self.push))
-
-    def covers(self, other: Capacities) -> bool:
-        """Whether every size of ``other`` fits in this one."""
-        return (
-            self.events >= other.events
-            and all(a >= b for ra, rb in zip(self.fetch, other.fetch) for a, b in zip(ra, rb))
-            and all(a >= b for ra, rb in zip(self.push, other.push) for a, b in zip(ra, rb))
-        )
-
-    def to_json(self, path: str | Path) -> None:
-        """Writes ``{"events", "fetch", "push"}`` as JSON."""
-        Path(path).write_text(json.dumps(asdict(self)) + "\n")
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Capacities:
-        """Reads :meth:`to_json`'s file."""
-        d = json.loads(Path(path).read_text())
-        return cls(int(d["events"]), d["fetch"], d["push"])
+__all__ = ["FetchPlan", "FixedExchange", "LocalExchange", "read_occurrences"]
 
 
 def read_occurrences(batch: Batch) -> torch.Tensor:
@@ -154,45 +59,6 @@ def read_occurrences(batch: Batch) -> torch.Tensor:
         w = batch.block.mask[:nb].to(torch.int64) * root_w[:nb, None]
         occ.index_add_(0, batch.nbr_pos.reshape(-1), w.reshape(-1))
     return occ
-
-
-class _RowCodec:
-    """Packs per-node tensors of mixed dtypes into uint8 rows and back.
-
-    Rows travel as raw bytes so that float memory and float64 timestamps share one
-    message without a lossy cast.
-    """
-
-    def __init__(self, specs: list[tuple[tuple[int, ...], torch.dtype]]) -> None:
-        self.specs = specs
-        self.numels = [math.prod(shape) for shape, _ in specs]
-        self.sizes = [
-            n * torch.empty((), dtype=dt).element_size() for n, (_, dt) in zip(self.numels, specs)
-        ]
-        self.row_bytes = sum(self.sizes)
-
-    def pack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """(n, ...) tensors -> (n, row_bytes) uint8."""
-        n = tensors[0].shape[0]
-        parts = []
-        for t, numel in zip(tensors, self.numels):
-            flat = t.contiguous().reshape(n, numel)
-            # Bool has no byte view guarantee across versions; convert explicitly.
-            parts.append(flat.to(torch.uint8) if t.dtype == torch.bool else flat.view(torch.uint8))
-        return torch.cat(parts, dim=1)
-
-    def unpack(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        """(n, row_bytes) uint8 -> the tensors, in spec order."""
-        n = rows.shape[0]
-        out, off = [], 0
-        for (shape, dt), size in zip(self.specs, self.sizes):
-            # Contiguous columns: a column slice keeps the row stride, which a dtype view
-            # rejects.
-            chunk = rows[:, off : off + size].contiguous().reshape(-1)
-            off += size
-            t = chunk.to(torch.bool) if dt == torch.bool else chunk.view(dt)
-            out.append(t.reshape(n, *shape))
-        return out
 
 
 class LocalExchange:
@@ -351,7 +217,7 @@ class FixedExchange:
         ]
         if node_feat is not None:
             read_specs.append(((node_feat.shape[1],), node_feat.dtype))
-        self.read_codec = _RowCodec(read_specs)
+        self.read_codec = RowCodec(read_specs)
         # Write rows: memory, last update, its event key, mail, mail time, its event
         # key, and which of the two the row carries.
         write_specs = [
@@ -364,9 +230,9 @@ class FixedExchange:
             ((), torch.bool),
             ((), torch.bool),
         ]
-        self.write_codec = _RowCodec(write_specs)
+        self.write_codec = RowCodec(write_specs)
         # On the wire a write row carries its node id in front (counted as ID_BYTES).
-        self._wire = _RowCodec([((), torch.int64), *write_specs])
+        self._wire = RowCodec([((), torch.int64), *write_specs])
         self.counter = CommCounter(dev)
         #: Largest excess over a capacity seen (fetch, push); > 0 means rows were
         #: dropped and the run must stop (:meth:`check`).
@@ -756,10 +622,3 @@ def _copy_into(held: DenseUpdate | None, new: DenseUpdate) -> DenseUpdate:
     for name, t in vars(new).items():
         getattr(held, name).copy_(t)
     return held
-
-
-class CapacityError(SvenError):
-    """A batch needed more rows than a fixed capacity of the exchange holds (a bigger
-    ``dist.capacity_slack`` fixes it, so it is reported like a configuration error)."""
-
-    exit_code = 2

@@ -19,7 +19,8 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource
 from sven.engine.capture import determinism
-from sven.pipeline.exchange import Capacities, read_occurrences
+from sven.pipeline.exchange import read_occurrences
+from sven.pipeline.wire import Capacities
 
 __all__ = ["CapacityPlanner"]
 

@@ -40,7 +40,7 @@ def comm_report(
     this run's sampler, row widths and access pattern; ``per_batch`` keeps the counts of
     every batch (``report.batches``)."""
     from sven.partition.cost import Access, RowBytes, comm_cost
-    from sven.pipeline.exchange import ID_BYTES
+    from sven.pipeline.wire import ID_BYTES
 
     tc = cfg.train
     lo, hi = data.ranges["train"]

@@ -408,6 +408,8 @@ class LinkPrediction:
         }
         st = tr.step
         summary.update(
+            state_tier=tr.memory.storage.tier,
+            plan=tr.plan.to_dict(),
             pipeline_prefetch=st.depth,
             pipeline_micro_batches=st.micro_batches,
             pipeline_staleness=st.staleness,

@@ -43,7 +43,8 @@ from sven.engine.capacities import CapacityPlanner
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.models import MemoryModel, MemoryState
-from sven.pipeline.exchange import Capacities, FixedExchange, LocalExchange
+from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.pipeline.wire import Capacities
 
 if TYPE_CHECKING:
     from sven.distributed.grads import GradBucket

@@ -46,7 +46,7 @@ def _dense(nodes: list[int], base: int):
 
 
 def _caps(fetch: int, push: int, world_size: int):
-    from sven.pipeline.exchange import Capacities
+    from sven.pipeline.wire import Capacities
 
     off = [[0 if r == q else fetch for q in range(world_size)] for r in range(world_size)]
     pw = [[0 if r == q else push for q in range(world_size)] for r in range(world_size)]
@@ -54,7 +54,7 @@ def _caps(fetch: int, push: int, world_size: int):
 
 
 def _fetch_push_main(rank: int, world_size: int) -> dict:
-    from sven.pipeline.exchange import ID_BYTES
+    from sven.pipeline.wire import ID_BYTES
 
     ex = _exchange(rank, world_size)
     ex.set_capacities("train", _caps(4, 4, world_size))
@@ -108,7 +108,7 @@ def test_fetch_and_push_over_fixed_buffers() -> None:
 
 
 def _overflow_main(rank: int, world_size: int) -> str:
-    from sven.pipeline.exchange import CapacityError
+    from sven.pipeline.wire import CapacityError
 
     ex = _exchange(rank, world_size)
     # Room for one remote row per peer; rank 0 asks rank 1 for three.

@@ -182,7 +182,7 @@ def _capacity_main(rank: int, world_size: int, store: str, out: str) -> dict | N
     plan = small.step.plan_capacities
 
     def shrunk(epoch: int):
-        from sven.pipeline.exchange import Capacities
+        from sven.pipeline.wire import Capacities
 
         caps = plan(epoch)
         cut = [[max(c - 8, 0) // 2 for c in row] for row in caps.fetch]
@@ -190,7 +190,7 @@ def _capacity_main(rank: int, world_size: int, store: str, out: str) -> dict | N
         return caps
 
     small.step.plan_capacities = shrunk
-    from sven.pipeline.exchange import CapacityError
+    from sven.pipeline.wire import CapacityError
 
     try:
         small.fit()

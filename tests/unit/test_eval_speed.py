@@ -246,7 +246,10 @@ def test_evaluation_metrics_equal_the_per_batch_code(store, tmp_path, selected: 
         # The old table repeated a split's first column up to the widest split's width;
         # each split now has its own width.
         old = _oracle_table(tr, split)
-        n_p, n_all = len(tr.step.evaluation.split_protocols(split)), len(tr.step.evaluation.protocols)
+        n_p, n_all = (
+            len(tr.step.evaluation.split_protocols(split)),
+            len(tr.step.evaluation.protocols),
+        )
         assert torch.equal(
             tr.step.evaluation.negatives(split), torch.cat([old[:, :n_p], old[:, n_all:]], 1)
         )

@@ -1,0 +1,244 @@
+"""Graphs bigger than the GPU, on one GPU: node state in host memory against on the GPU,
+checkpoints of large state, and a 10^8-node graph end to end (docs/scale.md).
+
+Every step is a child process (``sven data synth``, ``sven train``, ``sven predict``)
+whose wall time and peak resident memory (``wait4``'s ``ru_maxrss``) are recorded;
+``<out>/scale.json`` is rewritten after each step, so what came before a step that
+fails or runs out of time is kept.
+
+``--graph 1e7``: ``sven data synth --events 1e8 --nodes 1e7``, then the same training
+twice, TGN's preset widths at batch 600 with ``train.compile=true
+train.matmul_precision=high`` (the issue's settings), ``--batches`` batches of the one
+epoch with a checkpoint halfway (``train.checkpoint_every``), validation and test:
+
+* ``gpu``: ``state.device=gpu``;
+* ``host``: ``state.device=auto state.gpu_budget_gb=G`` with G below what the run needs
+  with its state on the GPU, so that the plan puts the state in host memory.
+
+Reported: train events/s of each and their ratio, test AP of each and the difference,
+each checkpoint's training stall and time to disk, peak RSS.
+
+``--graph 1e8``: ``sven data synth --events 2e7 --nodes 1e8``, then one run with
+``model.memory_dim=32 model.time_dim=32`` (401 bytes of state a node: 40 GB), ``--batches``
+training batches, validation, test, its checkpoint and ``summary.json``, then ``sven
+predict`` from that checkpoint: every step's wall time, the whole process's, peak RSS,
+and the disk used.
+
+Usage (GPU machine, repository root)::
+
+    python3 benchmarks/bench_scale.py --graph 1e7 --out $OUT --deadline-s 560
+    python3 benchmarks/bench_scale.py --graph 1e8 --out $OUT --deadline-s 560
+    python3 benchmarks/bench_scale.py --device cpu --quick --out /tmp/scale  # the script
+
+``--quick`` shrinks every size (a check of the script on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SVEN = [sys.executable, "-m", "sven.cli"]
+
+
+class Steps:
+    """Child processes under one deadline, each with its wall time and peak RSS."""
+
+    def __init__(self, out: Path, deadline_s: float) -> None:
+        self.out, self.deadline_s = out, deadline_s
+        self.t0 = time.perf_counter()
+        self.record: dict[str, Any] = {"steps": {}}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline_s - (time.perf_counter() - self.t0)
+
+    def save(self) -> None:
+        self.record["elapsed_s"] = round(time.perf_counter() - self.t0, 2)
+        tmp = self.out / ".scale.json.tmp"
+        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
+        os.replace(tmp, self.out / "scale.json")
+
+    def run(self, name: str, cmd: list[str], limit_s: float | None = None) -> dict[str, Any]:
+        """Runs ``cmd``; records its return code, wall seconds, peak RSS and the tail of
+        its output."""
+        limit = min(limit_s or self.left(), self.left())
+        log = self.out / f"{name}.log"
+        rec: dict[str, Any] = {"cmd": " ".join(cmd)}
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + max(limit, 1)
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+            while True:
+                # wait4 reaps the child with its own resource use (its peak RSS).
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    rec["timed_out"] = True
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        rec["rc"] = proc.returncode
+        rec["wall_s"] = round(time.perf_counter() - t0, 2)
+        rec["peak_rss_gb"] = round(usage.ru_maxrss * 1024 / 1e9, 2)
+        rec["tail"] = log.read_text(errors="replace")[-1500:]
+        self.record["steps"][name] = rec
+        self.save()
+        return rec
+
+
+def _summary(run: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _du(path: Path) -> int:
+    """Bytes under ``path``, each inode once (hard links share their bytes)."""
+    seen, total = set(), 0
+    for p in path.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graph", choices=["1e7", "1e8"], default="1e7")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--scratch", type=Path, default=Path("/tmp/sven-scale"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batches", type=int, default=0, help="training batches (0: the graph's)")
+    ap.add_argument("--deadline-s", type=float, default=560)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    steps = Steps(args.out, args.deadline_s)
+    scr = args.scratch
+    if scr.exists():
+        shutil.rmtree(scr)
+    scr.mkdir(parents=True)
+    steps.record.update(graph=args.graph, device=args.device, quick=args.quick)
+    if args.graph == "1e7":
+        graph_1e7(steps, scr, args)
+    else:
+        graph_1e8(steps, scr, args)
+    steps.save()
+    print(json.dumps(steps.record.get("result", {}), indent=2))
+    return 0
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    fast = ["train.compile=true", "train.matmul_precision=high"] if args.device == "cuda" else []
+    return [
+        f"train.device={args.device}",
+        "train.batch_size=600",
+        "train.epochs=1",
+        "train.keep_latest_k=1",
+        "eval.all_protocols=false",
+        "quiet=true",
+        *fast,
+    ]
+
+
+def graph_1e7(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
+    events, nodes = (200_000, 20_000) if args.quick else (100_000_000, 10_000_000)
+    batches = args.batches or (40 if args.quick else 40_000)
+    store = scr / "s7"
+    steps.run("synth", [*SVEN, "data", "synth", "--events", str(events), "--nodes", str(nodes),
+                        "--seed", "0", "--out", str(store)])  # fmt: skip
+    train = [
+        "--config", "configs/tgn.yaml", f"data.path={store}", *_common(args),
+        f"train.max_batches={batches}", f"train.checkpoint_every={batches // 2}",
+    ]  # fmt: skip
+    # GPU budget below the run's need with its state on the GPU (state 12.2 GB; the
+    # event tables, sampler and the rest about 15 GB): the plan puts it in host memory.
+    host = ["state.device=auto", "state.gpu_budget_gb=20"]
+    if args.device != "cuda":
+        host = ["state.device=host"]  # a CPU run has no GPU budget
+    steps.run("plan-host", [*SVEN, "train", "--dry-run", *train, *host, f"out={scr / 'p'}"], 120)
+    res: dict[str, Any] = {}
+    for arm, extra in (("gpu", ["state.device=gpu"]), ("host", host)):
+        run = scr / arm
+        rec = steps.run(arm, [*SVEN, "train", *train, *extra, f"out={run}"])
+        s = _summary(run)
+        res[arm] = {
+            k: s.get(k)
+            for k in (
+                "state_tier", "train_events_per_s", "test_ap", "test_auc", "val_ap",
+                "checkpoints", "checkpoint_s", "startup_s", "wall_s", "eval_events_per_s",
+            )
+        }  # fmt: skip
+        res[arm]["peak_rss_gb"] = rec.get("peak_rss_gb")
+        res[arm]["run_folder_gb"] = round(_du(run) / 1e9, 2)
+        steps.record["result"] = res
+        steps.save()
+        shutil.rmtree(run, ignore_errors=True)  # the disk holds one run at a time
+    g, h = res.get("gpu", {}), res.get("host", {})
+    if g.get("train_events_per_s") and h.get("train_events_per_s"):
+        res["host_over_gpu"] = round(h["train_events_per_s"] / g["train_events_per_s"], 3)
+    if g.get("test_ap") is not None and h.get("test_ap") is not None:
+        res["test_ap_diff"] = abs(h["test_ap"] - g["test_ap"])
+    steps.record["result"] = res
+
+
+def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
+    events, nodes = (300_000, 1_000_000) if args.quick else (20_000_000, 100_000_000)
+    batches = args.batches or (50 if args.quick else 15_000)
+    t0 = time.perf_counter()
+    store = scr / "s8"
+    steps.run("synth", [*SVEN, "data", "synth", "--events", str(events), "--nodes", str(nodes),
+                        "--seed", "0", "--out", str(store)])  # fmt: skip
+    run = scr / "run"
+    dims = ["model.memory_dim=32", "model.time_dim=32", "model.embed_dim=32"]
+    train = [*SVEN, "train", "--config", "configs/tgn.yaml", f"data.path={store}",
+             *_common(args), *dims, f"train.max_batches={batches}", f"out={run}"]  # fmt: skip
+    steps.run("train", train)
+    s = _summary(run)
+    t_end = time.perf_counter()
+    q = scr / "pairs.csv"
+    q.write_text("src,dst,t\n" + "".join(f"{i},{i + 1},{10**9}\n" for i in range(100)))
+    steps.run(
+        "predict",
+        [*SVEN, "predict", "--checkpoint", str(run), "--pairs", str(q), "--out",
+         str(scr / "scores.csv"), "--device", args.device],
+    )  # fmt: skip
+    res = {
+        k: s.get(k)
+        for k in (
+            "state_tier", "train_events_per_s", "test_ap", "val_ap", "checkpoints",
+            "checkpoint_s", "startup_s", "wall_s", "plan",
+        )
+    }  # fmt: skip
+    res["train_events"] = min(batches * 600, int(events * 0.7))
+    res["synth_to_summary_s"] = round(t_end - t0, 1)
+    res["end_to_end_s"] = round(time.perf_counter() - t0, 1)
+    res["peak_rss_gb"] = {
+        k: steps.record["steps"][k].get("peak_rss_gb") for k in ("synth", "train", "predict")
+    }
+    res["disk_gb"] = {"store": round(_du(store) / 1e9, 2), "run": round(_du(run) / 1e9, 2)}
+    res["disk_free_gb"] = round(shutil.disk_usage(scr).free / 1e9, 2)
+    res["predict_rows"] = (
+        len((scr / "scores.csv").read_text().splitlines()) - 1
+        if (scr / "scores.csv").exists()
+        else None
+    )
+    steps.record["result"] = res
+
+
+if __name__ == "__main__":
+    sys.exit(main())
