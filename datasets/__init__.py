@@ -3,6 +3,22 @@
 Installed as ``sven.datasets``; always import it under that name. From Python,
 ``sven.datasets.from_dataframe(df, out, src=..., dst=..., time=...)`` writes a store
 from a pandas DataFrame.
+
+The event store, from what users call to what it is built on:
+
+- ``store``: ``TemporalEvents`` (open and read a store), ``StoreWriter`` and
+  ``write_events`` (write one), ``open_verified_store`` (open it checksummed).
+- ``writer``: the on-disk format and ``StoreBuilder``, which streams events to disk.
+- ``spool``, ``compact``, ``splits``: the writer's parts: column files and the time
+  sort, compact node ids, the chronological split.
+- ``layout``: the format's constants and the checks that open a store.
+- ``checksums``: the sha256 of every column file, and their verification.
+- ``target``: where a store may be written (``--out``, ``--overwrite``).
+- ``negatives``: fixed evaluation negatives (TGB's files), added to a store.
+
+Around it: ``readers`` (raw formats into a store), ``frame`` (a DataFrame into a
+store), ``synth`` (the synthetic generator), ``info`` (a store's statistics) and
+``cli`` (``sven data ...``).
 """
 
 from __future__ import annotations

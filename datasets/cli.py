@@ -133,7 +133,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from sven.datasets.readers import ColumnMap, convert
-    from sven.datasets.store import check_target
+    from sven.datasets.target import check_target
 
     # Before reading any input: a wrong --out fails at once, and never loses data.
     replaced = check_target(args.out, args.overwrite, inputs=(args.input,))
@@ -176,7 +176,7 @@ def _convert(args: argparse.Namespace) -> int:
 def report_written(meta: dict[str, Any], out: str, replaced: dict[str, Any] | None) -> None:
     """What a command that wrote a store says besides its summary: the store it
     replaced (stdout) and empty evaluation splits (a warning on stderr)."""
-    from sven.datasets.store import describe_replaced
+    from sven.datasets.target import describe_replaced
 
     if replaced is not None:
         print(describe_replaced(out, replaced))
@@ -227,8 +227,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _negatives(args: argparse.Namespace) -> int:
-    from sven.datasets.negatives import import_negatives
-    from sven.datasets.store import TemporalEvents, refuse_existing_negatives
+    from sven.datasets.negatives import import_negatives, refuse_existing_negatives
+    from sven.datasets.store import TemporalEvents
 
     files = {s: f for s, f in (("val", args.val), ("test", args.test)) if f}
     if not files:
@@ -248,7 +248,8 @@ def _negatives(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from sven.datasets.store import TemporalEvents, verify_checksums
+    from sven.datasets.checksums import verify_checksums
+    from sven.datasets.store import TemporalEvents
 
     events = TemporalEvents.load(args.dir)
     files = verify_checksums(events.path, events.meta)

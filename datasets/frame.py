@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sven.datasets.layout import CHUNK_EVENTS, iter_ranges
 from sven.datasets.readers import ColumnMap, _floats, _ids, _labels, _resolve, _times, _Where
-from sven.datasets.store import CHUNK_EVENTS, StoreWriter, TemporalEvents, iter_ranges
+from sven.datasets.store import StoreWriter, TemporalEvents
 from sven.errors import DataError
 
 __all__ = ["from_dataframe"]

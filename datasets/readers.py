@@ -44,7 +44,9 @@ import numpy as np
 import pandas as pd
 
 from sven.datasets import FORMATS
-from sven.datasets.store import StoreWriter, TemporalEvents, check_target, sha256_file
+from sven.datasets.checksums import sha256_file
+from sven.datasets.store import StoreWriter, TemporalEvents
+from sven.datasets.target import check_target
 from sven.errors import ConfigError, DataError
 
 __all__ = [

@@ -853,7 +853,7 @@ def run_synth(args: argparse.Namespace) -> int:
             return 0
         replaced = None
     else:
-        from sven.datasets.store import check_target
+        from sven.datasets.target import check_target
         from sven.ownership import stop_on_sigterm
 
         path = args.out
