@@ -16,8 +16,18 @@ The event store, from what users call to what it is built on:
 - ``target``: where a store may be written (``--out``, ``--overwrite``).
 - ``negatives``: fixed evaluation negatives (TGB's files), added to a store.
 
-Around it: ``readers`` (raw formats into a store), ``frame`` (a DataFrame into a
-store), ``synth`` (the synthetic generator), ``info`` (a store's statistics) and
+Raw formats into a store:
+
+- ``readers``: ``convert``, ``open_reader``, ``detect_format``: which reader, and the
+  stream into a ``StoreWriter``.
+- ``snap_jodie``, ``dyglib_tgl``, ``tables``: the readers, a module per family of
+  formats (``tables`` also holds ``ColumnMap``, for csv, TGB and parquet).
+- ``rawreader``: the interface they implement (``RawReader``, ``EventChunk``).
+- ``delimited``: text read in blocks of whole lines, decompressed and hashed.
+- ``fields``: a parsed column as a checked array, or the line of its first bad value.
+- ``frame``: a pandas DataFrame into a store.
+
+Around it: ``synth`` (the synthetic generator), ``info`` (a store's statistics) and
 ``cli`` (``sven data ...``).
 """
 

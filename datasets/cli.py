@@ -132,7 +132,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from sven.datasets.readers import ColumnMap, convert
+    from sven.datasets.readers import convert
+    from sven.datasets.tables import ColumnMap
     from sven.datasets.target import check_target
 
     # Before reading any input: a wrong --out fails at once, and never loses data.
