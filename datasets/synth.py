@@ -89,7 +89,6 @@ _U_LOOP = _U_GLOB + _ROUNDS  # self-loop repair
 _NUM_U = _U_LOOP + 1
 # SeedSequence spawn keys: one stream for the fixed structure, one per block.
 _STREAM_SETUP, _STREAM_BLOCK = 0, 1
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @dataclass(frozen=True, kw_only=True)
