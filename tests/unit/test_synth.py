@@ -10,7 +10,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from sven.datasets import synth
+from sven.datasets import cli, synth
 from sven.datasets.synth import SynthParams, SynthStream, iter_synth_chunks
 from sven.errors import ConfigError, SvenError
 
@@ -233,14 +233,14 @@ def test_params_key_is_stable_and_sensitive():
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sven data")
-    synth.add_synth_parser(parser.add_subparsers(dest="data_command"))
+    cli.add_synth_parser(parser.add_subparsers(dest="data_command"))
     return parser.parse_args(argv)
 
 
 def test_cli_parser_defaults():
     args = _parse(["synth"])
     assert (args.events, args.nodes, args.seed, args.edge_feat_dim) == (100_000, 2_000, 0, 0)
-    assert args.out is None and not args.bipartite and args.func is synth.run_synth
+    assert args.out is None and not args.bipartite and args.func is cli.run_synth
 
 
 def test_cli_counts_accept_scientific_notation():
