@@ -27,8 +27,12 @@ Raw formats into a store:
 - ``fields``: a parsed column as a checked array, or the line of its first bad value.
 - ``frame``: a pandas DataFrame into a store.
 
-Around it: ``synth`` (the synthetic generator), ``info`` (a store's statistics) and
-``cli`` (``sven data ...``).
+Around it:
+
+- ``synth``: the synthetic generator: its model, ``SynthParams``, the stream in chunks,
+  its store and the cached default dataset; ``synth_stream``: the draw, block by block.
+- ``info``: a store's statistics (``sven data info``).
+- ``cli``: ``sven data ...``: convert, info, verify, negatives, synth.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sven.datasets import cli, synth
-from sven.datasets.synth import SynthParams, SynthStream, iter_synth_chunks
+from sven.datasets.synth import SynthParams, iter_synth_chunks
+from sven.datasets.synth_stream import SynthStream
 from sven.errors import ConfigError, SvenError
 
 E, N = 30_000, 1_000
