@@ -274,8 +274,8 @@ class Data:
                 assign = np.zeros(e, dtype=np.int64)
                 meta = {"strategy": dc.strategy, "parts": p}
                 if self.rank == 0:
+                    from sven.partition.access import Access
                     from sven.partition.api import partition_arrays
-                    from sven.partition.cost import Access
 
                     ev = self.events
                     res = partition_arrays(
@@ -557,7 +557,9 @@ def comm_report(
     """The cost model's replay of epoch 0 (:func:`sven.partition.cost.comm_cost`) with
     this run's sampler, row widths and access pattern; ``per_batch`` keeps the counts of
     every batch (``report.batches``)."""
-    from sven.partition.cost import Access, RowBytes, comm_cost
+    from sven.partition.access import Access
+    from sven.partition.cost import comm_cost
+    from sven.partition.report import RowBytes
     from sven.pipeline.exchange import ID_BYTES
 
     tc = cfg.train
