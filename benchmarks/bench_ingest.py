@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from sven.datasets.synth import DEFAULT_CHUNK_SIZE, iter_synth_chunks, parse_count
+from sven.datasets.cli import parse_count
+from sven.datasets.synth import DEFAULT_CHUNK_SIZE, iter_synth_chunks
 
 
 def sven_cmd(*args: str) -> list[str]:

@@ -69,8 +69,9 @@ def ensure_store(name: str, args: argparse.Namespace, work: Path) -> Path:
 def bench_matrix(name: str, store: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every strategy at every P on one store; one exact replay for all of them."""
     from sven.datasets.store import TemporalEvents
+    from sven.partition.access import recent_sampler
     from sven.partition.api import partition_store
-    from sven.partition.cost import comm_costs, recent_sampler
+    from sven.partition.cost import comm_costs
 
     ev = TemporalEvents.load(store)
     _, stop = ev.split_range("train")

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sven.partition.cost import BatchCounts, RowBytes
+from sven.partition.report import BatchCounts, RowBytes
 from sven.partition.scaling import Link, Machine, fit_compute, machine_dict, simulate
 
 
@@ -152,8 +152,10 @@ def _add_row(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Partitions, replays and simulates; returns the rows and the parameters."""
     from sven.datasets.store import TemporalEvents
+    from sven.partition.access import Access, recent_sampler
     from sven.partition.api import partition_store
-    from sven.partition.cost import Access, comm_costs, recent_sampler, row_bytes
+    from sven.partition.cost import comm_costs
+    from sven.partition.report import row_bytes
 
     def say(msg: str) -> None:
         if not args.quiet:

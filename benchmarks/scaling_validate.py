@@ -30,8 +30,9 @@ from sven.partition.scaling import Link, Machine, fit_compute, simulate
 def _counts(store: str, case: dict[str, Any], spec: dict[str, Any]) -> Any:
     """The per-batch counts of the case's partition (as the trainer builds it)."""
     from sven.datasets.store import TemporalEvents
+    from sven.partition.access import Access
     from sven.partition.api import PartitionResult, evaluate_store, partition_store
-    from sven.partition.cost import Access, row_bytes
+    from sven.partition.report import row_bytes
 
     events = TemporalEvents.load(store)
     access = Access.of(spec.get("model", "tgn"))

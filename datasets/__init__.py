@@ -3,6 +3,36 @@
 Installed as ``sven.datasets``; always import it under that name. From Python,
 ``sven.datasets.from_dataframe(df, out, src=..., dst=..., time=...)`` writes a store
 from a pandas DataFrame.
+
+The event store, from what users call to what it is built on:
+
+- ``store``: ``TemporalEvents`` (open and read a store), ``StoreWriter`` and
+  ``write_events`` (write one), ``open_verified_store`` (open it checksummed).
+- ``writer``: the on-disk format and ``StoreBuilder``, which streams events to disk.
+- ``spool``, ``compact``, ``splits``: the writer's parts: column files and the time
+  sort, compact node ids, the chronological split.
+- ``layout``: the format's constants and the checks that open a store.
+- ``checksums``: the sha256 of every column file, and their verification.
+- ``target``: where a store may be written (``--out``, ``--overwrite``).
+- ``negatives``: fixed evaluation negatives (TGB's files), added to a store.
+
+Raw formats into a store:
+
+- ``readers``: ``convert``, ``open_reader``, ``detect_format``: which reader, and the
+  stream into a ``StoreWriter``.
+- ``snap_jodie``, ``dyglib_tgl``, ``tables``: the readers, a module per family of
+  formats (``tables`` also holds ``ColumnMap``, for csv, TGB and parquet).
+- ``rawreader``: the interface they implement (``RawReader``, ``EventChunk``).
+- ``delimited``: text read in blocks of whole lines, decompressed and hashed.
+- ``fields``: a parsed column as a checked array, or the line of its first bad value.
+- ``frame``: a pandas DataFrame into a store.
+
+Around it:
+
+- ``synth``: the synthetic generator: its model, ``SynthParams``, the stream in chunks,
+  its store and the cached default dataset; ``synth_stream``: the draw, block by block.
+- ``info``: a store's statistics (``sven data info``).
+- ``cli``: ``sven data ...``: convert, info, verify, negatives, synth.
 """
 
 from __future__ import annotations

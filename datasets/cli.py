@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError, SvenError
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "add_synth_parser", "parse_count", "run_synth"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -116,14 +117,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     negs.set_defaults(func=_negatives)
 
-    try:
-        from sven.datasets.synth import add_synth_parser
-    except ModuleNotFoundError as exc:
-        # Only the generator module itself may be missing, never one of its imports.
-        if exc.name != "sven.datasets.synth":
-            raise
-    else:
-        add_synth_parser(actions)
+    add_synth_parser(actions)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -132,8 +126,9 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from sven.datasets.readers import ColumnMap, convert
-    from sven.datasets.store import check_target
+    from sven.datasets.readers import convert
+    from sven.datasets.tables import ColumnMap
+    from sven.datasets.target import check_target
 
     # Before reading any input: a wrong --out fails at once, and never loses data.
     replaced = check_target(args.out, args.overwrite, inputs=(args.input,))
@@ -176,7 +171,7 @@ def _convert(args: argparse.Namespace) -> int:
 def report_written(meta: dict[str, Any], out: str, replaced: dict[str, Any] | None) -> None:
     """What a command that wrote a store says besides its summary: the store it
     replaced (stdout) and empty evaluation splits (a warning on stderr)."""
-    from sven.datasets.store import describe_replaced
+    from sven.datasets.target import describe_replaced
 
     if replaced is not None:
         print(describe_replaced(out, replaced))
@@ -227,8 +222,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _negatives(args: argparse.Namespace) -> int:
-    from sven.datasets.negatives import import_negatives
-    from sven.datasets.store import TemporalEvents, refuse_existing_negatives
+    from sven.datasets.negatives import import_negatives, refuse_existing_negatives
+    from sven.datasets.store import TemporalEvents
 
     files = {s: f for s, f in (("val", args.val), ("test", args.test)) if f}
     if not files:
@@ -248,7 +243,8 @@ def _negatives(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from sven.datasets.store import TemporalEvents, verify_checksums
+    from sven.datasets.checksums import verify_checksums
+    from sven.datasets.store import TemporalEvents
 
     events = TemporalEvents.load(args.dir)
     files = verify_checksums(events.path, events.meta)
@@ -256,4 +252,119 @@ def _verify(args: argparse.Namespace) -> int:
         f"{args.dir}: ok ({events.num_events:,} events, {events.num_nodes:,} nodes; "
         f"{files} files match their checksums)"
     )
+    return 0
+
+
+def parse_count(text: str) -> int:
+    """Parses a count given as ``100000``, ``1e8`` or ``100_000_000``."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
+
+
+def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``sven data synth`` to the ``sven data`` subcommands.
+
+    Args:
+        data_subparsers: the object returned by ``add_subparsers`` of ``sven data``.
+
+    Returns:
+        The new subparser (its handler is set as ``func``).
+    """
+    from sven.datasets.synth import DEFAULT_CHUNK_SIZE, DEFAULT_EVENTS, DEFAULT_NODES, DEFAULT_SEED
+
+    p = data_subparsers.add_parser(
+        "synth",
+        help="generate a synthetic event stream into an event store",
+        description=(
+            "Generate a realistic synthetic interaction stream (heavy-tailed activity, "
+            "repeated contacts, communities, bursty times) into an event store. With no "
+            "arguments it makes the built-in default dataset in the cache."
+        ),
+    )
+    p.add_argument(
+        "--events",
+        type=parse_count,
+        default=DEFAULT_EVENTS,
+        help="number of events (default %(default)s)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=parse_count,
+        default=DEFAULT_NODES,
+        help="number of nodes (default %(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="random seed (default %(default)s)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="store directory to create (default: a folder in $SVEN_CACHE or ~/.cache/sven, "
+        "reused if present)",
+    )
+    p.add_argument(
+        "--edge-feat-dim", type=int, default=0, help="edge feature dimension (default 0: none)"
+    )
+    p.add_argument(
+        "--bipartite", action="store_true", help="users interact with items (JODIE-style)"
+    )
+    p.add_argument(
+        "--communities", type=int, default=0, help="number of communities (default: nodes // 100)"
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help="events per write; bounds memory, not content",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing event store at --out (never any other folder)",
+    )
+    p.set_defaults(func=run_synth)
+    return p
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    """Handler of ``sven data synth``; returns the exit code."""
+    from sven.datasets.synth import SynthParams, cached_dataset, write_synth
+
+    params = SynthParams(
+        events=args.events,
+        nodes=args.nodes,
+        seed=args.seed,
+        edge_feat_dim=args.edge_feat_dim,
+        bipartite=args.bipartite,
+        communities=args.communities,
+    )
+    start = time.perf_counter()
+    if args.out is None:
+        path, made = cached_dataset(params, chunk_size=args.chunk_size)
+        if not made:
+            print(f"synth: reusing {path}")
+            return 0
+        replaced = None
+    else:
+        from sven.datasets.target import check_target
+        from sven.ownership import stop_on_sigterm
+
+        path = args.out
+        replaced = check_target(path, args.overwrite)
+        with stop_on_sigterm(path):
+            write_synth(params, path, chunk_size=args.chunk_size, overwrite=args.overwrite)
+    secs = time.perf_counter() - start
+    print(
+        f"synth: wrote {params.events:,} events, {params.nodes:,} nodes to {path} "
+        f"in {secs:.1f} s ({params.events / max(secs, 1e-9):,.0f} events/s)"
+    )
+    from sven.datasets.store import TemporalEvents
+
+    report_written(TemporalEvents.load(path, check_values=False).meta, str(path), replaced)
     return 0

@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sven.datasets.readers import ColumnMap, _floats, _ids, _labels, _resolve, _times, _Where
-from sven.datasets.store import CHUNK_EVENTS, StoreWriter, TemporalEvents, iter_ranges
+from sven.datasets.fields import Where, parse_floats, parse_ids, parse_labels, parse_times
+from sven.datasets.layout import CHUNK_EVENTS, iter_ranges
+from sven.datasets.store import StoreWriter, TemporalEvents
+from sven.datasets.tables import ColumnMap, resolve_columns
 from sven.errors import DataError
 
 __all__ = ["from_dataframe"]
@@ -67,7 +69,7 @@ def from_dataframe(
     for given in (src, dst, time, *feat, label):
         if given is not None and given not in names:
             raise DataError(f"no column {given!r} (columns: {', '.join(names)})", _WHAT)
-    cols = _resolve(names, ColumnMap(src, dst, time, tuple(feat), label), _WHAT)
+    cols = resolve_columns(names, ColumnMap(src, dst, time, tuple(feat), label), _WHAT)
     frame = df.set_axis(range(len(names)), axis=1)
     if pd.api.types.is_datetime64_any_dtype(frame[cols["time"]]):
         frame[cols["time"]] = _seconds(frame[cols["time"]])
@@ -80,13 +82,13 @@ def from_dataframe(
     with StoreWriter(out, name=name, **kwargs) as writer:
         for lo, hi in iter_ranges(len(frame), chunk):
             part = frame.iloc[lo:hi]
-            where = _Where(_WHAT, np.arange(lo, hi), unit="row")
+            where = Where(_WHAT, np.arange(lo, hi), unit="row")
             writer.append(
-                _ids(part[cols["src"]], "source", where, strings=strings["src"]),
-                _ids(part[cols["dst"]], "destination", where, strings=strings["dst"]),
-                _times(part[cols["time"]], where),
-                edge_feat=_floats(part, cols["feat"], "feature", where) if feat else None,
-                label=None if label is None else _labels(part[cols["label"]], where),
+                parse_ids(part[cols["src"]], "source", where, strings=strings["src"]),
+                parse_ids(part[cols["dst"]], "destination", where, strings=strings["dst"]),
+                parse_times(part[cols["time"]], where),
+                edge_feat=parse_floats(part, cols["feat"], "feature", where) if feat else None,
+                label=None if label is None else parse_labels(part[cols["label"]], where),
             )
         return writer.close()
 

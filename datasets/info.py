@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from sven.datasets.store import SPLITS, DistinctValues, TemporalEvents, iter_ranges
+from sven.datasets.compact import DistinctValues
+from sven.datasets.layout import SPLITS, iter_ranges
+from sven.datasets.store import TemporalEvents
 
 __all__ = ["describe", "format_info"]
 

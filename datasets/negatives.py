@@ -5,8 +5,9 @@ TGB evaluates its ``tgbl-*`` datasets one-vs-many against negatives it ships per
 edge ``(src, dst, t)`` (TGB's node ids) to an array of negative destination ids. This
 module reads such a file without running anything it contains (:func:`read_negatives`),
 maps its ids to the store's compact ids and lines its rows up with the split's events in
-store order (:func:`align_negatives`); :func:`import_negatives` does both and writes the
-result with :func:`sven.datasets.store.write_eval_negatives`.
+store order (:func:`align_negatives`); :func:`import_negatives` does both and adds the
+result to the store with :func:`write_eval_negatives` (``neg_<split>.npy``, with its
+width, source and checksum in ``meta.json``).
 
 A ``.npz`` with arrays ``src``, ``dst``, ``t`` (n,) and ``neg`` (n, q), -1 padded, is
 accepted as well.
@@ -15,17 +16,29 @@ accepted as well.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import pickle
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sven.errors import DataError
+from sven.datasets.checksums import sha256_file
+from sven.datasets.layout import NEG_SPLITS, load_meta
+from sven.errors import DataError, SvenError
+from sven.ownership import lock_folder
 
-__all__ = ["RawNegatives", "align_negatives", "import_negatives", "read_negatives"]
+__all__ = [
+    "RawNegatives",
+    "align_negatives",
+    "import_negatives",
+    "read_negatives",
+    "refuse_existing_negatives",
+    "write_eval_negatives",
+]
 
 # What a pickle of TGB's negatives needs: containers and numbers, and numpy's array,
 # dtype and scalar reconstruction (``numpy.core`` before numpy 2, ``numpy._core`` after;
@@ -308,12 +321,7 @@ def import_negatives(
     Returns:
         (n_split, q) the stored negatives.
     """
-    from sven.datasets.store import (
-        TemporalEvents,
-        refuse_existing_negatives,
-        sha256_file,
-        write_eval_negatives,
-    )
+    from sven.datasets.store import TemporalEvents
 
     ev = TemporalEvents.load(store)
     if not overwrite:  # before reading a large file whose result would be refused
@@ -324,3 +332,75 @@ def import_negatives(
     del ev  # the memory maps, before the store's files are replaced
     write_eval_negatives(store, split, neg, source, overwrite=overwrite)
     return neg
+
+
+def refuse_existing_negatives(
+    path: str | os.PathLike[str], meta: dict[str, Any], split: str
+) -> None:
+    """Raises SvenError when the store at ``path`` (``meta``) has negatives of ``split``."""
+    if split in meta.get("eval_negatives", {}) or (Path(path) / f"neg_{split}.npy").exists():
+        raise SvenError(f"{path} already has {split} negatives; pass --overwrite to replace them")
+
+
+def write_eval_negatives(
+    path: str | os.PathLike[str],
+    split: str,
+    negatives: np.ndarray,
+    source: dict[str, Any],
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Adds fixed evaluation negatives of one split to a finished store.
+
+    Writes ``neg_<split>.npy`` and records its width, its ``source`` and its checksum
+    in ``meta.json``; both files are replaced by a rename, the column first, so an
+    interruption leaves at worst a column whose checksum ``sven data verify`` rejects.
+
+    Args:
+        path: The store directory.
+        split: ``"val"`` or ``"test"``.
+        negatives: (n_split, q) int64 compact destination ids, -1 where an event has
+            fewer than q.
+        source: Where they came from (``{"path", "sha256"}``), kept in ``meta.json``.
+        overwrite: Replace negatives the split already has.
+
+    Raises:
+        SvenError: The split has negatives and ``overwrite`` is False.
+        DataError: The array does not fit the store.
+    """
+    if split not in NEG_SPLITS:
+        raise ValueError(f"split must be one of {NEG_SPLITS}, got {split!r}")
+    path = Path(path)
+    with lock_folder(path, "sven data negatives"):
+        _write_eval_negatives(path, split, negatives, source, overwrite)
+
+
+def _write_eval_negatives(
+    path: Path, split: str, negatives: np.ndarray, source: dict[str, Any], overwrite: bool
+) -> None:
+    meta = load_meta(path)
+    file = path / f"neg_{split}.npy"
+    if not overwrite:
+        refuse_existing_negatives(path, meta, split)
+    neg = np.ascontiguousarray(negatives, dtype=np.int64)
+    n = int(meta["split"]["counts"][split])
+    if neg.ndim != 2 or neg.shape[0] != n:
+        raise DataError(f"{split} negatives of shape {neg.shape}, the split has {n} events", path)
+    if neg.size and (neg.min() < -1 or neg.max() >= meta["num_nodes"]):
+        raise DataError(f"{split} negatives outside [-1, {meta['num_nodes']})", path)
+    tag = uuid.uuid4().hex[:12]
+    tmp_col = path / f".{file.name}.{tag}"
+    tmp_meta = path / f".meta.json.{tag}"
+    try:
+        with open(tmp_col, "wb") as f:  # a handle: np.save would append ".npy"
+            np.save(f, neg, allow_pickle=False)
+        meta.setdefault("eval_negatives", {})[split] = {"q": int(neg.shape[1]), "source": source}
+        meta["checksums"][file.stem] = sha256_file(tmp_col)
+        with open(tmp_meta, "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        os.replace(tmp_col, file)
+        os.replace(tmp_meta, path / "meta.json")
+    finally:
+        for t in (tmp_col, tmp_meta):
+            t.unlink(missing_ok=True)

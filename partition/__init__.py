@@ -1,6 +1,17 @@
 """Vertex partitioning for vertex-owned memory, its on-disk format and cost model.
 
-Installed as ``sven.partition``; always import it under that name.
+Installed as ``sven.partition``; always import it under that name. Its modules:
+
+- ``api``: one call from an event store to a partition and its cost report.
+- ``strategies``: the hash, range, LDG and METIS owners; ``minmax``: the min-max
+  communication partitioner; ``graph``: the interaction graph they work on;
+  ``assign``: every event to the owner of one of its endpoints.
+- ``cost``: the exact replay of one epoch, counting what crosses ranks;
+  ``access``: what a batch touches (roots, sampled neighbours; read or written);
+  ``report``: the cost report, its bytes and its table.
+- ``scaling``: events/s of P synchronous ranks from the per-batch counts.
+- ``store``: the partition directory (format, writer, loader).
+- ``cli``: ``sven partition``.
 """
 
 from __future__ import annotations
@@ -20,13 +31,13 @@ _EXPORTS = {
     "partition_arrays": "api",
     "partition_store": "api",
     "evaluate_store": "api",
-    "CostReport": "cost",
-    "RowBytes": "cost",
+    "CostReport": "report",
+    "RowBytes": "report",
     "SampledCost": "cost",
     "comm_cost": "cost",
-    "format_report": "cost",
-    "recent_sampler": "cost",
-    "row_bytes": "cost",
+    "format_report": "report",
+    "recent_sampler": "access",
+    "row_bytes": "report",
     "Partition": "store",
     "load_partition": "store",
     "write_partition": "store",

@@ -15,22 +15,17 @@ import numpy as np
 
 from sven.errors import ConfigError
 from sven.partition import STRATEGIES
+from sven.partition.access import Access, NeighbourFn
 from sven.partition.assign import (
     affinity_table,
     assign_events,
     batch_balance_stats,
     endpoint_preference,
 )
-from sven.partition.cost import (
-    Access,
-    CostReport,
-    NeighbourFn,
-    RowBytes,
-    SampledCost,
-    comm_cost,
-)
+from sven.partition.cost import SampledCost, comm_cost
 from sven.partition.graph import interaction_graph
 from sven.partition.minmax import minmax_owner
+from sven.partition.report import CostReport, RowBytes
 from sven.partition.store import Partition
 from sven.partition.strategies import hash_owner, ldg_owner, metis_owner, range_owner
 

@@ -172,7 +172,7 @@ def _emit(
     args: argparse.Namespace, meta: dict[str, Any], report: Any, sim: dict | None = None
 ) -> None:
     """Prints the report (and the simulation, if any) as a table or as JSON."""
-    from sven.partition.cost import format_report
+    from sven.partition.report import format_report
 
     if args.json:
         out = {"partition": meta, "report": report.to_dict()}
@@ -205,7 +205,7 @@ def _simulate(args: argparse.Namespace, report: Any) -> dict[str, Any]:
     """The scaling model over a report's per-batch counts, and one rank for reference."""
     import numpy as np
 
-    from sven.partition.cost import BatchCounts
+    from sven.partition.report import BatchCounts
     from sven.partition.scaling import Link, Machine, machine_dict, simulate
 
     try:
@@ -233,8 +233,9 @@ def _simulate(args: argparse.Namespace, report: Any) -> dict[str, Any]:
 def _partition(args: argparse.Namespace, data: str) -> int:
     """``sven partition DATA ...``."""
     from sven.datasets.store import open_verified_store
+    from sven.partition.access import Access, recent_sampler
     from sven.partition.api import evaluate_store, partition_store, store_info
-    from sven.partition.cost import Access, recent_sampler, row_bytes
+    from sven.partition.report import row_bytes
     from sven.partition.store import check_target, is_partition, write_partition
 
     if args.simulate:
@@ -325,8 +326,9 @@ def _partition(args: argparse.Namespace, data: str) -> int:
 def _report(args: argparse.Namespace, data: str, part_dir: str) -> int:
     """``sven partition report DATA PART_DIR``."""
     from sven.datasets.store import open_verified_store
+    from sven.partition.access import Access
     from sven.partition.api import evaluate_store
-    from sven.partition.cost import Access, row_bytes
+    from sven.partition.report import row_bytes
     from sven.partition.store import check_matches, load_partition
 
     events = open_verified_store(data)

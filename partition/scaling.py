@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sven.partition.cost import BatchCounts, RowBytes, wire_bytes
+from sven.partition.report import BatchCounts, RowBytes, wire_bytes
 
 __all__ = [
     "Link",

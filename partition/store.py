@@ -83,12 +83,6 @@ class Partition:
             return int(self.meta["parts"])
         return int(self.owner.max()) + 1 if self.owner.size else 1
 
-    def rank_events(self, rank: int) -> np.ndarray:
-        """Returns the (E_r,) int64 sorted indices of the events of ``rank``."""
-        if rank not in self.events:
-            self.events[rank] = np.flatnonzero(np.asarray(self.assign) == rank).astype(np.int64)
-        return self.events[rank]
-
 
 def _sha256(path: Path) -> str:
     """Hex sha256 of a file, read in 16 MiB blocks."""

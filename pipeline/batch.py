@@ -84,7 +84,7 @@ class RootLayout:
     """Which nodes a batch touches at its roots, in the one layout every consumer uses.
 
     The batch builder (``make_batch``) and the cost model's replay
-    (``sven.partition.cost.touches``) both take a batch's roots from here, so the
+    (``sven.partition.access.touches``) both take a batch's roots from here, so the
     predicted reads and writes are those the runtime makes.
 
     Attributes:

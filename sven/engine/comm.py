@@ -39,7 +39,9 @@ def comm_report(
     """The cost model's replay of epoch 0 (:func:`sven.partition.cost.comm_cost`) with
     this run's sampler, row widths and access pattern; ``per_batch`` keeps the counts of
     every batch (``report.batches``)."""
-    from sven.partition.cost import Access, RowBytes, comm_cost
+    from sven.partition.access import Access
+    from sven.partition.cost import comm_cost
+    from sven.partition.report import RowBytes
     from sven.pipeline.wire import ID_BYTES
 
     tc = cfg.train

@@ -261,8 +261,8 @@ class Data:
                 assign = np.zeros(e, dtype=np.int64)
                 meta = {"strategy": dc.strategy, "parts": p}
                 if self.rank == 0:
+                    from sven.partition.access import Access
                     from sven.partition.api import partition_arrays
-                    from sven.partition.cost import Access
 
                     ev = self.events
                     res = partition_arrays(

@@ -11,7 +11,7 @@ the seconds before the first step go (``summary.json``'s ``startup_s`` and
   that Sven's part can be read without it;
 - ``store_open``: ``meta.json``, headers and the value checks of the event store;
 - ``checksums``: the store's sha256 over every byte
-  (:func:`sven.datasets.store.verify_checksums`);
+  (:func:`sven.datasets.checksums.verify_checksums`);
 - ``to_device``: the event columns copied to the run's device;
 - ``model``, ``tables``: the model, the T-CSR sampler and the step's event tables;
 - ``optimizer``: Adam's construction, where ``torch.optim`` imports ``torch._dynamo``;

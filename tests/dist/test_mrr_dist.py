@@ -54,7 +54,8 @@ def _rank_main(rank: int, world_size: int, store: str, out: str) -> dict | None:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """A synthetic stream with fixed negatives of val and test (ragged: -1 padded)."""
-    from sven.datasets.store import TemporalEvents, write_eval_negatives
+    from sven.datasets.negatives import write_eval_negatives
+    from sven.datasets.store import TemporalEvents
     from sven.datasets.synth import generate
 
     path = tmp_path_factory.mktemp("mrr") / "synth"

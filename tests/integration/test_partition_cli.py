@@ -136,7 +136,7 @@ def test_unknown_strategy_is_rejected_by_the_parser(store, tmp_path, capsys):
 
 def test_report_simulate_predicts_from_the_per_batch_bytes(store, tmp_path, capsys):
     from sven.partition.api import evaluate_store
-    from sven.partition.cost import row_bytes
+    from sven.partition.report import row_bytes
     from sven.partition.scaling import Link, Machine, simulate
 
     out = tmp_path / "p"

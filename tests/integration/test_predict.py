@@ -17,7 +17,8 @@ import torch
 
 import sven
 from sven.cli import main
-from sven.datasets.store import TemporalEvents, write_eval_negatives, write_events
+from sven.datasets.negatives import write_eval_negatives
+from sven.datasets.store import TemporalEvents, write_events
 from sven.engine.checkpoint import find_checkpoint, load_file
 from sven.errors import DataError, SvenError
 from sven.tasks.predict import Predictor

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sven.datasets.readers import ColumnMap, convert
+from sven.datasets.readers import convert
+from sven.datasets.tables import ColumnMap
 from sven.errors import DataError
 
 

@@ -6,16 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from sven.partition.cost import (
-    Access,
-    CostReport,
-    RowBytes,
-    SampledCost,
-    comm_cost,
-    comm_costs,
-    row_bytes,
-    touches,
-)
+from sven.partition.access import Access, touches
+from sven.partition.cost import SampledCost, comm_cost, comm_costs
+from sven.partition.report import CostReport, RowBytes, row_bytes
 from sven.partition.scaling import exchange_bytes
 
 # Four nodes, four events, two ranks, batches of two events:

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sven.datasets.readers import ColumnMap, convert, detect_format, open_reader
+from sven.datasets.readers import convert, detect_format, open_reader
+from sven.datasets.tables import ColumnMap
 from sven.errors import ConfigError
 
 SNAP = "# a comment\n3 5 100\n\n5 3 101\n7 3\t102\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sven.partition.cost import BatchCounts, RowBytes
+from sven.partition.report import BatchCounts, RowBytes
 from sven.partition.scaling import Link, Machine, fit_compute, simulate
 
 WIDTHS = RowBytes(read=100, write=50, id=10)

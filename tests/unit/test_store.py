@@ -10,12 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sven.datasets.store import (
-    StoreWriter,
-    TemporalEvents,
-    sorted_quantile,
-    write_events,
-)
+from sven.datasets.splits import sorted_quantile
+from sven.datasets.store import StoreWriter, TemporalEvents, write_events
 from sven.errors import ConfigError, DataError, SvenError
 
 META_KEYS = {
@@ -363,7 +359,7 @@ def test_any_event_table_survives_write_and_read(tmp_path_factory, table, chunk)
 
 
 def test_distinct_values_switches_from_bitmap_to_sorting():
-    from sven.datasets.store import DistinctValues
+    from sven.datasets.compact import DistinctValues
 
     d = DistinctValues()
     d.add(np.array([3, 1, 3]))

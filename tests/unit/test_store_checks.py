@@ -12,13 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sven.datasets.store import (
-    TemporalEvents,
-    check_target,
-    is_store,
-    verify_checksums,
-    write_events,
-)
+from sven.datasets.checksums import verify_checksums
+from sven.datasets.store import TemporalEvents, write_events
+from sven.datasets.target import check_target, is_store
 from sven.errors import DataError, SvenError
 
 

@@ -10,8 +10,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from sven.datasets import synth
-from sven.datasets.synth import SynthParams, SynthStream, iter_synth_chunks
+from sven.datasets import cli, synth
+from sven.datasets.synth import SynthParams, iter_synth_chunks
+from sven.datasets.synth_stream import SynthStream
 from sven.errors import ConfigError, SvenError
 
 E, N = 30_000, 1_000
@@ -233,14 +234,14 @@ def test_params_key_is_stable_and_sensitive():
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sven data")
-    synth.add_synth_parser(parser.add_subparsers(dest="data_command"))
+    cli.add_synth_parser(parser.add_subparsers(dest="data_command"))
     return parser.parse_args(argv)
 
 
 def test_cli_parser_defaults():
     args = _parse(["synth"])
     assert (args.events, args.nodes, args.seed, args.edge_feat_dim) == (100_000, 2_000, 0, 0)
-    assert args.out is None and not args.bipartite and args.func is synth.run_synth
+    assert args.out is None and not args.bipartite and args.func is cli.run_synth
 
 
 def test_cli_counts_accept_scientific_notation():
