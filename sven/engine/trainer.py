@@ -44,21 +44,21 @@ from sven.engine.checkpoint import (
     RunCheckpoints,
     check_resume_config,
     find_checkpoint,
-    load_file,
+    load_node_state,
+    read_state,
 )
 from sven.engine.components import (
     Data,
     EvalResult,
     Evaluator,
     Optimizer,
-    owned_nodes,
     predict_comm,
 )
 from sven.engine.startup import StartupClock, set_deterministic, triton_cache_dir
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
 from sven.engine.timeline import STAGES, StepProfiler, Timeline, timeline_line
-from sven.errors import ConfigError, Diverged, Stopped, SvenError
+from sven.errors import CheckpointError, ConfigError, Diverged, Stopped, SvenError
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.pipeline.exchange import FixedExchange, LocalExchange
 
@@ -252,6 +252,9 @@ class Trainer:
             world_size=self.world_size,
             barrier=self._barrier,
             agree=self._agree,
+            asynchronous=tc.checkpoint_async,
+            threads=tc.checkpoint_threads,
+            timeout_s=cfg.dist.timeout_s,
         )
         self._log(self._describe_run())
         if self.distributed:
@@ -435,8 +438,13 @@ class Trainer:
 
     def _load(self, ck: Checkpointer, step: int) -> dict[str, Any]:
         """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
-        state, shard = self.checkpoints.load(ck, step, self.device)
-        self.load_state_dict(state, shard, f"checkpoint {ck.path(step)}")
+        cks, where = self.checkpoints, f"checkpoint {ck.path(step)}"
+        state, shard = cks.load(ck, step, self.device, node_state=False)
+        # The data identity first: the node state is read only for this run's vertices,
+        # straight into the memory's own tensors (no second copy of it).
+        self.data.load_state_dict(_data_state(state), where)
+        shard["memory"] = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
+        self.load_state_dict(state, shard, where)
         return state
 
     # ------------------------------------------------------------------ fit
@@ -485,6 +493,9 @@ class Trainer:
             if getattr(self, "_bar", None) is not None:
                 # A bar left open by an error would run into the error's one line.
                 self._bar.close()
+            # A commit still in flight (the run ends on an error) finishes or is
+            # removed before the process group goes.
+            self.checkpoints.close()
             try:
                 self.ctx.teardown()
             finally:
@@ -543,18 +554,26 @@ class Trainer:
         last: int,
         progress: dict[str, Any],
         saved: bool,
-    ) -> Stopped:
+    ) -> SvenError:
         """Writes the stop checkpoint (unless this step's periodic one is it).
 
         Returns:
-            The :class:`Stopped` to raise, which says where and what was written.
+            The :class:`Stopped` to raise, which says where and what was written, or the
+            :class:`CheckpointError` of a stop checkpoint that could not be written.
         """
         step = progress["global_step"]
         ck = self.checkpoints
         if not saved:
             ck.save(ck.latest, step, *self.state_dict(epoch, next_batch, progress))
+        ck.finish()
         name = signal.Signals(signum).name
         path = ck.latest.path(step)
+        missing = ck.error_of(ck.latest, step)
+        if missing is not None:
+            # Not resumable from here: say so rather than "stopped with a checkpoint".
+            err = CheckpointError(missing, checkpoint=path, step=step)
+            err.quiet = self.rank != 0
+            return err
         return Stopped(
             f"stopped by {name} at epoch {epoch} step {step} (batch {next_batch} of {last}); "
             f"checkpoint {path}; rerun with train.resume=true",
@@ -729,26 +748,14 @@ class Trainer:
                 f"{val_rate:.0f} eval events/s)"
             )
             ck = self.checkpoints
-            if improved(tc.select, val, progress):
+            is_best = improved(tc.select, val, progress)
+            if is_best:
                 progress.update(
                     best_val_ap=val["val_ap"],
                     best_val_auc=val["val_auc"],
                     best_epoch=epoch,
                     bad_epochs=0,
                 )
-                # The best model with the memory at the end of validation, which test
-                # continues (no optimizer: it is not resumed from).
-                best_state = {
-                    "data": self.data.state_dict(),
-                    "model": self.model.state_dict(),
-                    "epoch": epoch,
-                    "memory_phase": "val_end",
-                }
-                t_ck = time.perf_counter()
-                ck.save(ck.best, epoch, best_state, {"memory": self.memory.state_dict()})
-                self._times["checkpoint_s"] += time.perf_counter() - t_ck
-                # Test continues from this state, unless another epoch trains after it.
-                best_live = epoch
             else:
                 progress["bad_epochs"] += 1
                 if tc.patience and progress["bad_epochs"] >= tc.patience:
@@ -756,10 +763,28 @@ class Trainer:
             progress["global_step"] += 1
             t_ck = time.perf_counter()
             ck.save(ck.latest, progress["global_step"], *self.state_dict(epoch + 1, 0, progress))
+            if is_best:
+                # The best model with the memory at the end of validation, which test
+                # continues (no optimizer: it is not resumed from). That memory is the
+                # latest checkpoint's, just saved: best/ links its files.
+                best_state = {
+                    "data": self.data.state_dict(),
+                    "model": self.model.state_dict(),
+                    "epoch": epoch,
+                    "memory_phase": "val_end",
+                }
+                ck.save(ck.best, epoch, best_state, {}, link_latest=progress["global_step"])
+                # Test continues from this state, unless another epoch trains after it.
+                best_live = epoch
             self._times["checkpoint_s"] += time.perf_counter() - t_ck
 
         self.startup.finish()
         ck = self.checkpoints
+        t_ck = time.perf_counter()
+        # The run's end waits for the commits in flight.
+        missing = ck.finish()
+        self._times["checkpoint_s"] += time.perf_counter() - t_ck
+        test: dict[str, Any] | None = None
         if best_live is not None and best_live == progress["best_epoch"]:
             # The best model and its memory at the end of validation are the live state
             # (saved unchanged just now): test continues from them without a reload.
@@ -767,12 +792,26 @@ class Trainer:
         else:
             t_ck = time.perf_counter()
             step = ck.newest(ck.best)
-            if step is None:
+            if step is not None and step == progress["best_epoch"]:
+                best = self._load(ck.best, step)
+            elif ck.error_of(ck.best, progress["best_epoch"]) is not None:
+                # An older best model is on disk, but it is not the best epoch's.
+                self._log(
+                    f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
+                    "could not be written, and another epoch trained after it",
+                    force=True,
+                )
+                best, test_rate = {"epoch": progress["best_epoch"]}, float("nan")
+                test = dict.fromkeys(("test_ap", "test_auc", "test_ap_pooled"))
+                test.update(dict.fromkeys(("test_ap_inductive", "test_auc_inductive")))
+            elif step is None:
                 raise SvenError(f"no valid best model under {ck.best.root}")
-            best = self._load(ck.best, step)
+            else:
+                best = self._load(ck.best, step)
             self._times["checkpoint_s"] += time.perf_counter() - t_ck
         self._where = "test"
-        test, test_rate = self._eval_split("test")
+        if test is None:
+            test, test_rate = self._eval_split("test")
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(best["epoch"], {})
         summary = {
@@ -839,14 +878,23 @@ class Trainer:
                 summary["comm_bytes_naive_measured_epoch0_per_rank"] = first[
                     "comm_bytes_naive_per_rank"
                 ]
+        if missing:
+            summary["checkpoint_errors"] = missing
         summary = _finite_or_none(summary)
         if main:
             _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         self._log(
-            f"test AP {_fmt(summary['test_ap'])} AUC {_fmt(summary['test_auc'])} "
-            f"(inductive AP {_fmt(summary['test_ap_inductive'])}); "
+            f"test AP {_fmt(summary.get('test_ap'))} AUC {_fmt(summary.get('test_auc'))} "
+            f"(inductive AP {_fmt(summary.get('test_ap_inductive'))}); "
             f"summary in {self.out / 'summary.json'}"
         )
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            err = CheckpointError(
+                f"{missing[0]}{more}; the run's metrics are in {self.out / 'summary.json'}"
+            )
+            err.quiet = self.rank != 0
+            raise err
         return summary
 
     def progress_bar(self, desc: str, events: int, initial: int = 0) -> tqdm:
@@ -940,30 +988,14 @@ class Trainer:
         A state saved at the end of validation (the best model) continues into test,
         which reproduces the run's summary exactly. Any other state is re-played:
         memory is rebuilt by walking train and val without parameter updates, then
-        test runs. Shards of a P-rank checkpoint are assembled when evaluating on one
-        process.
+        test runs. A checkpoint of any number of ranks is read into this run's ranks
+        (each reads the node state of the vertices it owns).
         """
         p = find_checkpoint(path)
-        state = load_file(p / "state.pt", self.device)
+        state = read_state(p, self.device)
         self.model.load_state_dict(state["model"])
-        data = _data_state(state)
-        ws = int(data.get("world_size", 1))
-        owner = data["owner"].to(self.device)
-        if ws == self.world_size and torch.equal(owner, self.owner):
-            shard = load_file(p / f"memory-rank{self.rank}.pt", self.device)
-            self.memory.load_state_dict(shard["memory"])
-        elif self.world_size == 1:
-            full = {k: v.clone() for k, v in self.memory.state_dict().items()}
-            for r in range(ws):
-                shard = load_file(p / f"memory-rank{r}.pt", self.device)
-                rows = owned_nodes(owner, r)
-                for k, v in shard["memory"].items():
-                    full[k][rows] = v
-            self.memory.load_state_dict(full)
-        else:
-            raise SvenError(
-                f"{p} holds {ws} memory shards; evaluate it on {ws} ranks or on one process"
-            )
+        if state.get("memory_phase") == "val_end":
+            load_node_state(p, self.memory.state_dict(), self.owned, self.num_nodes)
         res: dict[str, Any] = {}
         if state.get("memory_phase") != "val_end":
             self.memory.reset()
