@@ -889,9 +889,10 @@ class Trainer:
             f"summary in {self.out / 'summary.json'}"
         )
         if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            more = f" (and {len(missing) - 1} more)" if missing[1:] else ""
             err = CheckpointError(
-                f"{missing[0]}{more}; the run's metrics are in {self.out / 'summary.json'}"
+                f"{missing[0]}{more}; the run's metrics and checkpoint_errors are in "
+                f"{self.out / 'summary.json'}"
             )
             err.quiet = self.rank != 0
             raise err

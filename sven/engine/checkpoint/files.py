@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from sven.engine.checkpoint import format as fmt
 from sven.engine.checkpoint.format import (
-    CHUNK,
     bytes_digest,
     combine,
     default_threads,
@@ -132,7 +132,7 @@ def _write_chunk(f: Npy, k: int, ready: Any) -> bytes:
 
 
 def _write_chunk_of(f: Npy, k: int, ready: Any) -> bytes:
-    a, b = k * CHUNK, min((k + 1) * CHUNK, f.size)
+    a, b = k * fmt.CHUNK, min((k + 1) * fmt.CHUNK, f.size)
     h = hashlib.sha256()
     hl = len(f.header)
     if a < hl:

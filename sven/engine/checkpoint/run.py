@@ -148,23 +148,24 @@ class RunCheckpoints:
             self._record(err)
             return ck.path(step)
 
-    def _settle(self, ck: Checkpointer) -> None:
-        """Waits for ``ck``'s commit in flight; records its failure."""
+    def _settle(self, ck: Checkpointer, say: bool = True) -> None:
+        """Waits for ``ck``'s commit in flight; records its failure (``say``: with a
+        warning line, as the run goes on)."""
         try:
             ck.wait()
         except CheckpointError as err:
-            self._record(err)
+            self._record(err, say)
 
-    def _record(self, err: CheckpointError) -> None:
+    def _record(self, err: CheckpointError, say: bool = True) -> None:
         self.errors.append({"checkpoint": err.checkpoint, "step": err.step, "error": str(err)})
-        if self.rank == 0:
+        if say and self.rank == 0:
             warn(f"{err}; the run goes on without it")
 
     def finish(self) -> list[str]:
         """Waits for every commit in flight; the checkpoints that could not be written,
-        as rank 0 saw them, on every rank (one line each)."""
-        self._settle(self.latest)
-        self._settle(self.best)
+        as rank 0 saw them, on every rank (one line each; the caller says them)."""
+        self._settle(self.latest, say=False)
+        self._settle(self.best, say=False)
         self.errors = self.agree(self.errors)
         return [e["error"] for e in self.errors]
 
