@@ -20,6 +20,7 @@ from sven.cli import main
 from sven.datasets.store import TemporalEvents
 from sven.engine.checkpoint import find_checkpoint, load_node_state, read_meta, read_state
 from tests.dist.launch import run_ranks
+from tests.dist.test_dist_train import _overrides as _tiny
 
 pytestmark = pytest.mark.dist
 
@@ -27,25 +28,9 @@ NODES = 90
 
 
 def _overrides(store: str, out: str, *extra: str) -> list[str]:
-    return [
-        f"data.path={store}",
-        f"out={out}",
-        "train.device=cpu",
-        "train.dtype=float64",
-        "quiet=true",
-        "train.epochs=1",
-        "train.batch_size=100",
-        "train.checkpoint_every=5",
-        "train.threads=1",
-        "model.dropout=0.0",
-        "model.memory_dim=8",
-        "model.time_dim=4",
-        "model.embed_dim=8",
-        "model.num_neighbors=4",
-        "dist.timeout_s=60",
-        "dist.strategy=minmax",
-        *extra,
-    ]
+    # test_dist_train's tiny model, in float64 for one epoch, a checkpoint mid-epoch.
+    more = ("train.dtype=float64", "train.epochs=1", "train.checkpoint_every=5")
+    return _tiny(store, out, *more, *extra)
 
 
 def _best_test_logits(tr: sven.Trainer, run: str) -> torch.Tensor:

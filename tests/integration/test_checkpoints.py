@@ -28,6 +28,7 @@ from sven.datasets.store import TemporalEvents
 from sven.engine.checkpoint import Checkpointer, load_file, read_meta, read_state
 from sven.errors import CheckpointError
 from tests.conftest import write_tiny_store
+from tests.unit.test_components import _overrides as _tiny
 
 SVEN = [sys.executable, "-m", "sven"]
 METRICS = ("val_ap", "val_auc", "test_ap", "test_auc", "test_ap_inductive", "test_auc_inductive")
@@ -47,21 +48,8 @@ def wide_store(tmp_path_factory) -> Path:
 
 
 def _overrides(store: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        f"data.path={store}",
-        f"out={out}",
-        "train.device=cpu",
-        "quiet=true",
-        "train.epochs=2",
-        "train.batch_size=50",
-        "train.threads=1",
-        "model.dropout=0.0",
-        "model.memory_dim=8",
-        "model.time_dim=4",
-        "model.embed_dim=8",
-        "model.num_neighbors=3",
-        *extra,
-    ]
+    # The unit tests' tiny model, two epochs of 50-event batches.
+    return _tiny(str(store), out, "train.epochs=2", "model.dropout=0.0", *extra)
 
 
 class _Die(Exception):
