@@ -888,13 +888,8 @@ class Trainer:
             f"(inductive AP {_fmt(summary.get('test_ap_inductive'))}); "
             f"summary in {self.out / 'summary.json'}"
         )
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if missing[1:] else ""
-            err = CheckpointError(
-                f"{missing[0]}{more}; the run's metrics and checkpoint_errors are in "
-                f"{self.out / 'summary.json'}"
-            )
-            err.quiet = self.rank != 0
+        err = ck.missing_error(self.out / "summary.json")
+        if err is not None:
             raise err
         return summary
 

@@ -293,6 +293,11 @@ class NodeClassification:
                 "wall_s": time.perf_counter() - wall0,
             }
         )
+        # A checkpoint that could not be written ends the run with exit code 5, once
+        # the summary is written (sven.engine.checkpoint.RunCheckpoints).
+        missing = ck.finish()
+        if missing:
+            summary["checkpoint_errors"] = missing
         if rank0:
             atomic(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         else:
@@ -302,6 +307,9 @@ class NodeClassification:
             f"{_fmt(summary['val_auc'])}, epoch {summary['best_epoch']}); "
             f"summary in {self.out / 'summary.json'}"
         )
+        err = ck.missing_error(self.out / "summary.json")
+        if err is not None:
+            raise err
         return summary
 
     # -------------------------------------------------------------- frozen

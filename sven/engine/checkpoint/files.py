@@ -187,7 +187,8 @@ def narrow_owner(owner: torch.Tensor, world_size: int) -> torch.Tensor:
     """The owner map in the smallest integer dtype that holds every rank."""
     for dt in (torch.int8, torch.int16, torch.int32):
         if world_size <= torch.iinfo(dt).max:
-            return owner.detach().cpu().to(dt)
+            # Narrowed where it lives: a GPU owner map crosses to the host at 1/8 its size.
+            return owner.detach().to(dt).cpu()
     return owner.detach().cpu().to(torch.int64)
 
 

@@ -169,6 +169,26 @@ class RunCheckpoints:
         self.errors = self.agree(self.errors)
         return [e["error"] for e in self.errors]
 
+    def missing_error(self, summary: Path) -> CheckpointError | None:
+        """The error a run that finished without some checkpoints ends with (after
+        :meth:`finish`; None: none is missing). One line: the first missing checkpoint
+        and why, how many more, and where the metrics went; quiet on ranks other than 0.
+
+        Args:
+            summary: The run's ``summary.json``, written with ``checkpoint_errors``.
+        """
+        if not self.errors:
+            return None
+        first, more = self.errors[0], len(self.errors) - 1
+        err = CheckpointError(
+            f"{first['error']}{f' (and {more} more)' if more else ''}; the run's metrics "
+            f"and checkpoint_errors are in {summary}",
+            checkpoint=first["checkpoint"],
+            step=first["step"],
+        )
+        err.quiet = self.rank != 0
+        return err
+
     def error_of(self, ck: Checkpointer, step: int) -> str | None:
         """Why checkpoint ``step`` of ``ck`` could not be written (after :meth:`finish`;
         None: it was, or it was never asked for)."""

@@ -312,9 +312,10 @@ class Checkpointer:
                 # The copy is queued on the training stream: later steps cannot change
                 # it, and the step does not wait for it.
                 f.src, f.deferred = f.src.clone(), True
-        if any(f.src.is_cuda for f in job.npy):
+        cuda = [f.src.device for f in job.npy if f.src.is_cuda]
+        if cuda:
             job.ready = torch.cuda.Event()
-            job.ready.record(torch.cuda.current_stream(job.npy[0].src.device))
+            job.ready.record(torch.cuda.current_stream(cuda[0]))
         now = [f for f in job.npy if not f.deferred]
         job.digests.update(write_npys(self.pool, now, job.ready))
 
@@ -388,6 +389,9 @@ class Checkpointer:
                 raise _RankFailed(failed[0])
             if not waiting:
                 break
+            if not job.tmp.is_dir():
+                # Never made (rank 0 could not create it): nothing more can come.
+                raise _RankFailed("the temporary folder is gone")
             if self._cancel.is_set():
                 raise _RankFailed("the run ended before every rank had written its part")
             if time.monotonic() > deadline:
@@ -524,12 +528,14 @@ class Checkpointer:
                 job.error if isinstance(job.error, Exception) else None
             )
 
-    def close(self) -> None:
-        """Ends the commit in flight without raising: rank 0 stops waiting for ranks
-        that may never come (the run is ending on an error)."""
-        self._cancel.set()
+    def close(self, grace_s: float = 2.0) -> None:
+        """Ends the commit in flight without raising (the run is ending on an error):
+        after ``grace_s``, rank 0 stops waiting for ranks that may never come and
+        removes the unfinished checkpoint; the older ones are intact."""
         job = self._job
         if job is not None and job.thread is not None:
+            job.thread.join(timeout=grace_s)
+            self._cancel.set()
             job.thread.join()
 
     def _sweep(self) -> None:
