@@ -307,3 +307,23 @@ def test_a_crashed_writers_temporary_folder_is_swept(tmp_path) -> None:
     assert ck.steps() == [8]
     _no_partial(root)
     assert json.loads((ck.path(8) / "meta.json").read_text())["node_state"] is None
+
+
+def test_a_checkpoint_that_cannot_fit_fails_before_filling_the_disk(tmp_path, monkeypatch) -> None:
+    ck = Checkpointer(tmp_path / "ck")
+    real = os.statvfs
+
+    def nearly_full(path):
+        st = real(path)
+        # 17 MB free: less than the 16 MB margin plus the state's bytes.
+        return os.statvfs_result((*st[:4], (17 << 20) // st.f_frsize, *st[5:]))
+
+    monkeypatch.setattr(os, "statvfs", nearly_full)
+    big = {"memory": torch.zeros(1 << 18, 4)}  # 4 MiB
+    with pytest.raises(CheckpointError, match=r"No space left on device: 4\.2 MB to write, "):
+        ck.save(1, {"x": 1}, node_state=big)
+    assert ck.steps() == []
+    _no_partial(ck.root)
+    # What fits, is written.
+    ck.save(2, {"x": 1}, node_state={"memory": torch.zeros(8, 4)})
+    assert ck.steps() == [2]

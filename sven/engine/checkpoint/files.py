@@ -10,6 +10,7 @@ side stream: never a full second copy in host memory. Each thread hashes what it
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -30,8 +31,19 @@ from sven.engine.checkpoint.format import (
     numpy_dtype,
 )
 
-__all__ = ["Npy", "WriterPool", "create_npy", "narrow_owner", "write_file", "write_npys"]
+__all__ = [
+    "Npy",
+    "WriterPool",
+    "check_room",
+    "create_npy",
+    "narrow_owner",
+    "sync_and_drop",
+    "write_file",
+    "write_npys",
+]
 
+#: Free space a checkpoint leaves on its file system (for the run's other files).
+_MARGIN = 16 << 20
 #: Bytes a thread copies from a CUDA tensor at a time (its pinned buffer).
 _BOUNCE = 16 << 20
 _local = threading.local()
@@ -167,6 +179,40 @@ def write_npys(pool: WriterPool, files: list[Npy], ready: Any) -> dict[str, str]
     for (f, _), d in zip(tasks, digests):
         per[f.rel].append(d)
     return {rel: combine(ds) for rel, ds in per.items()}
+
+
+def check_room(folder: Path, need: int) -> None:
+    """Fails before writing when the file system has less free space than ``need`` bytes
+    and a margin: a checkpoint that cannot fit does not fill the disk (the run still has
+    its metrics and summary to write). Quotas are not seen here; their EDQUOT comes from
+    the writes.
+
+    Raises:
+        OSError: ENOSPC, with both sizes.
+    """
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    if need + _MARGIN > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"{os.strerror(errno.ENOSPC)}: {_size(need)} to write, {_size(free)} free",
+        )
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def sync_and_drop(f: Npy) -> None:
+    """fsync a written ``.npy`` file and let the kernel drop its pages from the cache: a
+    checkpoint of gigabytes should not evict what training reads (the event store, a
+    memory-mapped node state)."""
+    os.fsync(f.fd)
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def write_file(path: Path, data: bytes) -> str:

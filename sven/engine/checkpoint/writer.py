@@ -75,8 +75,10 @@ import torch
 from sven.engine.checkpoint.files import (
     Npy,
     WriterPool,
+    check_room,
     create_npy,
     narrow_owner,
+    sync_and_drop,
     write_file,
     write_npys,
 )
@@ -305,6 +307,8 @@ class Checkpointer:
             arrays.update({f"{NODE_DIR}/rank{r}/{k}.npy": v for k, v in node_state.items()})
         if r == 0 and owner is not None and link is None:
             arrays[OWNER] = narrow_owner(owner, job.world_size)
+        need = sum(len(b) for b in job.blobs.values())
+        check_room(job.tmp, need + sum(t.numel() * t.element_size() for t in arrays.values()))
         for rel, t in arrays.items():
             f = create_npy(job.tmp, rel, t)
             job.npy.append(f)
@@ -332,7 +336,7 @@ class Checkpointer:
             job.blobs.clear()
             later = [f for f in job.npy if f.deferred]
             mine.update(write_npys(self.pool, later, job.ready))
-            self.pool.map(lambda f: os.fsync(f.fd), job.npy)
+            self.pool.map(sync_and_drop, job.npy)
             part = {"files": mine, "node_state": job.node_meta}
             if job.rank != 0:
                 self._done_file(job, part)
