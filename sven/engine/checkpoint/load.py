@@ -204,33 +204,79 @@ def load_node_state(
                 f"{folder}: node-state field {k} has rows of shape {saved}; this run's "
                 f"are {tuple(t.shape[1:])}"
             )
-    ids = rows.detach().cpu().numpy().astype(np.int64, copy=False)
-    if ids.size and (ids.min() < 0 or ids.max() >= src.num_nodes):
-        raise SvenError(f"{folder} holds {src.num_nodes} vertices; asked for id {ids.max()}")
-    order = np.argsort(ids, kind="stable") if np.any(ids[1:] < ids[:-1]) else None
-    want = ids if order is None else ids[order]
-    at = np.arange(ids.size, dtype=np.int64) if order is None else order
+    rows = rows.detach()
+    # Unsorted requests (no caller of Sven's makes them) are sorted once: O(n) indices.
+    order = host = None
+    if not _ascending(rows):
+        host = rows.cpu().numpy()
+        order = np.argsort(host, kind="stable")
     arrays = [src.rank(r, list(dest)) for r in range(src.world_size)]
-    if src.owner is None:
-        # One rank owned everything: a vertex's row is its id.
-        _copy(dest, arrays[0], want, at)
-        return dest
-    counts = np.zeros(src.world_size, dtype=np.int64)
-    i = 0
-    for lo in range(0, src.num_nodes, _WINDOW):
-        hi = min(lo + _WINDOW, src.num_nodes)
-        o = np.asarray(src.owner[lo:hi]).astype(np.int64)
-        j = int(np.searchsorted(want, hi))
-        if j > i:
-            local = want[i:j] - lo
-            r_of = o[local]
-            pos = counts[r_of] + _rank_within(o, src.world_size)[local]
-            for r in np.unique(r_of):
-                m = r_of == r
-                _copy(dest, arrays[int(r)], pos[m], at[i:j][m])
-        counts += np.bincount(o, minlength=src.world_size)
-        i = j
+    locate = _Locator(src.owner, src.world_size, src.num_nodes)
+    # Block by block of the requested vertices, in ascending id order: host memory is
+    # a block's indices and a window of the owner map, not N.
+    for s in range(0, rows.numel(), _WINDOW):
+        e = min(s + _WINDOW, rows.numel())
+        if order is None:
+            at = np.arange(s, e, dtype=np.int64)
+            ids = rows[s:e].cpu().numpy().astype(np.int64, copy=False)
+        else:
+            at = order[s:e]
+            ids = host[at].astype(np.int64, copy=False)
+        if ids[0] < 0 or ids[-1] >= src.num_nodes:
+            bad = ids[0] if ids[0] < 0 else ids[-1]
+            raise SvenError(f"{folder} holds {src.num_nodes} vertices; asked for id {bad}")
+        owner, pos = locate(ids)
+        for r in np.unique(owner):
+            m = owner == r
+            _copy(dest, arrays[int(r)], pos[m], at[m])
     return dest
+
+
+def _ascending(rows: torch.Tensor) -> bool:
+    """Whether ``rows`` is non-decreasing (checked on its device, one flag read)."""
+    return rows.numel() < 2 or bool((rows[1:] >= rows[:-1]).all())
+
+
+class _Locator:
+    """Where each vertex's rows are in a checkpoint: its owner, and its row in the
+    owner's shard (the vertices the owner has, by ascending id).
+
+    The owner map is read once, window by window, into per-window counts of each
+    rank's vertices ((N / window, P) numbers); a window's positions are worked out when
+    a block of vertices reaches it (the last one is kept).
+    """
+
+    def __init__(self, owner: Any, world_size: int, num_nodes: int) -> None:
+        self.owner, self.world_size = owner, world_size
+        self._cached: tuple[int, np.ndarray, np.ndarray] | None = None
+        if owner is None:
+            return
+        windows = -(-num_nodes // _WINDOW)
+        self.before = np.zeros((windows + 1, world_size), dtype=np.int64)
+        for w in range(windows):
+            o = np.asarray(owner[w * _WINDOW : (w + 1) * _WINDOW]).astype(np.int64)
+            self.before[w + 1] = self.before[w] + np.bincount(o, minlength=world_size)
+
+    def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(owner, row in its shard) of each vertex ``ids`` (ascending)."""
+        if self.owner is None:
+            # One rank owned everything: a vertex's row is its id.
+            return np.zeros_like(ids), ids
+        owner, pos = np.empty_like(ids), np.empty_like(ids)
+        wins = ids // _WINDOW
+        for w in np.unique(wins):
+            a, b = np.searchsorted(wins, [w, w + 1])
+            o, within = self._window(int(w))
+            local = ids[a:b] - w * _WINDOW
+            owner[a:b] = o[local]
+            pos[a:b] = self.before[w][o[local]] + within[local]
+        return owner, pos
+
+    def _window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._cached is None or self._cached[0] != w:
+            o = np.asarray(self.owner[w * _WINDOW : (w + 1) * _WINDOW]).astype(np.int64)
+            self._cached = (w, o, _rank_within(o, self.world_size))
+        return self._cached[1], self._cached[2]
 
 
 def _rank_within(o: np.ndarray, world_size: int) -> np.ndarray:
