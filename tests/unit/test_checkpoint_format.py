@@ -327,3 +327,27 @@ def test_a_checkpoint_that_cannot_fit_fails_before_filling_the_disk(tmp_path, mo
     # What fits, is written.
     ck.save(2, {"x": 1}, node_state={"memory": torch.zeros(8, 4)})
     assert ck.steps() == [2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_a_cuda_state_is_written_as_it_was_at_save(tmp_path, monkeypatch, snapshot) -> None:
+    """From a device snapshot (in the background) or through the pinned buffers (now):
+    the rows as they were when save() returned, whatever the step does afterwards."""
+    from sven.engine.checkpoint import files
+
+    monkeypatch.setattr(files, "_BOUNCE", 1000)  # many pieces per chunk
+    monkeypatch.setattr(fmt, "CHUNK", 4096)
+    full = {k: v.cuda() for k, v in _state(5000, 11).items()}
+    want = {k: v.cpu().clone() for k, v in full.items()}
+    ck = Checkpointer(tmp_path / "ck", asynchronous=True)
+    ck.save(1, {"x": 1}, node_state=full, device_snapshot=snapshot)
+    for v in full.values():  # the next step, queued behind the snapshot
+        v.zero_() if v.dtype != torch.bool else v.fill_(True)
+    ck.wait()
+    assert ck.verify(1)
+    dest = _empty_like(want, 5000)
+    dest = {k: v.cuda() for k, v in dest.items()}
+    load_node_state(ck.path(1), dest, torch.arange(5000, device="cuda"))
+    assert _same({k: v.cpu() for k, v in dest.items()}, want)
