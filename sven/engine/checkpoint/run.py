@@ -78,7 +78,7 @@ class RunCheckpoints:
         threads: int = 0,
         timeout_s: float = 600.0,
     ) -> None:
-        pool = WriterPool(threads)
+        self.pool = pool = WriterPool(threads)
         opts = {"asynchronous": asynchronous, "timeout_s": timeout_s, "pool": pool}
         self.latest = Checkpointer(Path(out) / "checkpoints", keep_latest_k, **opts)
         self.best = Checkpointer(Path(out) / "best", 1, **opts)
@@ -166,6 +166,7 @@ class RunCheckpoints:
         as rank 0 saw them, on every rank (one line each; the caller says them)."""
         self._settle(self.latest, say=False)
         self._settle(self.best, say=False)
+        self.pool.close()  # no thread outlives the run (a later save starts them again)
         self.errors = self.agree(self.errors)
         return [e["error"] for e in self.errors]
 
@@ -196,10 +197,11 @@ class RunCheckpoints:
         return next((e["error"] for e in self.errors if e["checkpoint"] == where), None)
 
     def close(self) -> None:
-        """Ends the commits in flight (the run is ending on an error): joins them,
-        raising nothing."""
+        """Ends the commits in flight (the run is ending on an error): joins them and
+        the writer threads, raising nothing."""
         self.latest.close()
         self.best.close()
+        self.pool.close()
 
     def newest(self, ck: Checkpointer) -> int | None:
         """The newest valid checkpoint of ``ck``, as judged by rank 0 for all ranks."""
