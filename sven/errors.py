@@ -10,6 +10,10 @@ Exit codes of ``sven``:
 3      :class:`DataError`: bad input data; rerunning fails again
 4      :class:`sven.distributed.collectives.DistError`: a launch that cannot start, or a
        rank that died or hung; the last complete checkpoint is intact
+5      :class:`CheckpointError`: a checkpoint could not be written (disk full, a quota,
+       a file-size limit); the run went on without it, wrote ``summary.json`` with
+       every metric it had and the missing checkpoints under ``checkpoint_errors``;
+       the older checkpoints are intact. Rerunning fails again until there is room
 75     :class:`Stopped`: training stopped on SIGTERM or SIGUSR1 after a checkpoint
        (``EX_TEMPFAIL``: try again); ``train.resume=true`` continues exactly
 130    interrupted by Ctrl-C (SIGINT)
@@ -19,7 +23,7 @@ Exit codes of ``sven``:
        as for a tool ended by SIGPIPE; nothing is written to stderr
 =====  ==========================================================================
 
-``slurm/train.sbatch`` requeues the job on 75 and after failures, never on 2 or 3.
+``slurm/train.sbatch`` requeues the job on 75 and after failures, never on 2, 3 or 5.
 """
 
 from __future__ import annotations
@@ -103,6 +107,25 @@ class Stopped(SvenError):
 class Diverged(SvenError):
     """The training loss became NaN or infinite; nothing of the diverged state is kept
     (the message names the last checkpoint written before it)."""
+
+
+class CheckpointError(SvenError):
+    """A checkpoint could not be written; its temporary files are removed.
+
+    The message is one line: which checkpoint (folder, step) is missing, why (the OS
+    error), and which older checkpoint is intact.
+
+    Attributes:
+        checkpoint: The folder the checkpoint would have had.
+        step: Its step.
+    """
+
+    exit_code = 5
+
+    def __init__(self, message: str, checkpoint: object = "", step: int = -1) -> None:
+        super().__init__(message)
+        self.checkpoint = str(checkpoint)
+        self.step = step
 
 
 class Terminated(BaseException):

@@ -31,6 +31,8 @@ RESUME_MAY_CHANGE = frozenset(
         "train.overwrite",
         "train.checkpoint_every",
         "train.keep_latest_k",
+        "train.checkpoint_async",
+        "train.checkpoint_threads",
         "state.device",
         "state.gpu_budget_gb",
         "state.host_budget_gb",

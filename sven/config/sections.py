@@ -141,6 +141,14 @@ class TrainConfig:
     """Also checkpoint every N training batches (0: only at epoch ends)."""
     keep_latest_k: int = 2
     """Checkpoints kept on disk."""
+    checkpoint_async: bool = True
+    """Write checkpoints in the background while training goes on: training waits only
+    for a snapshot (the node state copied on the GPU when there is room, else written
+    into its files), and the next checkpoint, or the run's end, waits for the commit.
+    false: each checkpoint is on disk before training continues."""
+    checkpoint_threads: int = 0
+    """Threads that write (and hash) a checkpoint's node state, each a 64 MiB chunk at a
+    time (0: one per core, up to 8)."""
     resume: bool = False
     """Continue from the latest valid checkpoint under ``out``; with none there, say
     so and start fresh. The checkpoint's config must equal this run's, except for
@@ -194,6 +202,10 @@ class TrainConfig:
         for f in ("patience", "mrr_negatives", "max_batches", "checkpoint_every", "threads"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"train.{f} must be >= 0, got {getattr(self, f)}")
+        if self.checkpoint_threads < 0:
+            raise ConfigError(
+                f"train.checkpoint_threads must be >= 0, got {self.checkpoint_threads}"
+            )
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be positive, got {self.lr}")
         if self.select not in ("ap", "ap_auc"):

@@ -60,6 +60,10 @@ class LinkPrediction:
             checkpoints, timeline).
     """
 
+    #: The best model's node state is the one of the latest checkpoint saved just
+    #: before it (the end of validation).
+    best_links_latest = True
+
     def __init__(self, tr: Trainer) -> None:
         self.tr = tr
         self.cfg = tr.cfg
@@ -109,26 +113,55 @@ class LinkPrediction:
             progress, start_epoch, start_batch = loop.resume(progress)
         progress = loop.run(progress, start_epoch, start_batch)
         tr.startup.finish()
+        ck = tr.checkpoints
+        t_ck = time.perf_counter()
+        # The run's end waits for the commits in flight.
+        missing = ck.finish()
+        self._times["checkpoint_s"] += time.perf_counter() - t_ck
         best = self._best_for_test(loop.best_live, progress)
         self.where = "test"
-        test, test_rate = self._eval_split("test")
+        if best is None:
+            # The best model could not be written, and another epoch trained after it.
+            tr._log(
+                f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
+                "could not be written, and another epoch trained after it",
+                force=True,
+            )
+            best = {"epoch": progress["best_epoch"]}
+            test_rate = float("nan")
+            test: dict[str, Any] = dict.fromkeys(
+                ("test_ap", "test_auc", "test_ap_pooled", "test_ap_inductive")
+            )
+            test["test_auc_inductive"] = None
+        else:
+            test, test_rate = self._eval_split("test")
         summary = self._summary(progress, best, test, test_rate, wall0)
+        if missing:
+            summary["checkpoint_errors"] = missing
         if main:
             atomic_write_text(json.dumps(summary, indent=2) + "\n", tr.out / "summary.json")
         tr._log(
-            f"test AP {fmt(summary['test_ap'])} AUC {fmt(summary['test_auc'])} "
-            f"(inductive AP {fmt(summary['test_ap_inductive'])}); "
+            f"test AP {fmt(summary.get('test_ap'))} AUC {fmt(summary.get('test_auc'))} "
+            f"(inductive AP {fmt(summary.get('test_ap_inductive'))}); "
             f"summary in {tr.out / 'summary.json'}"
         )
+        err = ck.missing_error(tr.out / "summary.json")
+        if err is not None:
+            raise err
         return summary
 
-    def _save(self, ck: Any, step: int, state: dict[str, Any], shard: dict[str, Any]) -> None:
+    def _save(
+        self, ck: Any, step: int, state: dict[str, Any], shard: dict[str, Any], **kw: Any
+    ) -> None:
         t_ck = time.perf_counter()
-        self.tr.checkpoints.save(ck, step, state, shard)
+        self.tr.checkpoints.save(ck, step, state, shard, **kw)
         self._times["checkpoint_s"] += time.perf_counter() - t_ck
 
-    def _best_for_test(self, best_live: int | None, progress: dict[str, Any]) -> dict[str, Any]:
-        """The best model, live or reloaded, for test."""
+    def _best_for_test(
+        self, best_live: int | None, progress: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The best model, live or reloaded, for test; None where it could not be
+        written and another epoch trained after it."""
         ck = self.tr.checkpoints
         if best_live is not None and best_live == progress["best_epoch"]:
             # The best model and its node state at the end of validation are the live
@@ -137,9 +170,15 @@ class LinkPrediction:
             return {"epoch": best_live}
         t_ck = time.perf_counter()
         step = ck.newest(ck.best)
-        if step is None:
+        if step is not None and step == progress["best_epoch"]:
+            best = self.tr._load(ck.best, step)
+        elif ck.error_of(ck.best, progress["best_epoch"]) is not None:
+            # An older best model is on disk, but it is not the best epoch's.
+            return None
+        elif step is None:
             raise SvenError(f"no valid best model under {ck.best.root}")
-        best = self.tr._load(ck.best, step)
+        else:
+            best = self.tr._load(ck.best, step)
         self._times["checkpoint_s"] += time.perf_counter() - t_ck
         return best
 
@@ -300,7 +339,8 @@ class LinkPrediction:
 
     def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """The best model with the node state at the end of validation, which test
-        continues (no optimizer: it is not resumed from)."""
+        continues (no optimizer: it is not resumed from). The node state is the latest
+        checkpoint's, saved just before (:attr:`best_links_latest`)."""
         tr = self.tr
         state = {
             "data": tr.data.state_dict(),
@@ -308,7 +348,7 @@ class LinkPrediction:
             "epoch": epoch,
             "memory_phase": "val_end",
         }
-        return state, {"memory": tr.memory.state_dict()}
+        return state, {}
 
     # ----------------------------------------------------------- helpers
     def _flush_step(self, progress: dict[str, Any]) -> None:
@@ -408,6 +448,7 @@ class LinkPrediction:
         }
         st = tr.step
         summary.update(
+            checkpoints=tr.checkpoints.timings,
             state_tier=tr.memory.storage.tier,
             plan=tr.plan.to_dict(),
             pipeline_prefetch=st.depth,

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from sven.engine.checkpoint import RunCheckpoints
 from sven.engine.run_folder import atomic_write_text, finite_or_none
-from sven.errors import Stopped
+from sven.errors import CheckpointError, Stopped, SvenError
 
 __all__ = ["STOP_SIGNALS", "RunLoop", "StopSignals", "Task", "stop_from_votes", "stop_vote"]
 
@@ -93,6 +93,9 @@ class Task(Protocol):
 
     #: Where training is (failure messages).
     where: str
+    #: Whether the best model's node state is the latest checkpoint's, saved just
+    #: before it (best/ then links those files).
+    best_links_latest: bool
 
     def begin_epoch(self, epoch: int, first: int, progress: dict[str, Any]) -> int:
         """Readies epoch ``epoch`` from batch ``first``; returns its batch count."""
@@ -245,18 +248,23 @@ class RunLoop:
                     f.write(json.dumps(line) + "\n")
             self._on_line(line)
             self._log(task.describe(line))
-            if task.improved(line, progress):
+            is_best = task.improved(line, progress)
+            if is_best:
                 progress.update(best_epoch=epoch, bad_epochs=0)
-                self._save(ck.best, epoch, *task.best_state(epoch))
-                # Test continues from this state, unless another epoch trains after it.
-                self.best_live = epoch
             else:
                 progress["bad_epochs"] += 1
                 if self.patience and progress["bad_epochs"] >= self.patience:
                     progress["stopped"] = True
             progress["global_step"] += 1
-            state = task.state_dict(epoch + 1, 0, progress)
-            self._save(ck.latest, progress["global_step"], *state)
+            step = progress["global_step"]
+            self._save(ck.latest, step, *task.state_dict(epoch + 1, 0, progress))
+            if is_best:
+                # The latest checkpoint just saved holds the best model's node state:
+                # best/ links its files rather than writing them again.
+                link = {"link_latest": step} if task.best_links_latest else {}
+                self._save(ck.best, epoch, *task.best_state(epoch), **link)
+                # Test continues from this state, unless another epoch trains after it.
+                self.best_live = epoch
         return progress
 
     def _stopped(
@@ -267,18 +275,26 @@ class RunLoop:
         last: int,
         progress: dict[str, Any],
         saved: bool,
-    ) -> Stopped:
+    ) -> SvenError:
         """Writes the stop checkpoint (unless this batch's periodic one is it).
 
         Returns:
-            The :class:`Stopped` to raise, which says where and what was written.
+            The :class:`Stopped` to raise, which says where and what was written, or the
+            :class:`CheckpointError` of a stop checkpoint that could not be written.
         """
         step = progress["global_step"]
         ck = self.ck
         if not saved:
             self._save(ck.latest, step, *self.task.state_dict(epoch, next_batch, progress))
+        ck.finish()
         name = signal.Signals(signum).name
         path = ck.latest.path(step)
+        missing = ck.error_of(ck.latest, step)
+        if missing is not None:
+            # Not resumable from here: say so rather than "stopped with a checkpoint".
+            err = CheckpointError(missing, checkpoint=path, step=step)
+            err.quiet = not self.main
+            return err
         return Stopped(
             f"stopped by {name} at epoch {epoch} step {step} (batch {next_batch} of {last}); "
             f"checkpoint {path}; rerun with train.resume=true",

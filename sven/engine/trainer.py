@@ -35,10 +35,11 @@ from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
     find_checkpoint,
-    load_file,
+    load_node_state,
+    read_state,
 )
 from sven.engine.comm import predict_comm
-from sven.engine.data import Data, owned_nodes
+from sven.engine.data import Data
 from sven.engine.evaluation import EvalResult
 from sven.engine.link import LinkPrediction
 from sven.engine.loop import StopSignals
@@ -49,7 +50,7 @@ from sven.engine.startup import StartupClock, set_deterministic
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
 from sven.engine.timeline import StepProfiler, Timeline
-from sven.errors import ConfigError, SvenError, first_line
+from sven.errors import ConfigError, first_line
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.models.storage import Storage
 from sven.pipeline.exchange import FixedExchange, LocalExchange
@@ -241,6 +242,9 @@ class Trainer:
             world_size=self.world_size,
             barrier=self._barrier,
             agree=self._agree,
+            asynchronous=tc.checkpoint_async,
+            threads=tc.checkpoint_threads,
+            timeout_s=cfg.dist.timeout_s,
         )
         self._log(self._describe_run())
         if self.distributed:
@@ -424,8 +428,13 @@ class Trainer:
 
     def _load(self, ck: Checkpointer, step: int) -> dict[str, Any]:
         """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
-        state, shard = self.checkpoints.load(ck, step, self.device)
-        self.load_state_dict(state, shard, f"checkpoint {ck.path(step)}")
+        cks, where = self.checkpoints, f"checkpoint {ck.path(step)}"
+        state, shard = cks.load(ck, step, self.device, node_state=False)
+        # The data identity first: the node state is read only for this run's vertices,
+        # straight into the node state's own tensors (no second copy of it).
+        self.data.load_state_dict(_data_state(state), where)
+        shard["memory"] = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
+        self.load_state_dict(state, shard, where)
         return state
 
     # ------------------------------------------------------------------ fit
@@ -475,6 +484,9 @@ class Trainer:
             if getattr(self, "_bar", None) is not None:
                 # A bar left open by an error would run into the error's one line.
                 self._bar.close()
+            # A commit still in flight (the run ends on an error) finishes or is
+            # removed before the process group goes.
+            self.checkpoints.close()
             try:
                 self.ctx.teardown()
             finally:
@@ -513,30 +525,14 @@ class Trainer:
         A state saved at the end of validation (the best model) continues into test,
         which reproduces the run's summary exactly. Any other state is re-played:
         memory is rebuilt by walking train and val without parameter updates, then
-        test runs. Shards of a P-rank checkpoint are assembled when evaluating on one
-        process.
+        test runs. A checkpoint of any number of ranks is read into this run's ranks
+        (each reads the node state of the vertices it owns).
         """
         p = find_checkpoint(path)
-        state = load_file(p / "state.pt", self.device)
+        state = read_state(p, self.device)
         self.model.load_state_dict(state["model"])
-        data = _data_state(state)
-        ws = int(data.get("world_size", 1))
-        owner = data["owner"].to(self.device)
-        if ws == self.world_size and torch.equal(owner, self.owner):
-            shard = load_file(p / f"memory-rank{self.rank}.pt", self.device)
-            self.memory.load_state_dict(shard["memory"])
-        elif self.world_size == 1:
-            full = {k: v.clone() for k, v in self.memory.state_dict().items()}
-            for r in range(ws):
-                shard = load_file(p / f"memory-rank{r}.pt", self.device)
-                rows = owned_nodes(owner, r)
-                for k, v in shard["memory"].items():
-                    full[k][rows] = v
-            self.memory.load_state_dict(full)
-        else:
-            raise SvenError(
-                f"{p} holds {ws} memory shards; evaluate it on {ws} ranks or on one process"
-            )
+        if state.get("memory_phase") == "val_end":
+            load_node_state(p, self.memory.state_dict(), self.owned, self.num_nodes)
         res: dict[str, Any] = {}
         if state.get("memory_phase") != "val_end":
             self.memory.reset()

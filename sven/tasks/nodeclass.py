@@ -205,6 +205,9 @@ class NodeClassification:
             world_size=tr.world_size,
             barrier=tr._barrier,
             agree=tr._agree,
+            asynchronous=cfg.train.checkpoint_async,
+            threads=cfg.train.checkpoint_threads,
+            timeout_s=cfg.dist.timeout_s,
         )
         task = _Classification(self, tr, folder, clf, opt, y)
         loop = RunLoop(
@@ -244,6 +247,11 @@ class NodeClassification:
                 "wall_s": time.perf_counter() - wall0,
             }
         )
+        # A checkpoint that could not be written ends the run with exit code 5, once
+        # the summary is written (sven.engine.checkpoint.RunCheckpoints).
+        missing = ck.finish()
+        if missing:
+            summary["checkpoint_errors"] = missing
         if rank0:
             atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
         else:
@@ -253,6 +261,9 @@ class NodeClassification:
             f"{_fmt(summary['val_auc'])}, epoch {summary['best_epoch']}); "
             f"summary in {self.out / 'summary.json'}"
         )
+        err = ck.missing_error(self.out / "summary.json")
+        if err is not None:
+            raise err
         return summary
 
     # -------------------------------------------------------------- frozen
@@ -353,6 +364,7 @@ class _Classification:
     training events), then the AUC of every split; the best epoch by val AUC."""
 
     where = "start"
+    best_links_latest = False
 
     def __init__(
         self,

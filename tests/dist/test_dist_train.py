@@ -93,10 +93,9 @@ def test_two_rank_resume_is_exact(store, tmp_path) -> None:
     assert [json.loads(x)["epoch"] for x in lines] == [0, 1]
     # A 2-rank checkpoint is evaluated on one process from its memory shards.
     ckpt = tmp_path / "run"
-    assert sorted(p.name for p in next((ckpt / "best").glob("step-*")).glob("memory-rank*.pt")) == [
-        "memory-rank0.pt",
-        "memory-rank1.pt",
-    ]
+    best = next((ckpt / "best").glob("step-*"))
+    assert sorted(p.name for p in (best / "nodes").glob("rank*")) == ["rank0", "rank1"]
+    assert sorted(p.name for p in best.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
 
 
 def test_eval_of_sharded_checkpoint_reproduces_summary(store, tmp_path, capsys) -> None:

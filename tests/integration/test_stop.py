@@ -157,7 +157,8 @@ def test_two_ranks_signalled_apart_stop_together_and_resume_exactly(
     ck = Checkpointer(out / "checkpoints")
     step = ck.latest()
     assert step is not None and ck.verify(step)
-    assert set(ck.meta(step)["files"]) >= {"memory-rank0.pt", "memory-rank1.pt"}
+    shards = {f"rank{r}.pt" for r in (0, 1)} | {f"nodes/rank{r}/memory.npy" for r in (0, 1)}
+    assert set(ck.meta(step)["files"]) >= shards
     cursor = torch.load(ck.path(step) / "state.pt", weights_only=False)["cursor"]
     assert cursor["next_batch"] > 0, cursor
     assert f"checkpoint {ck.path(step)};" in said[0]
