@@ -320,6 +320,11 @@ class MemoryState:
         """All state tensors without the scratch row (for checkpoints): the host tensors
         where the tier has them (written without a copy through the device), else the
         device's."""
+        if self.host and self.device.type == "cuda":
+            # The host tensors are written by the device's kernels (pinned memory read
+            # and written over the host link): a host read waits for the queued steps,
+            # as a device-to-host copy of device tensors would.
+            torch.cuda.synchronize(self.device)
         return {
             name: self.host.get(name, self.full[name])[: self.num_nodes] for name in self._FIELDS
         }

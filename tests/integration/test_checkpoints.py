@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import sven
-import sven.engine.trainer as trainer_mod
+import sven.engine.link as link_mod
 from sven.cli import main
 from sven.datasets.store import TemporalEvents
 from sven.engine.checkpoint import Checkpointer, load_file, read_meta, read_state
@@ -203,7 +203,7 @@ def test_a_failed_best_model_makes_test_na_and_the_run_still_reports(
     """Epoch 0 is the best and its checkpoint fails (a full disk); epoch 1 trains on, so
     test has no best model to reload: its metrics are n/a, said in one line, and the run
     ends with the summary written and exit code 5."""
-    monkeypatch.setattr(trainer_mod, "improved", lambda select, val, best: best["best_epoch"] < 0)
+    monkeypatch.setattr(link_mod, "improved", lambda select, val, best: best["best_epoch"] < 0)
     run = tmp_path / "run"
     tr = sven.Trainer(None, _overrides(store, run))
 
