@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,14 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
+def _release(ptrs: list[int], mapping: Any) -> None:
+    """Unregisters pinned chunks (then the mapping may go)."""
+    if ptrs:
+        cudart = torch.cuda.cudart()
+        for ptr in ptrs:
+            cudart.cudaHostUnregister(ptr)
+
+
 class Storage:
     """Allocates node-state tensors in one tier.
 
@@ -129,8 +138,11 @@ class Storage:
             claim_state_folder(self.folder)
         self.threads = threads or min(16, os.cpu_count() or 1)
         self.staged = tier == "disk" and self.device.type == "cuda"
-        self._registered: list[int] = []
         self._keep: list[Any] = []
+        # One per pinned table: unregisters its pages before its memory is unmapped
+        # (when its last tensor goes, or at close()), so that a later table mapped at
+        # the same address can be registered again.
+        self._releases: list[weakref.finalize] = []
 
     @property
     def host_device(self) -> torch.device:
@@ -172,15 +184,17 @@ class Storage:
         if hasattr(mmap, "MADV_HUGEPAGE"):
             # Fewer pages to fault in and lock (a 12 GB table is 3 M small pages).
             buf.madvise(mmap.MADV_HUGEPAGE)
-        self._keep.append(buf)
         arr = np.frombuffer(buf, dtype=_numpy_dtype(dtype), count=nbytes // itemsize)
         host = torch.from_numpy(arr).view(shape)
-        if self.device.type == "cuda":
-            self._register(host.data_ptr(), nbytes)
+        ptrs = self._register(host.data_ptr(), nbytes) if self.device.type == "cuda" else []
+        # The finalizer holds the mapping: it is unmapped only after its pages are
+        # unregistered.
+        self._releases.append(weakref.finalize(arr, _release, ptrs, buf))
         return host
 
-    def _register(self, ptr: int, nbytes: int) -> None:
-        """Page-locks and maps [ptr, ptr + nbytes) for the GPU, in chunks on threads."""
+    def _register(self, ptr: int, nbytes: int) -> list[int]:
+        """Page-locks and maps [ptr, ptr + nbytes) for the GPU, in chunks on threads;
+        returns the chunks' addresses (each unregistered on its own)."""
         cudart = torch.cuda.cudart()
         spans = [(a, min(_REGISTER_CHUNK, nbytes - a)) for a in range(0, nbytes, _REGISTER_CHUNK)]
 
@@ -190,25 +204,23 @@ class Storage:
 
         with ThreadPoolExecutor(min(self.threads, len(spans))) as pool:
             codes = list(pool.map(one, spans))
-        for (a, _), code in zip(spans, codes):
-            if code == 0:
-                self._registered.append(ptr + a)
+        done = [ptr + a for (a, _), code in zip(spans, codes) if code == 0]
         bad = [c for c in codes if c != 0]
         if bad:
+            _release(done, None)
             self.close()
             raise RuntimeError(
                 f"state.device=host: pinning {nbytes / 1e9:.1f} GB of host memory failed "
                 f"(CUDA error {bad[0]}); lower the state's size or use state.device=disk"
             )
+        return done
 
     def close(self) -> None:
         """Unregisters pinned memory and drops the mappings (the tensors must not be
         used afterwards)."""
-        if self._registered:
-            cudart = torch.cuda.cudart()
-            for ptr in self._registered:
-                cudart.cudaHostUnregister(ptr)
-            self._registered = []
+        for release in self._releases:
+            release()
+        self._releases = []
         for obj in self._keep:
             if isinstance(obj, np.memmap):
                 obj.flush()
