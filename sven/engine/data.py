@@ -531,7 +531,7 @@ def _column(arr: Any, device: torch.device, dtype: torch.dtype | None = None) ->
         host = torch.from_numpy(np.array(arr))
         return host if dtype is None else host.to(dtype)
     n = arr.shape[0]
-    kind = torch.from_numpy(np.asarray(arr[:0])).dtype
+    kind = torch.from_numpy(np.empty(0, dtype=arr.dtype)).dtype
     out = torch.empty(arr.shape, dtype=dtype or kind, device=device)
     row = max(1, int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize)
     step = max(1, _CHUNK_BYTES // row)
