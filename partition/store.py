@@ -317,12 +317,15 @@ def check_matches(part: Partition, events: Any, part_dir: str | os.PathLike[str]
     """Refuses a partition built for other data than ``events`` (an opened store).
 
     Compares the counts and the ``src``/``dst``/``t`` checksums the partition recorded
-    (``meta["store"]``) with the store's; with the store verified
+    (``meta["store"]``) with the store's, then its fingerprint where the partition
+    recorded one (:mod:`sven.datasets.identity`); with the store verified
     (:func:`sven.datasets.store.open_verified_store`) those are its bytes.
 
     Raises:
         DataError: The partition was built for another store.
     """
+    from sven.datasets.identity import identity_problem, store_identity
+
     recorded = part.meta.get("store") or {}
     current = {"num_events": int(events.num_events), "num_nodes": int(events.num_nodes)}
     for key, value in current.items():
@@ -335,3 +338,11 @@ def check_matches(part: Partition, events: Any, part_dir: str | os.PathLike[str]
     for col, digest in (recorded.get("checksums") or {}).items():
         if sums.get(col) not in (None, digest):
             raise DataError(f"partition was built for other data ({col} differs)", part_dir)
+    # The whole store's identity, where the partition recorded it (features and splits
+    # too: one identity for everything made from a store).
+    problem, _ = identity_problem(
+        recorded, store_identity(events), "the partition",
+        verb="was built for",
+    )  # fmt: skip
+    if problem is not None:
+        raise DataError(problem, part_dir)

@@ -65,6 +65,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         "or with every event before t (exact)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument(
+        "--other-store", action="store_true",
+        help="with --data: apply the model to a store other than the one it was trained on "
+        "(same feature widths); its memory is re-played from that store, and a note says so",
+    )  # fmt: skip
 
 
 def _ids(text: str) -> list[str]:
@@ -100,6 +105,7 @@ def _predictor(args: argparse.Namespace) -> Any:
         device=args.device,
         replay=args.replay,
         threads=args.threads,
+        other_store=args.other_store,
     )
 
 

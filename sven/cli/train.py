@@ -30,11 +30,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     p.set_defaults(func=_train)
 
-    e = sub.add_parser("eval", help="re-evaluate a saved model on val/test")
+    e = sub.add_parser(
+        "eval",
+        help="re-evaluate a saved model on val/test",
+        description="Scores a saved model on the store it was trained on (or, with "
+        "--other-store, on another one given as data.path=...); writes nothing.",
+    )
     e.add_argument(
         "--checkpoint", required=True, help="a run folder (its best model) or a step-N folder"
     )
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    e.add_argument(
+        "--other-store", action="store_true",
+        help="score the model on a store other than the one it was trained on (data.path=...; "
+        "same feature widths); its memory is re-played from that store, and the output says so",
+    )  # fmt: skip
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     e.set_defaults(func=_eval)
 
@@ -121,8 +131,10 @@ def _eval(args: argparse.Namespace) -> int:
             f"{folder} is a node-classification run: its AUCs are in its summary.json; "
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
-    trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
-    res = _finite_or_none(trainer.evaluate_checkpoint(folder))
+    trainer = Trainer(
+        cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides], purpose="eval"
+    )
+    res = _finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -480,16 +480,21 @@ class Data:
         return self._eval_neg
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must match: the partition and the store's shape.
+        """What a checkpoint must match: the partition, the store's shape and identity.
 
-        The data themselves follow from the config and the store and are not saved.
+        The data themselves follow from the config and the store and are not saved;
+        ``store`` is the store's identity (:func:`sven.datasets.identity.store_identity`:
+        its fingerprint, path and counts).
         """
+        from sven.datasets.identity import store_identity
+
         return {
             "owner": self.owner.cpu(),
             "world_size": self.world_size,
             "num_nodes": self.num_nodes,
             "num_events": int(self.src.numel()),
             "ranges": {s: list(r) for s, r in self.ranges.items()},
+            "store": store_identity(self.events),
         }
 
     def load_state_dict(self, state: dict[str, Any], where: str | Path = "checkpoint") -> None:
@@ -497,8 +502,16 @@ class Data:
 
         Raises:
             ConfigError: The checkpoint was written by another number of ranks, with
-                another partition or on other data.
+                another partition or on other data (another store fingerprint, where
+                the checkpoint recorded one).
         """
+        from sven.datasets.identity import identity_problem, store_identity
+
+        problem, _ = identity_problem(
+            state.get("store"), store_identity(self.events), str(where), verb="was written on"
+        )
+        if problem is not None:
+            raise ConfigError(problem)
         ws = int(state.get("world_size", 1))
         if ws != self.world_size:
             raise ConfigError(

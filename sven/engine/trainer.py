@@ -39,6 +39,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from sven.config import Config, dump_config, load_config
+from sven.datasets.identity import fingerprint as _fingerprint
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
@@ -79,6 +80,9 @@ class Trainer:
     Args:
         config: A :class:`~sven.config.Config`, a nested dict, or a path to a YAML preset.
         overrides: Dotted ``key=value`` overrides applied on top.
+        startup: The start-up clock (the CLI's counts from process start).
+        purpose: ``train``, or ``eval`` for a trainer that only evaluates a saved
+            model (``sven eval``): its first line says so.
 
     Example:
         >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
@@ -98,6 +102,7 @@ class Trainer:
         overrides: list[str] | None = None,
         *,
         startup: StartupClock | None = None,
+        purpose: str = "train",
     ):
         if isinstance(config, Config):
             cfg = (
@@ -110,6 +115,7 @@ class Trainer:
         else:
             cfg = load_config(config, overrides)
         self.cfg = cfg
+        self._purpose = purpose
         # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
         # counts from process start.
         self.startup = clock = startup or StartupClock()
@@ -285,6 +291,11 @@ class Trainer:
         else:
             data = f"the built-in synthetic dataset ({counts}; cached at {ev.path})"
         procs = "one process" if self.world_size == 1 else f"{self.world_size} ranks"
+        if self._purpose == "eval":
+            return (
+                f"evaluating a saved {self.cfg.model.name} on {data}, on {self.device.type} "
+                f"({procs}); nothing is written"
+            )
         return (
             f"training {self.cfg.model.name} on {data}, on {self.device.type} ({procs}); "
             f"run folder {self.out}"
@@ -778,6 +789,7 @@ class Trainer:
         summary = {
             "model": cfg.model.name,
             "dataset": self.data.dataset_name,
+            "store_fingerprint": _fingerprint(self.data.events.meta),
             "world_size": self.world_size,
             "partition": self.data.partition_meta.get("strategy"),
             "epochs_run": len(progress["history"]),
@@ -934,7 +946,7 @@ class Trainer:
         return timeline_line(per[:, :-1], per[:, -1])
 
     # ------------------------------------------------------------- re-eval
-    def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
+    def evaluate_checkpoint(self, path: str | Path, *, other_store: bool = False) -> dict[str, Any]:
         """Re-evaluates a saved model: a run folder (its best), or a ``step-N`` folder.
 
         A state saved at the end of validation (the best model) continues into test,
@@ -942,14 +954,31 @@ class Trainer:
         memory is rebuilt by walking train and val without parameter updates, then
         test runs. Shards of a P-rank checkpoint are assembled when evaluating on one
         process.
+
+        The store must be the one the model was trained on (its fingerprint,
+        :mod:`sven.datasets.identity`); ``other_store`` applies the model to another
+        store of the same feature widths instead, its memory re-played from that
+        store, and the result says so (``trained_on``, ``note``).
+
+        Raises:
+            SvenError: The store is another one than the model's (one line, naming
+                both), unless ``other_store``.
         """
+        from sven.tasks.replay import check_same_data
+
         p = find_checkpoint(path)
         state = load_file(p / "state.pt", self.device)
+        # Before the model's weights meet this store's widths: one line, not a traceback.
+        note = check_same_data(state, self.data, p, other_store=other_store)
         self.model.load_state_dict(state["model"])
         data = _data_state(state)
         ws = int(data.get("world_size", 1))
         owner = data["owner"].to(self.device)
-        if ws == self.world_size and torch.equal(owner, self.owner):
+        if note is not None:
+            self._log(f"sven: note: {note}", force=True)
+            # The saved memory is another store's: every split is re-played from here.
+            state = {**state, "memory_phase": None}
+        elif ws == self.world_size and torch.equal(owner, self.owner):
             shard = load_file(p / f"memory-rank{self.rank}.pt", self.device)
             self.memory.load_state_dict(shard["memory"])
         elif self.world_size == 1:
@@ -970,12 +999,15 @@ class Trainer:
             self.evaluate("train")
             res.update(self.split_metrics("val", self.evaluate("val")))
         res.update(self.split_metrics("test", self.evaluate("test")))
-        return {
+        out = {
             "model": self.cfg.model.name,
             "dataset": self.data.dataset_name,
             "checkpoint": str(p),
-            **res,
+            "store_fingerprint": _fingerprint(self.data.events.meta),
         }
+        if note is not None:
+            out.update(trained_on=_data_state(state).get("store", {}).get("fingerprint"), note=note)
+        return {**out, **res}
 
     def _log(self, msg: str, force: bool = False) -> None:
         if self.rank == 0 and (force or not self.cfg.quiet):

@@ -53,12 +53,14 @@ class Predictor:
     Args:
         checkpoint: A run folder (its best model) or a ``step-N`` checkpoint folder.
         data: The event store, when not the one the run names (it must be the one the
-            model was trained on: same nodes, events and splits).
+            model was trained on: the same fingerprint, :mod:`sven.datasets.identity`).
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N``.
         replay: ``batch`` or ``exact`` (see the module docstring).
         query_batch: Query roots embedded per forward pass.
         threads: torch CPU threads (0: torch's default).
         log: Where notes go (stderr by default).
+        other_store: Apply the model to ``data`` although it is another store than the
+            one it was trained on (same feature widths); a note says so.
 
     Example:
         >>> p = sven.Predictor("runs/wiki-tgn")
@@ -76,16 +78,19 @@ class Predictor:
         query_batch: int = 2000,
         threads: int = 0,
         log: Callable[[str], None] | None = None,
+        other_store: bool = False,
     ) -> None:
         if replay not in ("batch", "exact"):
             raise ConfigError(f"replay must be batch or exact, got {replay!r}")
         overrides = [f"train.device={device}", f"train.threads={threads}"]
         if data is not None:
             overrides.append(f"data.path={data}")
-        self.tr, self.checkpoint, _ = open_run(checkpoint, overrides)
+        self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
+        self.tr, self.checkpoint, _ = open_run(
+            checkpoint, overrides, other_store=other_store, log=lambda m: self.log(f"note: {m}")
+        )
         self.replay = replay
         self.query_batch = max(1, int(query_batch))
-        self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
         d = self.tr.data
         self.events = d.events
         self.times = np.asarray(d.events.t)

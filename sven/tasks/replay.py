@@ -14,6 +14,8 @@ path.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,16 +52,45 @@ def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, 
     return folder, state
 
 
-def check_same_data(state: dict[str, Any], data: Data, where: str | Path) -> None:
+def check_same_data(
+    state: dict[str, Any],
+    data: Data,
+    where: str | Path,
+    *,
+    other_store: bool = False,
+) -> str | None:
     """Stops when a checkpoint was trained on another event store than ``data``.
 
-    Compared: the node and event counts and the split ranges the checkpoint recorded
-    (a model's memory rows are per node, and replay walks the events by index).
+    Compared: the store's fingerprint (:mod:`sven.datasets.identity`), where the
+    checkpoint recorded one; else, for a checkpoint of an older Sven, the node and
+    event counts and the split ranges it recorded (a model's memory rows are per node,
+    and replay walks the events by index).
+
+    Args:
+        state: The checkpoint's ``state.pt``.
+        data: The run's data component, on the store given now.
+        where: The checkpoint, for the message.
+        other_store: Applying the model to another store is meant (``--other-store``):
+            accepted where the model's feature widths fit it.
+
+    Returns:
+        The line that says a model is applied to another store, or None.
 
     Raises:
-        SvenError: One line naming both.
+        SvenError: One line naming both stores.
     """
+    from sven.datasets.identity import identity_problem, store_identity
+
     d = state.get("data", {})
+    recorded = d.get("store")
+    problem, note = identity_problem(
+        recorded, store_identity(data.events), str(where), verb="was trained on",
+        allow_other=other_store, flag="--other-store",
+    )  # fmt: skip
+    if problem is not None:
+        raise SvenError(problem)
+    if (recorded or {}).get("fingerprint") or other_store:
+        return note
     saved = (d.get("num_nodes"), d.get("num_events"))
     here = (data.num_nodes, int(data.src.numel()))
     ranges = d.get("ranges")
@@ -73,10 +104,15 @@ def check_same_data(state: dict[str, Any], data: Data, where: str | Path) -> Non
             f"from {path}) than {data.cfg.data.path or 'the built-in data'} ({here[0]} nodes, "
             f"{here[1]} events); give the store it was trained on"
         )
+    return None
 
 
 def open_run(
-    checkpoint: str | Path, overrides: list[str] | None = None
+    checkpoint: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    other_store: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Trainer, Path, dict[str, Any]]:
     """A trainer of the checkpoint's config, holding the checkpoint's model.
 
@@ -86,6 +122,9 @@ def open_run(
         checkpoint: A run folder (its best model) or a ``step-N`` folder.
         overrides: Dotted overrides on the checkpoint's config (``data.path``,
             ``train.device``...).
+        other_store: Accept a store other than the one the model was trained on
+            (:func:`check_same_data`); ``log`` says so.
+        log: Where the line about another store goes (stderr by default).
 
     Returns:
         The trainer, the checkpoint folder and its state.
@@ -104,10 +143,16 @@ def open_run(
     tr = Trainer(
         cfg, ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
     )
-    check_same_data(state, tr.data, folder)
+    note = check_same_data(state, tr.data, folder, other_store=other_store)
+    if note is not None:
+        (log or _note)(note)
     tr.model.load_state_dict(state["model"])
     tr.model.eval()
     return tr, folder, state
+
+
+def _note(msg: str) -> None:
+    print(f"sven: note: {msg}", file=sys.stderr, flush=True)
 
 
 def encode_events(tr: Trainer, lo: int, hi: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,157 @@
+"""Nothing lost, round 2: every file Sven replaces is its own, every store it reads is the
+one it expects (issue 32).
+
+One test (or a few) per defect found by trying the landed main as a new user would:
+1. ``sven eval`` on a store other than the model's; 2. resume on a store replaced in
+place. Every store here is the test's own (a few hundred events).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sven.cli import main
+from sven.datasets.store import write_events
+from tests.integration.test_safety import _one_line, _train
+
+NODES = 30
+
+
+def _write(path: Path, seed: int, *, n: int = 400, label: bool = False) -> Path:
+    """A random stream of ``n`` events on 30 nodes with 2-dim edge features: every
+    seed gives files of the same sizes (same counts, dtypes and widths)."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, NODES, n)
+    dst = (src + rng.integers(1, NODES, n)) % NODES
+    t = 25 * np.arange(n)  # distinct times: every seed splits at the same events
+    feat = rng.random((n, 2)).astype(np.float32)
+    lab = (np.arange(n) % 7 == 0).astype(np.int64) if label else None
+    write_events(path, src, dst, t, edge_feat=feat, label=lab, num_nodes=NODES, name=path.name)
+    return path
+
+
+def _fingerprint(store: Path) -> str:
+    from sven.datasets.identity import fingerprint
+
+    return fingerprint(json.loads((store / "meta.json").read_text()))
+
+
+def _replace_in_place(store: Path, seed: int, scratch: Path) -> None:
+    """Puts another valid store (same path, same file sizes) where ``store`` is."""
+    other = _write(scratch / f"replacement-{seed}", seed)
+    for f in store.iterdir():
+        assert f.stat().st_size == (other / f.name).stat().st_size or f.name == "meta.json"
+    shutil.rmtree(store)
+    shutil.copytree(other, store)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """(store, a finished run on it); tests that change the store copy both first."""
+    root = tmp_path_factory.mktemp("lost2")
+    store = _write(root / "store", 0)
+    run = root / "run"
+    assert main(_train(store, run)) == 0
+    return store, run
+
+
+def _copy_run(trained: tuple[Path, Path], to: Path) -> tuple[Path, Path]:
+    """A copy of the store and of the run, the run's config pointing at the copy."""
+    store, run = trained
+    shutil.copytree(store, to / "store")
+    shutil.copytree(run, to / "run")
+    return to / "store", to / "run"
+
+
+# --------------------------------------------------- 1. eval on another store
+
+
+def test_1_eval_refuses_a_store_replaced_since_training(trained, tmp_path, capsys) -> None:
+    store, run = _copy_run(trained, tmp_path)
+    before = _fingerprint(store)
+    _replace_in_place(store, 1, tmp_path)
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), f"data.path={store}"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    # Both stores named: the one the model was trained on, and the one given.
+    assert "was trained on another dataset" in line
+    assert before in line and _fingerprint(store) in line and "--other-store" in line
+
+
+def test_1_eval_scores_another_store_only_when_asked_and_says_so(trained, tmp_path, capsys):
+    store, run = trained
+    other = _write(tmp_path / "other", 2)
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), f"data.path={other}"]) == 1
+    assert "was trained on another dataset" in _one_line(capsys.readouterr().err)
+    argv = ["eval", "--checkpoint", str(run), f"data.path={other}", "--other-store", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    res = json.loads(out)
+    assert res["store_fingerprint"] == _fingerprint(other)
+    assert res["trained_on"] == _fingerprint(store) and "applied to another store" in res["note"]
+    assert "sven: note:" in err and "--other-store" in err
+    assert 0.0 <= res["test_ap"] <= 1.0
+    # The model's own store needs no flag, and its result names that store.
+    assert main(["eval", "--checkpoint", str(run), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["store_fingerprint"] == _fingerprint(store) and "note" not in res
+
+
+def test_1_another_store_of_other_feature_widths_is_refused_even_when_asked(
+    trained, tmp_path, capsys
+) -> None:
+    _, run = trained
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, NODES, 400)
+    other = tmp_path / "wide"
+    write_events(other, src, (src + 1) % NODES, 25 * np.arange(400),
+                 edge_feat=rng.random((400, 5)).astype(np.float32), num_nodes=NODES)  # fmt: skip
+    capsys.readouterr()
+    argv = ["eval", "--checkpoint", str(run), f"data.path={other}", "--other-store"]
+    assert main(argv) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "edge features are 5-dimensional where the model takes 2" in line
+
+
+def test_11_eval_says_it_evaluates(trained, capsys) -> None:
+    _, run = trained
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "quiet=false"]) == 0
+    err = capsys.readouterr().err
+    assert "training" not in err and err.startswith("evaluating a saved tgn on "), err
+
+
+# ---------------------------------------------- 2. resume on a replaced store
+
+
+def test_2_resume_refuses_a_store_replaced_in_place(tmp_path, capsys) -> None:
+    store, run = _write(tmp_path / "store", 0), tmp_path / "run"
+    assert main(_train(store, run)) == 0
+    before = _fingerprint(store)
+    _replace_in_place(store, 1, tmp_path)
+    metrics = (run / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    argv = _train(store, run, "train.resume=true", "train.epochs=2")
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "was written on another dataset" in line
+    assert before in line and _fingerprint(store) in line
+    # Nothing of the run changed.
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+
+def test_2_a_run_records_its_store_in_summary_and_checkpoints(trained) -> None:
+    from sven.engine.checkpoint import find_checkpoint, load_file
+
+    store, run = trained
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["store_fingerprint"] == _fingerprint(store)
+    state = load_file(find_checkpoint(run / "checkpoints") / "state.pt")
+    assert state["data"]["store"]["fingerprint"] == _fingerprint(store)
+    assert state["data"]["store"]["path"] == str(store.absolute())
