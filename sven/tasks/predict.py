@@ -29,7 +29,6 @@ input row) and says how many on stderr.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -528,14 +527,23 @@ def read_pairs(path: str | Path) -> Any:
     return df
 
 
-def write_table(df: Any, path: str | Path) -> None:
-    """Writes a DataFrame as csv or parquet (by the suffix), atomically: a temporary
-    file beside it, renamed into place, so a failure leaves no half-written output."""
+def write_table(df: Any, path: str | Path, *, overwrite: bool = True) -> None:
+    """Writes a DataFrame as csv or parquet, or an array as .npy (by the suffix),
+    atomically (:func:`sven.outputs.atomic_output`): a temporary file beside it, renamed
+    into place, so a failure leaves no half-written output.
+
+    Args:
+        df: A DataFrame (.csv, .parquet) or an array (.npy).
+        path: The output file.
+        overwrite: Replace an existing file; False refuses one that appeared since the
+            command checked its ``--out``.
+    """
+    from sven.outputs import atomic_output
+
     p = Path(path)
     if not p.parent.is_dir():
         raise DataError("the output folder does not exist", p.parent)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_output(p, overwrite=overwrite) as tmp:
         if p.suffix == ".parquet":
             df.to_parquet(tmp, index=False)
         elif p.suffix == ".npy":
@@ -543,7 +551,3 @@ def write_table(df: Any, path: str | Path) -> None:
                 np.save(f, df)
         else:
             df.to_csv(tmp, index=False)
-        os.replace(tmp, p)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

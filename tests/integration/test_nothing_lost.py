@@ -3,7 +3,9 @@ one it expects (issue 32).
 
 One test (or a few) per defect found by trying the landed main as a new user would:
 1. ``sven eval`` on a store other than the model's; 2. resume on a store replaced in
-place. Every store here is the test's own (a few hundred events).
+place; 4. ``predict``/``embed`` replacing an output or their input; 5. ``plot``
+replacing a user's PNG, or a traceback for a file given as its folder. Every store here
+is the test's own (a few hundred events).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sven.cli import main
@@ -155,3 +158,89 @@ def test_2_a_run_records_its_store_in_summary_and_checkpoints(trained) -> None:
     state = load_file(find_checkpoint(run / "checkpoints") / "state.pt")
     assert state["data"]["store"]["fingerprint"] == _fingerprint(store)
     assert state["data"]["store"]["path"] == str(store.absolute())
+
+
+# ------------------------------------------------- 4. predict and embed outputs
+
+
+def _pairs(path: Path) -> Path:
+    pd.DataFrame({"src": [0, 1, 2], "dst": [3, 4, 5], "t": [5000] * 3}).to_csv(path, index=False)
+    return path
+
+
+def test_4_predict_refuses_an_existing_output_and_never_writes_over_its_input(
+    trained, tmp_path, capsys
+) -> None:
+    _, run = trained
+    pairs = _pairs(tmp_path / "pairs.csv")
+    kept = pairs.read_text()
+    base = ["predict", "--checkpoint", str(run), "--pairs", str(pairs), "--device", "cpu"]
+    # --out is the input: refused, --overwrite or not, before any work.
+    for extra in ([], ["--overwrite"]):
+        capsys.readouterr()
+        assert main([*base, "--out", str(pairs), *extra]) == 1
+        assert "which this command reads" in _one_line(capsys.readouterr().err)
+        assert pairs.read_text() == kept
+    # An existing file of the user's: refused without --overwrite.
+    out = tmp_path / "scores.csv"
+    out.write_text("my scores\n")
+    assert main([*base, "--out", str(out)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "already exists; pass --overwrite" in line and out.read_text() == "my scores\n"
+    assert main([*base, "--out", str(out), "--overwrite"]) == 0
+    assert len(pd.read_csv(out)) == 3
+    # No temporary file is left beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.csv", "scores.csv"]
+
+
+def test_4_embed_refuses_an_existing_output_and_its_id_file(trained, tmp_path, capsys) -> None:
+    store, run = trained
+    ids = tmp_path / "ids.npy"
+    ids.write_text("0\n1\n")
+    base = ["embed", "--checkpoint", str(run), "--time", "5000", "--device", "cpu"]
+    capsys.readouterr()
+    assert main([*base, "--nodes", f"@{ids}", "--out", str(ids), "--overwrite"]) == 1
+    assert "which this command reads" in _one_line(capsys.readouterr().err)
+    assert ids.read_text() == "0\n1\n"
+    # Nor inside the event store (a column there would break it) or the checkpoints.
+    for inside in (store / "emb.npy", run / "checkpoints" / "emb.npy"):
+        assert main([*base, "--nodes", "0,1", "--out", str(inside)]) == 1
+        assert "which this command reads" in _one_line(capsys.readouterr().err)
+        assert not inside.exists()
+    emb = tmp_path / "emb.npy"
+    np.save(emb, np.arange(3))
+    assert main([*base, "--nodes", "0,1", "--out", str(emb)]) == 1
+    assert "already exists" in _one_line(capsys.readouterr().err)
+    assert np.load(emb).tolist() == [0, 1, 2]
+    assert main([*base, "--nodes", "0,1", "--out", str(emb), "--overwrite"]) == 0
+    assert np.load(emb).shape == (2, 8)
+
+
+# --------------------------------------------------------------- 5. plot outputs
+
+
+def test_5_plot_never_replaces_a_users_png_and_a_file_as_out_is_one_line(
+    trained, tmp_path, capsys
+) -> None:
+    pytest.importorskip("matplotlib")
+    _, run = trained
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    (figs / "training.png").write_bytes(b"my figure")
+    capsys.readouterr()
+    assert main(["plot", str(run), "--out", str(figs)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "training.png, not written by Sven" in line and "--overwrite" in line
+    assert (figs / "training.png").read_bytes() == b"my figure"
+    # A file where the folder goes: one line, nothing written.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert main(["plot", str(run), "--out", str(notes)]) == 1
+    assert "is a file, not a folder" in _one_line(capsys.readouterr().err)
+    assert notes.read_text() == "mine"
+    # Sven's own figures are replaced by a new plot; the user's with --overwrite.
+    own = tmp_path / "own"
+    assert main(["plot", str(run), "--out", str(own)]) == 0
+    assert main(["plot", str(run), "--out", str(own)]) == 0
+    assert main(["plot", str(run), "--out", str(figs), "--overwrite"]) == 0
+    assert (figs / "training.png").read_bytes()[:4] == b"\x89PNG"
