@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ import numpy as np
 from sven.errors import DataError
 from sven.ownership import (
     discard_partial,
-    foreign_files,
+    foreign_paths,
     lock_folder,
     make_partial,
     publish_partial,
@@ -113,14 +114,18 @@ def is_partition(path: str | os.PathLike[str]) -> bool:
     return isinstance(meta, dict) and "parts" in meta and "format_version" in meta
 
 
-def _manifest(part_dir: Path):
-    """Whether a name in a partition folder is one Sven writes there."""
+def _manifest(part_dir: Path) -> dict[str, Any]:
+    """What Sven writes into a partition folder, at every depth
+    (:data:`sven.ownership.Manifest`): ``meta.json``, the files its checksums list, and
+    ``sven plot``'s figures in ``plots`` (that folder's own manifest says which)."""
+    from sven.outputs import foreign_outputs
+
     try:
         sums = json.loads((part_dir / "meta.json").read_text()).get("checksums")
     except (OSError, ValueError, AttributeError):
         sums = None
-    names = {"meta.json", "plots", *(sums if isinstance(sums, dict) else ())}
-    return names.__contains__
+    names = ["meta.json", *(sums if isinstance(sums, dict) else ())]
+    return {**{re.escape(str(n)): None for n in names}, "plots": foreign_outputs}
 
 
 def check_target(
@@ -132,8 +137,8 @@ def check_target(
 
     A missing or empty folder may be written if its parent can be; ``overwrite``
     replaces only a partition folder holding nothing but a partition's own files
-    (``meta.json``, the ``.npy`` files its checksums list, ``sven plot``'s ``plots``),
-    never another folder or one holding ``inputs``.
+    (``meta.json``, the ``.npy`` files its checksums list, the figures ``sven plot``
+    wrote into ``plots``), never another folder or one holding ``inputs``.
 
     Raises:
         DataError: If the target may not be written.
@@ -152,7 +157,7 @@ def check_target(
                 "a partition: remove it yourself or choose another --out",
                 out,
             )
-        foreign = foreign_files(out, _manifest(out))
+        foreign = foreign_paths(out, _manifest(out))
         if foreign:
             raise DataError(refuse_foreign(out, foreign, "--overwrite"))
     parent = out.parent

@@ -1023,18 +1023,13 @@ def is_run_folder(path: str | Path) -> bool:
     return isinstance(cfg, dict) and {"data", "model", "train", "out"} <= set(cfg)
 
 
-#: What a run writes into its folder (its manifest): ``train.overwrite=true`` deletes
-#: these and refuses to run where anything else is there. ``plots`` is ``sven plot``'s.
+#: What a run writes at the top of its folder: ``train.overwrite=true`` deletes these
+#: and refuses to run where anything else is there, at any depth (the whole manifest is
+#: :data:`sven.engine.runfolder.RUN_MANIFEST`). ``plots`` is ``sven plot``'s.
 RUN_FILES = frozenset(
     {"config.json", "metrics.jsonl", "summary.json", "checkpoints", "best", "tb", "traces"}
     | {"logs", "plots"}
 )
-
-
-def _is_run_file(name: str) -> bool:
-    # _atomic_write_text's temporaries (".summary.json.tmp-<pid>"), where it was killed.
-    temp = name.startswith(".") and ".tmp-" in name and name[1:].split(".tmp-")[0] in RUN_FILES
-    return name in RUN_FILES or temp
 
 
 def prepare_out(
@@ -1045,8 +1040,9 @@ def prepare_out(
     A missing or empty ``out`` is used as is. A non-empty one is refused unless it is
     a Sven run folder and ``resume`` (continue it) or ``overwrite`` (delete it first)
     is set, so that the checkpoints of two runs never mix. ``overwrite`` deletes only
-    what a run writes (:data:`RUN_FILES`) and refuses, naming them, where the folder
-    holds anything else.
+    what a run writes (:data:`~sven.engine.runfolder.RUN_MANIFEST`, at every depth:
+    checkpoints, plots, logs) and refuses before deleting anything, naming them, where
+    the folder holds anything else.
 
     Raises:
         ConfigError: ``out`` may not be used; the message says what to do.
@@ -1069,9 +1065,10 @@ def prepare_out(
             )
         import shutil
 
-        from sven.ownership import foreign_files, refuse_foreign
+        from sven.engine.runfolder import RUN_MANIFEST
+        from sven.ownership import foreign_paths, refuse_foreign
 
-        foreign = foreign_files(out, _is_run_file)
+        foreign = foreign_paths(out, RUN_MANIFEST)
         if foreign:
             raise ConfigError("out=" + refuse_foreign(out, foreign, "train.overwrite=true"))
         for p in content:

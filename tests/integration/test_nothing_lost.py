@@ -3,9 +3,10 @@ one it expects (issue 32).
 
 One test (or a few) per defect found by trying the landed main as a new user would:
 1. ``sven eval`` on a store other than the model's; 2. resume on a store replaced in
-place; 4. ``predict``/``embed`` replacing an output or their input; 5. ``plot``
-replacing a user's PNG, or a traceback for a file given as its folder. Every store here
-is the test's own (a few hundred events).
+place; 3. overwrites that deleted a user's files below the top of a run or partition;
+4. ``predict``/``embed`` replacing an output or their input; 5. ``plot`` replacing a
+user's PNG, or a traceback for a file given as its folder. Every store here is the
+test's own (a few hundred events).
 """
 
 from __future__ import annotations
@@ -158,6 +159,52 @@ def test_2_a_run_records_its_store_in_summary_and_checkpoints(trained) -> None:
     state = load_file(find_checkpoint(run / "checkpoints") / "state.pt")
     assert state["data"]["store"]["fingerprint"] == _fingerprint(store)
     assert state["data"]["store"]["path"] == str(store.absolute())
+
+
+# ------------------------------------- 3. overwrite removes only Sven's files
+
+
+@pytest.mark.parametrize("where", ["best", "checkpoints", "plots", "checkpoints/step-x"])
+def test_3_train_overwrite_keeps_a_users_file_at_any_depth(trained, tmp_path, where, capsys):
+    store, run = _copy_run(trained, tmp_path)
+    step = sorted((run / "checkpoints").glob("step-*"))[-1]
+    folder = {"checkpoints/step-x": step}.get(where, run / where)
+    folder.mkdir(exist_ok=True)
+    (folder / "notes.txt").write_text("my notes")
+    capsys.readouterr()
+    assert main(_train(store, run, "train.overwrite=true")) == 2
+    line = _one_line(capsys.readouterr().err)
+    rel = (folder / "notes.txt").relative_to(run).as_posix()
+    assert f"holds {rel}, not written by Sven" in line
+    # Refused before deleting anything.
+    assert (folder / "notes.txt").read_text() == "my notes"
+    assert (run / "summary.json").is_file() and (step / "state.pt").is_file()
+
+
+def test_3_train_overwrite_still_replaces_a_run_with_its_own_plots(trained, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    store, run = _copy_run(trained, tmp_path)
+    assert main(["plot", str(run)]) == 0
+    assert main(_train(store, run, "train.overwrite=true")) == 0
+    assert not (run / "plots").exists() and (run / "summary.json").is_file()
+
+
+def test_3_partition_overwrite_keeps_a_users_file_in_its_plots(trained, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    store, _ = trained
+    part = tmp_path / "part"
+    base = ["partition", str(store), "--strategy", "hash", "--parts", "2", "--quiet"]
+    assert main([*base, "--out", str(part)]) == 0
+    assert main(["plot", str(part)]) == 0
+    (part / "plots" / "for-the-paper.png").write_bytes(b"mine")
+    capsys.readouterr()
+    assert main([*base, "--out", str(part), "--overwrite"]) == 3
+    line = _one_line(capsys.readouterr().err)
+    assert "plots/for-the-paper.png, not written by Sven" in line
+    assert (part / "plots" / "for-the-paper.png").read_bytes() == b"mine"
+    # Sven's own figure is no obstacle: without the user's file the overwrite goes on.
+    (part / "plots" / "for-the-paper.png").unlink()
+    assert main([*base, "--out", str(part), "--overwrite"]) == 0
 
 
 # ------------------------------------------------- 4. predict and embed outputs
