@@ -146,10 +146,21 @@ def _predict(args: argparse.Namespace) -> int:
 
     from sven.tasks.predict import read_pairs, write_table
 
-    out = _check_out(args, (".csv", ".parquet"), args.pairs)
+    # Each question has its own options; one of the other is a mistake, not a no-op.
     if args.topk is None:
+        extra = [f for f, v in (("--src", args.src), ("--time", args.time),
+                                ("--candidates", args.candidates)) if v is not None]  # fmt: skip
+        if extra:
+            raise ConfigError(f"{', '.join(extra)} go with --topk K; scoring --pairs uses none")
         if not args.pairs:
             raise ConfigError("sven predict needs --pairs FILE, or --topk K --src IDS --time T")
+    elif args.pairs:
+        raise ConfigError(
+            "--pairs and --topk are two questions: score the pairs of a table, or rank the "
+            "destinations of --src at --time; give one"
+        )
+    out = _check_out(args, (".csv", ".parquet"), args.pairs)
+    if args.topk is None:
         df = read_pairs(args.pairs)
         pred = _predictor(args)
         df["score"] = pred.score(
@@ -165,18 +176,22 @@ def _predict(args: argparse.Namespace) -> int:
     pred = _predictor(args)
     cands = None if args.candidates is None else _ids(args.candidates)
     ids, scores = pred.topk(src, args.time, args.topk, candidates=cands, unknown=args.unknown)
+    # --unknown skip: a source the store does not know has no destinations to rank; its
+    # rows are left out (Predictor.topk fills them with NaN scores).
+    _, known = pred.compact_ids(np.asarray(src), "src")
+    kept = np.asarray(src, dtype=object)[known]
     k = ids.shape[1]
     df = pd.DataFrame(
         {
-            "src": np.repeat(np.asarray(src, dtype=object), k),
+            "src": np.repeat(kept, k),
             "t": args.time,
-            "rank": np.tile(np.arange(1, k + 1), len(src)),
-            "dst": ids.reshape(-1),
-            "score": scores.reshape(-1),
+            "rank": np.tile(np.arange(1, k + 1), kept.size),
+            "dst": ids[known].reshape(-1),
+            "score": scores[known].reshape(-1),
         }
     )
     write_table(df, out, overwrite=args.overwrite)
-    print(f"top {k} destinations of {len(src)} sources -> {out}", file=sys.stderr)
+    print(f"top {k} destinations of {kept.size} sources -> {out}", file=sys.stderr)
     return 0
 
 

@@ -5,8 +5,9 @@ One test (or a few) per defect found by trying the landed main as a new user wou
 1. ``sven eval`` on a store other than the model's; 2. resume on a store replaced in
 place; 3. overwrites that deleted a user's files below the top of a run or partition;
 4. ``predict``/``embed`` replacing an output or their input; 5. ``plot`` replacing a
-user's PNG, or a traceback for a file given as its folder. Every store here is the
-test's own (a few hundred events).
+user's PNG, or a traceback for a file given as its folder; 6. ``--unknown skip`` rows of
+top-k; 8. ``--pairs`` ignored beside ``--topk``. Every store here is the test's own (a
+few hundred events).
 """
 
 from __future__ import annotations
@@ -291,3 +292,49 @@ def test_5_plot_never_replaces_a_users_png_and_a_file_as_out_is_one_line(
     assert main(["plot", str(run), "--out", str(own)]) == 0
     assert main(["plot", str(run), "--out", str(figs), "--overwrite"]) == 0
     assert (figs / "training.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------ 6. and 8. predict's options
+
+
+@pytest.fixture(scope="module")
+def raw_ids_run(tmp_path_factory) -> Path:
+    """A run on a store whose raw ids are 100..129, so no raw id is 0."""
+    root = tmp_path_factory.mktemp("rawids")
+    rng = np.random.default_rng(4)
+    src = rng.integers(0, NODES, 400)
+    dst = (src + rng.integers(1, NODES, 400)) % NODES
+    store = root / "store"
+    write_events(store, src + 100, dst + 100, 25 * np.arange(400), name="raw")
+    run = root / "run"
+    assert main(_train(store, run)) == 0
+    return run
+
+
+def test_6_topk_with_unknown_skip_leaves_out_the_unknown_sources(
+    raw_ids_run, tmp_path, capsys
+) -> None:
+    out = tmp_path / "top.csv"
+    argv = ["predict", "--checkpoint", str(raw_ids_run), "--topk", "3", "--src", "100,7,101"]
+    assert main([*argv, "--time", "9000", "--unknown", "skip", "--out", str(out)]) == 0
+    assert "skipped 1 rows whose source ids" in capsys.readouterr().err
+    top = pd.read_csv(out)
+    # Three rows per known source; none for the unknown 7, no destination outside the map.
+    assert top["src"].tolist() == [100] * 3 + [101] * 3
+    assert top["rank"].tolist() == [1, 2, 3] * 2
+    assert top["dst"].between(100, 129).all() and top["score"].notna().all()
+
+
+def test_8_pairs_beside_topk_is_a_usage_error(trained, tmp_path, capsys) -> None:
+    _, run = trained
+    pairs = _pairs(tmp_path / "pairs.csv")
+    out = tmp_path / "o.csv"
+    base = ["predict", "--checkpoint", str(run), "--out", str(out)]
+    capsys.readouterr()
+    argv = [*base, "--pairs", str(pairs), "--topk", "3", "--src", "0", "--time", "9000"]
+    assert main(argv) == 2
+    assert "--pairs and --topk" in _one_line(capsys.readouterr().err)
+    # Top-k's options beside --pairs are no quieter.
+    assert main([*base, "--pairs", str(pairs), "--src", "0", "--time", "1"]) == 2
+    assert "--src, --time go with --topk" in _one_line(capsys.readouterr().err)
+    assert not out.exists()
