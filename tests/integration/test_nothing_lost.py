@@ -6,8 +6,9 @@ One test (or a few) per defect found by trying the landed main as a new user wou
 place; 3. overwrites that deleted a user's files below the top of a run or partition;
 4. ``predict``/``embed`` replacing an output or their input; 5. ``plot`` replacing a
 user's PNG, or a traceback for a file given as its folder; 6. ``--unknown skip`` rows of
-top-k; 8. ``--pairs`` ignored beside ``--topk``. Every store here is the test's own (a
-few hundred events).
+top-k; 7. node classification's late label check and the ``config.json`` an early
+error left; 8. ``--pairs`` ignored beside ``--topk``. Every store here is the test's
+own (a few hundred events).
 """
 
 from __future__ import annotations
@@ -338,3 +339,41 @@ def test_8_pairs_beside_topk_is_a_usage_error(trained, tmp_path, capsys) -> None
     assert main([*base, "--pairs", str(pairs), "--src", "0", "--time", "1"]) == 2
     assert "--src, --time go with --topk" in _one_line(capsys.readouterr().err)
     assert not out.exists()
+
+
+# ------------------------------------------------------- 7. node classification
+
+
+def _nc(store: Path, out: Path, *extra: str) -> list[str]:
+    return [*_train(store, out, "task=node_classification", "nc.epochs=1"), *extra]
+
+
+def test_7_labels_are_checked_before_the_encoder_trains_and_nothing_is_left(
+    tmp_path, capsys
+) -> None:
+    bare = _write(tmp_path / "bare", 0)
+    out = tmp_path / "nc"
+    assert main(_nc(bare, out)) == 3
+    line = _one_line(capsys.readouterr().err)
+    assert "needs per-event labels" in line
+    # No encoder was trained, and nothing blocks the rerun.
+    assert not out.exists()
+    labelled = _write(tmp_path / "labelled", 0, label=True)
+    assert main(_nc(labelled, out)) == 0
+    assert json.loads((out / "summary.json").read_text())["task"] == "node_classification"
+
+
+def test_7_an_encoder_that_is_not_there_leaves_nothing(trained, tmp_path, capsys) -> None:
+    labelled = _write(tmp_path / "labelled", 0, label=True)
+    out = tmp_path / "nc"
+    assert main(_nc(labelled, out, f"nc.encoder={tmp_path / 'missing'}")) == 1
+    assert "no checkpoint at" in _one_line(capsys.readouterr().err)
+    assert not out.exists()
+    # An encoder of another store: refused before anything is written too.
+    _, run = trained
+    other = _write(tmp_path / "other", 5, label=True)
+    assert main(_nc(other, out, f"nc.encoder={run}")) == 1
+    assert "was trained on another dataset" in _one_line(capsys.readouterr().err)
+    assert not out.exists()
+    # The encoder's own events with labels added are its store: labels are no events.
+    assert main(_nc(labelled, out, f"nc.encoder={run}")) == 0
