@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -58,21 +59,35 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
-    cfg = load_config(args.config, overrides)
     info = detect_launcher()
+    try:
+        cfg = load_config(args.config, overrides)
+    except SvenError as err:
+        # Every rank reads the same command line: one rank says it, once.
+        err.quiet = info.rank != 0
+        raise
     if info.world_size == 1:
         return _fit(cfg)
     # On several ranks, torch's C++ side writes a failed rendezvous, a dead peer or a
     # lost store to stderr with C++ frames; the terminal gets one `sven:` line instead.
-    log_path = Path(cfg.out) / "logs" / f"rank{info.rank}.log"
+    out = Path(cfg.out)
+    log_path = out / "logs" / f"rank{info.rank}.log"
     header = f"{info.launcher} rank {info.rank} of {info.world_size} on node {node_name()}"
-    with native_stderr_to(log_path, header) as log:
-        try:
-            return _fit(cfg)
-        except DistError as err:
-            if log.written():
-                err.args = (f"{err} (details: {log.path})",)
-            raise
+    try:
+        with native_stderr_to(log_path, header) as log:
+            try:
+                return _fit(cfg)
+            except DistError as err:
+                if log.written():
+                    err.args = (f"{err} (details: {log.path})",)
+                raise
+    except BaseException:
+        # The folders this launch made for its logs, where nothing came of them (the
+        # ranks start together: which of them made the folder, none can tell).
+        for folder in (log_path.parent, out):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only where empty
+        raise
 
 
 def _fit(cfg: Config) -> int:

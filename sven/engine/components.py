@@ -130,10 +130,6 @@ class Data:
             from sven.datasets.synth import default_dataset
 
             path = str(default_dataset())
-        if not Path(path).is_dir():
-            raise ConfigError(
-                f"data.path: no event store at {path} (create one with `sven data convert`)"
-            )
         clock = self._clock
         ev = self._open_store(path)
         self.events = ev
@@ -215,13 +211,18 @@ class Data:
     def _open_store(self, path: str) -> Any:
         """Loads the store (structure checked); verifies its checksums once, on rank 0.
 
-        Rank 0's verdict is shared, so that every rank stops with the same error
-        instead of the others waiting for rank 0 in a collective.
+        Rank 0's verdict is shared, so that every rank stops with the same error (a
+        missing store too) instead of the others waiting for rank 0 in a collective,
+        and only rank 0 says it.
         """
         from sven.datasets.store import open_verified_store, verify_store
 
         ev, problem = None, None
         try:
+            if not Path(path).is_dir():
+                raise ConfigError(
+                    f"data.path: no event store at {path} (create one with `sven data convert`)"
+                )
             # Structure on every rank, checksums (every byte) on rank 0; one function
             # for every command that reads a store (sven.datasets.store).
             with self._clock.phase("store_open"):
@@ -229,11 +230,12 @@ class Data:
             if self.cfg.data.verify and self.rank == 0:
                 with self._clock.phase("checksums"):
                     verify_store(ev, "set data.verify=false to train anyway")
-        except DataError as exc:
-            problem = str(exc)
+        except (ConfigError, DataError) as exc:
+            problem = (type(exc) is ConfigError, str(exc))
         problem = self._agree(problem)
         if problem is not None or ev is None:
-            err = DataError(problem or "the store could not be opened on this rank")
+            kind, text = problem or (False, "the store could not be opened on this rank")
+            err = ConfigError(text) if kind else DataError(text)
             err.quiet = self.rank != 0 and problem is not None
             raise err
         return ev

@@ -104,6 +104,24 @@ class Trainer:
         startup: StartupClock | None = None,
         purpose: str = "train",
     ):
+        try:
+            self._build(config, overrides, startup, purpose)
+        except BaseException:
+            # A process group made before the failure goes with it, as fit's would: the
+            # rank hosting the rendezvous waits for the others to learn the verdict, and
+            # no C++ thread outlives the interpreter.
+            ctx = self.__dict__.get("ctx")
+            if ctx is not None:
+                ctx.teardown()
+            raise
+
+    def _build(
+        self,
+        config: Config | dict | str | Path | None,
+        overrides: list[str] | None,
+        startup: StartupClock | None,
+        purpose: str,
+    ) -> None:
         if isinstance(config, Config):
             cfg = (
                 config if not overrides else load_config(None, _config_overrides(config, overrides))

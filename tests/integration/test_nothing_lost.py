@@ -7,14 +7,15 @@ place; 3. overwrites that deleted a user's files below the top of a run or parti
 4. ``predict``/``embed`` replacing an output or their input; 5. ``plot`` replacing a
 user's PNG, or a traceback for a file given as its folder; 6. ``--unknown skip`` rows of
 top-k; 7. node classification's late label check and the ``config.json`` an early
-error left; 8. ``--pairs`` ignored beside ``--topk``. Every store here is the test's
-own (a few hundred events).
+error left; 8. ``--pairs`` ignored beside ``--topk``; 9. a usage error under a launcher
+said once per rank. Every store here is the test's own (a few hundred events).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -377,3 +378,53 @@ def test_7_an_encoder_that_is_not_there_leaves_nothing(trained, tmp_path, capsys
     assert not out.exists()
     # The encoder's own events with labels added are its store: labels are no events.
     assert main(_nc(labelled, out, f"nc.encoder={run}")) == 0
+
+
+# --------------------------------------------------------------- 9. launchers
+
+
+def _launch(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    from tests.integration.slurm_cluster import sven_env
+
+    return subprocess.run(
+        cmd, cwd=cwd, env=sven_env(), capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+@pytest.mark.dist
+def test_9_a_config_error_under_torchrun_is_said_once(tmp_path) -> None:
+    from tests.integration.slurm_cluster import torchrun_cmd
+
+    cmd = [*torchrun_cmd(), "train", "train.lr=abc", f"out={tmp_path / 'run'}"]
+    done = _launch(cmd, tmp_path)
+    assert done.stderr.count("sven: error: train.lr: expected a number, got 'abc'") == 1, (
+        done.stderr
+    )
+    assert done.returncode != 0
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.dist
+def test_9_a_data_error_under_torchrun_is_said_once_and_leaves_no_folder(tmp_path) -> None:
+    from tests.integration.slurm_cluster import torchrun_cmd
+
+    out = tmp_path / "run"
+    cmd = [*torchrun_cmd(), "train", f"data.path={tmp_path / 'none'}", f"out={out}"]
+    done = _launch([*cmd, "train.device=cpu"], tmp_path)
+    assert done.stderr.count("sven: error: data.path: no event store at") == 1, done.stderr
+    assert done.returncode != 0
+    assert not out.exists()
+
+
+@pytest.mark.dist
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (OpenMPI) not installed")
+def test_9_a_config_error_under_mpirun_is_said_once_with_exit_2(tmp_path) -> None:
+    from tests.integration.slurm_cluster import VENV_BIN
+
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2"]
+    cmd += [str(VENV_BIN / "sven"), "train", "train.lr=abc", f"out={tmp_path / 'run'}"]
+    done = _launch(cmd, tmp_path)
+    assert done.stderr.count("sven: error: train.lr: expected a number, got 'abc'") == 1, (
+        done.stderr
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
