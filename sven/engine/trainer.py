@@ -55,6 +55,7 @@ from sven.engine.components import (
     owned_nodes,
     predict_comm,
 )
+from sven.engine.expect import epoch_estimate, start_hint
 from sven.engine.startup import StartupClock, set_deterministic, triton_cache_dir
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
@@ -643,6 +644,10 @@ class Trainer:
         # The epoch whose best model is the live state (model and memory as saved).
         best_live: int | None = None
         self._times = {"eval_s": 0.0, "eval_events": 0, "checkpoint_s": 0.0}
+        per_epoch = min(hi, lo + (min(nb, tc.max_batches) if tc.max_batches else nb) * b) - lo
+        hint = start_hint(self.device.type, tc.epochs - start_epoch, per_epoch)
+        if hint is not None and not progress["stopped"]:
+            self._log(hint)
         for epoch in range(start_epoch, tc.epochs):
             if progress["stopped"]:
                 break
@@ -757,6 +762,11 @@ class Trainer:
                 f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} train events/s, "
                 f"{val_rate:.0f} eval events/s)"
             )
+            if epoch == start_epoch:
+                left = tc.epochs - epoch - 1
+                note = epoch_estimate(epoch, time.perf_counter() - ep_t0, left, tc.patience)
+                if note is not None:
+                    self._log(note)
             ck = self.checkpoints
             if improved(tc.select, val, progress):
                 progress.update(

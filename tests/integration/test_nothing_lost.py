@@ -8,7 +8,9 @@ place; 3. overwrites that deleted a user's files below the top of a run or parti
 user's PNG, or a traceback for a file given as its folder; 6. ``--unknown skip`` rows of
 top-k; 7. node classification's late label check and the ``config.json`` an early
 error left; 8. ``--pairs`` ignored beside ``--topk``; 9. a usage error under a launcher
-said once per rank. Every store here is the test's own (a few hundred events).
+said once per rank. And two of the stumbles: 11. ``sven eval`` saying "training";
+12. a long CPU run saying nothing of its length. Every store here is the test's own (a
+few hundred events).
 """
 
 from __future__ import annotations
@@ -132,6 +134,24 @@ def test_11_eval_says_it_evaluates(trained, capsys) -> None:
     assert main(["eval", "--checkpoint", str(run), "quiet=false"]) == 0
     err = capsys.readouterr().err
     assert "training" not in err and err.startswith("evaluating a saved tgn on "), err
+
+
+def test_12_a_long_cpu_run_says_what_to_expect_before_its_first_step(tmp_path, capsys):
+    import sven
+
+    store = _write(tmp_path / "store", 0)
+    over = [*_train(store, tmp_path / "run", "train.epochs=8000", "quiet=false")[1:]]
+    trainer = sven.Trainer(None, over)
+
+    def stop(_: object) -> None:
+        raise KeyboardInterrupt
+
+    trainer.add_hook("before_step", stop)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    err = capsys.readouterr().err
+    assert "expect a long run: up to 8000 epochs of 280 training events on the CPU" in err
 
 
 # ---------------------------------------------- 2. resume on a replaced store
