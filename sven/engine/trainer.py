@@ -600,7 +600,6 @@ class Trainer:
         self._claim_out()
         if main:
             self.out.mkdir(parents=True, exist_ok=True)
-            dump_config(cfg, self.out / "config.json")
         self._barrier("start")
         progress: dict[str, Any] = {
             "history": [],
@@ -631,6 +630,9 @@ class Trainer:
                     f"(epoch {start_epoch}, batch {start_batch})"
                 )
         if main:
+            # After the resume's checks (config, store, partition): a refused resume
+            # leaves the run's config.json saying what its checkpoints hold.
+            dump_config(cfg, self.out / "config.json")
             # metrics.jsonl is rebuilt from the checkpointed history, so lines written
             # after the checkpoint by an interrupted run do not appear twice.
             _atomic_write_text(

@@ -173,6 +173,17 @@ def test_2_resume_refuses_a_store_replaced_in_place(tmp_path, capsys) -> None:
     assert (run / "metrics.jsonl").read_text() == metrics
 
 
+def test_2_a_refused_resume_leaves_the_runs_config_as_it_was(trained, tmp_path, capsys):
+    store, run = _copy_run(trained, tmp_path)
+    config = (run / "config.json").read_text()
+    capsys.readouterr()
+    argv = _train(store, run, "train.resume=true", "model.memory_dim=16")
+    assert main(argv) == 2
+    assert "model.memory_dim (8 -> 16)" in _one_line(capsys.readouterr().err)
+    # config.json still says what the run's checkpoints hold.
+    assert (run / "config.json").read_text() == config
+
+
 def test_2_a_run_records_its_store_in_summary_and_checkpoints(trained) -> None:
     from sven.engine.checkpoint import find_checkpoint, load_file
 
