@@ -28,6 +28,7 @@ sees either nothing or a complete partition; one writer at a time holds its lock
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -125,7 +126,8 @@ def _manifest(part_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError, AttributeError):
         sums = None
     names = ["meta.json", *(sums if isinstance(sums, dict) else ())]
-    return {**{re.escape(str(n)): None for n in names}, "plots": foreign_outputs}
+    plots = functools.partial(foreign_outputs, legacy=True)
+    return {**{re.escape(str(n)): None for n in names}, "plots": plots}
 
 
 def check_target(

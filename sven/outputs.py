@@ -32,6 +32,7 @@ from pathlib import Path
 from sven.errors import ConfigError, DataError, SvenError
 
 __all__ = [
+    "LEGACY_FIGURES",
     "MANIFEST",
     "atomic_output",
     "check_output",
@@ -42,6 +43,9 @@ __all__ = [
 
 #: The manifest of a folder of outputs: ``{"files": {name: sha256}}``.
 MANIFEST = ".sven-outputs.json"
+#: The figures ``sven plot`` wrote into a run's or a partition's ``plots/`` before it
+#: kept a manifest there: Sven's in such a folder without one.
+LEGACY_FIGURES = ("training.png", "comm_per_rank.png", "stage_times.png", "partition.png")
 # atomic_output's temporaries: ".NAME.tmp-<pid>".
 _TEMP = re.compile(r"\..+\.tmp-\d+")
 
@@ -159,10 +163,15 @@ def _manifest(folder: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {}
 
 
-def _ours(folder: Path, name: str, manifest: dict[str, str]) -> bool:
-    """Whether ``folder/name`` is a file Sven wrote and nobody changed since."""
+def _ours(folder: Path, name: str, manifest: dict[str, str] | None) -> bool:
+    """Whether ``folder/name`` is a file Sven wrote and nobody changed since; with no
+    manifest (None: a folder of an older Sven), whether it is a legacy figure."""
     p = folder / name
-    if name not in manifest or p.is_symlink() or not p.is_file():
+    if p.is_symlink() or not p.is_file():
+        return False
+    if manifest is None:
+        return name in LEGACY_FIGURES
+    if name not in manifest:
         return False
     try:
         return _sha256(p) == manifest[name]
@@ -170,14 +179,34 @@ def _ours(folder: Path, name: str, manifest: dict[str, str]) -> bool:
         return False
 
 
+def _manifest_or_legacy(folder: Path, legacy: bool) -> dict[str, str] | None:
+    """The folder's manifest; None where it has none and ``legacy`` allows the old names."""
+    if legacy and not (folder / MANIFEST).exists():
+        return None
+    return _manifest(folder)
+
+
 def check_output_folder(
-    folder: PathLike, names: Iterable[str], *, overwrite: bool, option: str = "--out"
+    folder: PathLike,
+    names: Iterable[str],
+    *,
+    overwrite: bool,
+    option: str = "--out",
+    legacy: bool = False,
 ) -> Path:
     """Checks, before any work, that files ``names`` may be written into ``folder``.
 
     A missing folder is fine (its parents are created when writing). An existing file
     of one of the ``names`` is replaced only where Sven wrote it (the folder's
     manifest says so, with the same content) or with ``overwrite``.
+
+    Args:
+        folder: The folder of outputs.
+        names: The files the command will write there.
+        overwrite: Replace files that Sven did not write.
+        option: The option naming the folder, for the messages.
+        legacy: The folder is one of Sven's (a run's or a partition's ``plots``): where
+            it has no manifest (an older Sven's), :data:`LEGACY_FIGURES` are Sven's.
 
     Raises:
         SvenError: ``folder`` is a file, or holds one of ``names`` that Sven did not
@@ -188,7 +217,7 @@ def check_output_folder(
         raise SvenError(f"{option} {f} is a file, not a folder; give a folder for the figures")
     if not f.is_dir():
         return f
-    manifest = _manifest(f)
+    manifest = _manifest_or_legacy(f, legacy)
     theirs = [
         n for n in names if ((f / n).exists() or (f / n).is_symlink()) and not _ours(f, n, manifest)
     ]
@@ -212,14 +241,16 @@ def record_outputs(folder: PathLike, paths: Iterable[PathLike]) -> None:
         tmp.write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True) + "\n")
 
 
-def foreign_outputs(folder: PathLike) -> list[str]:
+def foreign_outputs(folder: PathLike, *, legacy: bool = False) -> list[str]:
     """The names in a folder of outputs that Sven did not write (or that changed since).
 
     Sven's are its manifest, the files it lists with their recorded content, and the
     temporaries of :func:`atomic_output`; everything else (a folder too) is foreign.
+    With ``legacy`` (a folder Sven owns) and no manifest, :data:`LEGACY_FIGURES` are
+    Sven's.
     """
     f = Path(folder)
-    manifest = _manifest(f)
+    manifest = _manifest_or_legacy(f, legacy)
     return sorted(
         p.name
         for p in f.iterdir()

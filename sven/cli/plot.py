@@ -135,7 +135,10 @@ def plot_run(
     names = ["training.png", *(["comm_per_rank.png"] if comm else [])]
     names += ["stage_times.png"] if stages else []
     # Before drawing anything: a file where the folder goes, or a PNG of the user's.
-    out = check_output_folder(out if out is not None else run / "plots", names, overwrite=overwrite)
+    # The run's own plots folder is Sven's: one an older Sven plotted into has no manifest.
+    out = check_output_folder(
+        out if out is not None else run / "plots", names, overwrite=overwrite, legacy=out is None
+    )
     out.mkdir(parents=True, exist_ok=True)
     model = str(summary.get("model") or cfg.get("model", {}).get("name", "model")).upper()
     dataset = summary.get("dataset") or Path(cfg.get("data", {}).get("path", "") or "data").name
@@ -263,7 +266,10 @@ def plot_partition(
     per_rank = meta.get("per_rank") or {}
     has_bytes = "comm_bytes" in per_rank and "naive_bytes" in per_rank
     out = check_output_folder(
-        out if out is not None else part / "plots", ["partition.png"], overwrite=overwrite
+        out if out is not None else part / "plots",
+        ["partition.png"],
+        overwrite=overwrite,
+        legacy=out is None,
     )
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = _figure(3 if has_bytes else 2, width=max(4.2, 1.2 + 0.6 * parts))

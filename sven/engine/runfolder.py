@@ -8,6 +8,7 @@ deleting anything, naming what is not (:func:`sven.ownership.foreign_paths`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from sven.outputs import foreign_outputs
@@ -41,7 +42,7 @@ RUN_MANIFEST: dict[str, Any] = {
     r"traces": {r"rank\d+\.json": None},
     r"logs": {r"rank\d+\.log": None},
     # sven plot's figures: the folder's own manifest says which it wrote.
-    r"plots": foreign_outputs,
+    r"plots": partial(foreign_outputs, legacy=True),
 }
 # Node classification: the link-prediction run trained first, and the folder of the
 # encoder's replay (its per-rank logs), each a run folder of its own.

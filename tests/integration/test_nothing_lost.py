@@ -223,6 +223,15 @@ def test_3_train_overwrite_still_replaces_a_run_with_its_own_plots(trained, tmp_
     assert not (run / "plots").exists() and (run / "summary.json").is_file()
 
 
+def test_3_a_runs_plots_of_an_older_sven_are_its_own(trained, tmp_path) -> None:
+    # Figures plotted before the plots folder had a manifest: known by name.
+    store, run = _copy_run(trained, tmp_path)
+    (run / "plots").mkdir()
+    (run / "plots" / "training.png").write_bytes(b"an older sven's figure")
+    assert main(_train(store, run, "train.overwrite=true")) == 0
+    assert not (run / "plots").exists()
+
+
 def test_3_partition_overwrite_keeps_a_users_file_in_its_plots(trained, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     store, _ = trained

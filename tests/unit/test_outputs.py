@@ -98,3 +98,21 @@ def test_a_folder_of_outputs_knows_what_sven_wrote(tmp_path) -> None:
     (figs / "a.png").write_bytes(b"sven's")
     (figs / ".a.png.tmp-123").write_bytes(b"half")
     assert foreign_outputs(figs) == ["b.png"]
+
+
+def test_a_plots_folder_of_an_older_sven_holds_its_figures_by_name(tmp_path) -> None:
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    (plots / "training.png").write_bytes(b"an older sven plot's")
+    (plots / "notes.txt").write_text("mine")
+    # In a folder Sven owns (a run's plots/) without a manifest: its figures by name.
+    assert foreign_outputs(plots, legacy=True) == ["notes.txt"]
+    check_output_folder(plots, ["training.png"], overwrite=False, legacy=True)
+    # In a folder of the user's (sven plot --out DIR), never.
+    assert foreign_outputs(plots) == ["notes.txt", "training.png"]
+    with pytest.raises(SvenError, match=r"holds training\.png"):
+        check_output_folder(plots, ["training.png"], overwrite=False)
+    # Once a manifest is there it alone decides.
+    (plots / "stage_times.png").write_bytes(b"new")
+    record_outputs(plots, [plots / "stage_times.png"])
+    assert foreign_outputs(plots, legacy=True) == ["notes.txt", "training.png"]
