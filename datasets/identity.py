@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fingerprint", "identity_problem", "store_identity"]
+__all__ = ["fingerprint", "identity_of", "identity_problem", "store_identity"]
 
 # Columns whose checksums are no part of the identity (see the module docstring).
 _NOT_CONTENT = ("neg_", "label")
@@ -67,11 +67,16 @@ def store_identity(events: Any) -> dict[str, Any]:
         ``fingerprint``, ``name``, ``path`` (absolute), ``num_events``, ``num_nodes``,
         ``edge_feat_dim`` and ``node_feat_dim`` (what a model's input widths depend on).
     """
-    meta = events.meta
+    return identity_of(events.meta, events.path)
+
+
+def identity_of(meta: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """:func:`store_identity` from a store's ``meta.json`` and folder alone (no column
+    opened): for a check before any work."""
     return {
         "fingerprint": fingerprint(meta),
         "name": meta.get("name"),
-        "path": str(Path(events.path).absolute()),
+        "path": str(Path(path).absolute()),
         "num_events": int(meta.get("num_events", 0)),
         "num_nodes": int(meta.get("num_nodes", 0)),
         "edge_feat_dim": int(meta.get("edge_feat_dim") or 0),

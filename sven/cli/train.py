@@ -132,9 +132,10 @@ def _fit(cfg: Config) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from sven.config import Config
+    from sven.config import Config, load_config
     from sven.engine.checkpoint import find_checkpoint, load_file
     from sven.engine.trainer import Trainer, _config_overrides, _finite_or_none
+    from sven.tasks.replay import check_store_first
 
     folder = find_checkpoint(args.checkpoint)
     st = load_file(folder / "state.pt")
@@ -146,9 +147,10 @@ def _eval(args: argparse.Namespace) -> int:
             f"{folder} is a node-classification run: its AUCs are in its summary.json; "
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
-    trainer = Trainer(
-        cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides], purpose="eval"
-    )
+    overrides = [*_config_overrides(cfg, []), "train.resume=false", *args.overrides]
+    # The store before any work (the trainer loads, verifies and tabulates it).
+    check_store_first(st, load_config(None, overrides), folder, other_store=args.other_store)
+    trainer = Trainer(cfg, overrides, purpose="eval")
     res = _finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
     if args.json:
         print(json.dumps(res, indent=2))

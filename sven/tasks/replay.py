@@ -79,17 +79,12 @@ def check_same_data(
     Raises:
         SvenError: One line naming both stores.
     """
-    from sven.datasets.identity import identity_problem, store_identity
+    from sven.datasets.identity import store_identity
 
     d = state.get("data", {})
     recorded = d.get("store")
-    problem, note = identity_problem(
-        recorded, store_identity(data.events), str(where), verb="was trained on",
-        allow_other=other_store, flag="--other-store",
-    )  # fmt: skip
-    if problem is not None:
-        raise SvenError(problem)
-    if (recorded or {}).get("fingerprint") or other_store:
+    note = _identity(state, store_identity(data.events), where, other_store)
+    if (recorded or {}).get("fingerprint"):
         return note
     saved = (d.get("num_nodes"), d.get("num_events"))
     here = (data.num_nodes, int(data.src.numel()))
@@ -99,12 +94,62 @@ def check_same_data(
     same = all(a is None or a == b for a, b in zip(saved, here))
     if not same or (ranges is not None and ranges != mine):
         path = state.get("config", {}).get("data", {}).get("path") or "the built-in data"
-        raise SvenError(
+        both = (
             f"{where} was trained on another dataset ({saved[0]} nodes, {saved[1]} events, "
             f"from {path}) than {data.cfg.data.path or 'the built-in data'} ({here[0]} nodes, "
-            f"{here[1]} events); give the store it was trained on"
+            f"{here[1]} events)"
         )
+        if other_store:
+            return f"{both}; applied to it as --other-store asks"
+        raise SvenError(f"{both}; give the store it was trained on")
     return None
+
+
+def _identity(
+    state: dict[str, Any], current: dict[str, Any], where: str | Path, other_store: bool
+) -> str | None:
+    """The fingerprint half of :func:`check_same_data`: a note, None, or SvenError."""
+    from sven.datasets.identity import identity_problem
+
+    problem, note = identity_problem(
+        state.get("data", {}).get("store"), current, str(where), verb="was trained on",
+        allow_other=other_store, flag="--other-store",
+    )  # fmt: skip
+    if problem is not None:
+        raise SvenError(problem)
+    return note
+
+
+def check_store_first(
+    state: dict[str, Any], config: Any, where: str | Path, *, other_store: bool = False
+) -> None:
+    """:func:`check_same_data`'s fingerprint check before any work: from the store's
+    ``meta.json`` alone, before a trainer loads, verifies and tabulates the store.
+
+    Args:
+        state: The checkpoint's ``state.pt``.
+        config: The :class:`~sven.config.Config` the trainer will run (its
+            ``data.path`` is the store given); without one, or where the store cannot
+            be read yet, the trainer's own checks speak.
+        where: The checkpoint, for the message.
+        other_store: As in :func:`check_same_data` (the note comes from there).
+
+    Raises:
+        SvenError: One line naming both stores.
+    """
+    import json
+
+    from sven.datasets.identity import identity_of
+
+    path = config.data.path
+    if not path:
+        return
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(meta, dict):
+        _identity(state, identity_of(meta, path), where, other_store)
 
 
 def open_run(
@@ -132,17 +177,19 @@ def open_run(
     Raises:
         SvenError: No usable checkpoint, or one trained on other data.
     """
-    from sven.config import Config
-    from sven.engine.trainer import Trainer
+    from sven.config import Config, load_config
+    from sven.engine.trainer import Trainer, _config_overrides
 
     folder, state = read_checkpoint(checkpoint)
     cfg = Config.from_dict(state["config"])
     # The replay runs the model's encoder eagerly (Step.encode, never the compiled
     # model): a checkpoint trained with train.compile would only import torch's
     # compiler for nothing.
-    tr = Trainer(
-        cfg, ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
+    extra = ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
+    check_store_first(
+        state, load_config(None, _config_overrides(cfg, extra)), folder, other_store=other_store
     )
+    tr = Trainer(cfg, extra)
     note = check_same_data(state, tr.data, folder, other_store=other_store)
     if note is not None:
         (log or _note)(note)

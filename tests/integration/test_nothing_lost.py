@@ -85,7 +85,8 @@ def test_1_eval_refuses_a_store_replaced_since_training(trained, tmp_path, capsy
     before = _fingerprint(store)
     _replace_in_place(store, 1, tmp_path)
     capsys.readouterr()
-    assert main(["eval", "--checkpoint", str(run), f"data.path={store}"]) == 1
+    # quiet=false: the refusal comes before the trainer would say what it evaluates.
+    assert main(["eval", "--checkpoint", str(run), f"data.path={store}", "quiet=false"]) == 1
     line = _one_line(capsys.readouterr().err)
     # Both stores named: the one the model was trained on, and the one given.
     assert "was trained on another dataset" in line
