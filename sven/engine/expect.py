@@ -3,7 +3,7 @@
 A preset of 100 epochs on a real dataset runs for hours on a CPU; without a word, a
 first-time user cannot tell a long run from a stuck one. :func:`start_hint` speaks
 before the first step (on a CPU, where epochs times events is large), and
-:func:`epoch_estimate` after the first epoch of a process, from its measured time,
+:func:`epoch_estimate` after the first whole epoch a process runs, from its measured time,
 whenever the rest of the run is more than a few minutes.
 """
 
@@ -46,7 +46,7 @@ def start_hint(device: str, epochs: int, events_per_epoch: int) -> str | None:
 
 
 def epoch_estimate(epoch: int, epoch_s: float, epochs_left: int, patience: int) -> str | None:
-    """The line after the first epoch a process ran: how long the rest may take, or None.
+    """The line after the first whole epoch a process ran: how long the rest may take, or None.
 
     Args:
         epoch: The epoch just finished.

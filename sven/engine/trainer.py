@@ -650,9 +650,12 @@ class Trainer:
         hint = start_hint(self.device.type, tc.epochs - start_epoch, per_epoch)
         if hint is not None and not progress["stopped"]:
             self._log(hint)
+        estimated = False
         for epoch in range(start_epoch, tc.epochs):
             if progress["stopped"]:
                 break
+            # An epoch resumed halfway is no measure of a whole one.
+            whole = start_batch == 0
             best_live = None
             if start_batch == 0:
                 self.memory.reset()
@@ -764,7 +767,8 @@ class Trainer:
                 f"AUC {_fmt(line['val_auc'])} ({line['events_per_s']:.0f} train events/s, "
                 f"{val_rate:.0f} eval events/s)"
             )
-            if epoch == start_epoch:
+            if whole and not estimated:
+                estimated = True
                 left = tc.epochs - epoch - 1
                 note = epoch_estimate(epoch, time.perf_counter() - ep_t0, left, tc.patience)
                 if note is not None:
