@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sven.datasets.compact import DistinctValues
+from sven.datasets.identity import fingerprint
 from sven.datasets.layout import SPLITS, iter_ranges
 from sven.datasets.store import TemporalEvents
 
@@ -34,7 +35,8 @@ def describe(ev: TemporalEvents) -> dict[str, Any]:
         (events per node: mean, percentiles, max), ``splits`` (events and time
         bounds per split) and
         ``inductive`` (per evaluation split, the share of events with an endpoint
-        never seen in training, and the count of such new nodes).
+        never seen in training, and the count of such new nodes), and the store's
+        ``fingerprint`` (:mod:`sven.datasets.identity`).
     """
     meta = ev.meta
     E, N = ev.num_events, ev.num_nodes
@@ -105,6 +107,8 @@ def describe(ev: TemporalEvents) -> dict[str, Any]:
         "sorted_on_ingest": meta["sorted_on_ingest"],
         "num_out_of_order": meta["num_out_of_order"],
         "source": meta["source"],
+        # What runs, checkpoints and partitions record of this store (its identity).
+        "fingerprint": fingerprint(meta),
     }
 
 
@@ -116,7 +120,7 @@ def format_info(info: dict[str, Any]) -> str:
     """Formats :func:`describe`'s dict as a short human-readable report."""
     sp = info["splits"]
     lines = [
-        f"{info['name']}  ({info['path']})",
+        f"{info['name']}  ({info['path']}; fingerprint {info['fingerprint']})",
         f"  events       {_n(info['events'])}  (train {_n(sp['train']['events'])} / "
         f"val {_n(sp['val']['events'])} / test {_n(sp['test']['events'])})",
     ]

@@ -212,15 +212,22 @@ def partition_arrays(
 
 
 def store_info(events: EventsLike) -> dict[str, Any]:
-    """The identity of an event store, recorded in a partition's meta.json."""
+    """The identity of an event store, recorded in a partition's meta.json: its
+    fingerprint (:func:`sven.datasets.identity.fingerprint`), counts and the checksums
+    of the columns a partition depends on."""
+    from sven.datasets.identity import fingerprint
+
     meta = dict(getattr(events, "meta", {}) or {})
     checksums = meta.get("checksums", {})
-    return {
+    info = {
         "name": meta.get("name"),
         "num_events": int(events.num_events),
         "num_nodes": int(events.num_nodes),
         "checksums": {c: checksums[c] for c in ("src", "dst", "t") if c in checksums},
     }
+    if checksums:
+        info["fingerprint"] = fingerprint(meta)
+    return info
 
 
 def partition_store(

@@ -28,9 +28,11 @@ sees either nothing or a complete partition; one writer at a time holds its lock
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ import numpy as np
 from sven.errors import DataError
 from sven.ownership import (
     discard_partial,
-    foreign_files,
+    foreign_paths,
     lock_folder,
     make_partial,
     publish_partial,
@@ -107,14 +109,19 @@ def is_partition(path: str | os.PathLike[str]) -> bool:
     return isinstance(meta, dict) and "parts" in meta and "format_version" in meta
 
 
-def _manifest(part_dir: Path):
-    """Whether a name in a partition folder is one Sven writes there."""
+def _manifest(part_dir: Path) -> dict[str, Any]:
+    """What Sven writes into a partition folder, at every depth
+    (:data:`sven.ownership.Manifest`): ``meta.json``, the files its checksums list, and
+    ``sven plot``'s figures in ``plots`` (that folder's own manifest says which)."""
+    from sven.outputs import foreign_outputs
+
     try:
         sums = json.loads((part_dir / "meta.json").read_text()).get("checksums")
     except (OSError, ValueError, AttributeError):
         sums = None
-    names = {"meta.json", "plots", *(sums if isinstance(sums, dict) else ())}
-    return names.__contains__
+    names = ["meta.json", *(sums if isinstance(sums, dict) else ())]
+    plots = functools.partial(foreign_outputs, legacy=True)
+    return {**{re.escape(str(n)): None for n in names}, "plots": plots}
 
 
 def check_target(
@@ -126,8 +133,8 @@ def check_target(
 
     A missing or empty folder may be written if its parent can be; ``overwrite``
     replaces only a partition folder holding nothing but a partition's own files
-    (``meta.json``, the ``.npy`` files its checksums list, ``sven plot``'s ``plots``),
-    never another folder or one holding ``inputs``.
+    (``meta.json``, the ``.npy`` files its checksums list, the figures ``sven plot``
+    wrote into ``plots``), never another folder or one holding ``inputs``.
 
     Raises:
         DataError: If the target may not be written.
@@ -146,7 +153,7 @@ def check_target(
                 "a partition: remove it yourself or choose another --out",
                 out,
             )
-        foreign = foreign_files(out, _manifest(out))
+        foreign = foreign_paths(out, _manifest(out))
         if foreign:
             raise DataError(refuse_foreign(out, foreign, "--overwrite"))
     parent = out.parent
@@ -311,12 +318,15 @@ def check_matches(part: Partition, events: Any, part_dir: str | os.PathLike[str]
     """Refuses a partition built for other data than ``events`` (an opened store).
 
     Compares the counts and the ``src``/``dst``/``t`` checksums the partition recorded
-    (``meta["store"]``) with the store's; with the store verified
+    (``meta["store"]``) with the store's, then its fingerprint where the partition
+    recorded one (:mod:`sven.datasets.identity`); with the store verified
     (:func:`sven.datasets.store.open_verified_store`) those are its bytes.
 
     Raises:
         DataError: The partition was built for another store.
     """
+    from sven.datasets.identity import identity_problem, store_identity
+
     recorded = part.meta.get("store") or {}
     current = {"num_events": int(events.num_events), "num_nodes": int(events.num_nodes)}
     for key, value in current.items():
@@ -329,3 +339,11 @@ def check_matches(part: Partition, events: Any, part_dir: str | os.PathLike[str]
     for col, digest in (recorded.get("checksums") or {}).items():
         if sums.get(col) not in (None, digest):
             raise DataError(f"partition was built for other data ({col} differs)", part_dir)
+    # The whole store's identity, where the partition recorded it (features and splits
+    # too: one identity for everything made from a store).
+    problem, _ = identity_problem(
+        recorded, store_identity(events), "the partition",
+        verb="was built for",
+    )  # fmt: skip
+    if problem is not None:
+        raise DataError(problem, part_dir)

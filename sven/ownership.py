@@ -9,9 +9,10 @@ partition:
   renames by which a store or a partition is replaced. It holds the holder's pid,
   host and command, which the refusal of a second writer names. The OS drops the lock
   when its process dies, however it dies; the file is removed on release.
-- :func:`foreign_files`: what in a folder Sven did not write (its manifest is the
-  names a writer produces), so that an overwrite removes only Sven's files and
-  refuses, naming the others, when there are any.
+- :func:`foreign_files` / :func:`foreign_paths`: what in a folder Sven did not write
+  (its manifest is the names a writer produces, at the top or at every depth), so
+  that an overwrite removes only Sven's files and refuses, naming the others, when
+  there are any.
 - :func:`make_partial` / :func:`sweep_partials`: the hidden ``.NAME.partial-*``
   folder a store or a partition is written into before its rename into place. It
   holds a marker file locked by its writer from birth, so that a later run into the
@@ -27,6 +28,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,7 +36,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from sven.errors import SvenError, Terminated
@@ -43,6 +45,7 @@ __all__ = [
     "FolderBusy",
     "FolderLock",
     "foreign_files",
+    "foreign_paths",
     "lock_folder",
     "make_partial",
     "publish_partial",
@@ -223,6 +226,52 @@ def foreign_files(folder: str | os.PathLike[str], ours: Callable[[str], bool]) -
     return sorted(
         p.name for p in Path(folder).iterdir() if p.name != INNER_LOCK and not ours(p.name)
     )
+
+
+#: What Sven writes into a folder it owns, at every depth: a full-match regular
+#: expression of a name -> None (a file), a nested manifest (a folder whose content is
+#: checked in turn), or a function ``folder -> foreign names`` (a folder with a manifest
+#: of its own, such as ``plots``: :func:`sven.outputs.foreign_outputs`).
+Manifest = Mapping[str, "Manifest | Callable[[Path], list[str]] | None"]
+_NO_MATCH = object()
+
+
+def foreign_paths(folder: str | os.PathLike[str], manifest: Manifest) -> list[str]:
+    """The paths under ``folder`` that Sven did not write, relative and sorted.
+
+    Walks the folder as deep as ``manifest`` describes it; a name that matches no
+    pattern is foreign (and a folder of the user's is named, not entered), as is a
+    file where the manifest has a folder, a folder where it has a file, and a symbolic
+    link anywhere below the top (Sven writes none). The folder lock (``.sven-lock``)
+    is never foreign.
+
+    Args:
+        folder: An existing folder.
+        manifest: What Sven writes there (:data:`Manifest`).
+    """
+    root = Path(folder)
+    out: list[str] = []
+
+    def walk(d: Path, rules: Manifest, prefix: str) -> None:
+        for p in sorted(d.iterdir()):
+            rel = prefix + p.name
+            if p.name == INNER_LOCK:
+                continue
+            rule = next((r for pat, r in rules.items() if re.fullmatch(pat, p.name)), _NO_MATCH)
+            if rule is _NO_MATCH or p.is_symlink():
+                out.append(rel)
+            elif rule is None:
+                if not p.is_file():
+                    out.append(rel)
+            elif not p.is_dir():
+                out.append(rel)
+            elif callable(rule):
+                out.extend(f"{rel}/{name}" for name in rule(p))
+            else:
+                walk(p, rule, rel + "/")
+
+    walk(root, manifest, "")
+    return sorted(out)
 
 
 def refuse_foreign(folder: str | os.PathLike[str], names: list[str], what: str) -> str:

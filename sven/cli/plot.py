@@ -15,6 +15,9 @@
 against the mean, with the max/mean imbalance in the panel title.
 
 Figures go to ``--out`` (default ``<RUN or PART>/plots``) and their paths are printed.
+Each is written whole or not at all, and recorded in the folder's manifest
+(:mod:`sven.outputs`): a later ``sven plot`` replaces Sven's own figures, never a PNG of
+the user's of the same name without ``--overwrite``.
 Drawn with matplotlib's Agg canvas, without pyplot, so no display and no global state
 is touched; matplotlib is the optional extra ``plot``.
 """
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from sven.errors import DataError, SvenError
+from sven.outputs import atomic_output, check_output_folder, record_outputs
 
 INSTALL_HINT = "pip install 'sven[plot]'"
 _STAGE_KEY = re.compile(r"^stage_(?P<name>.+)_s_per_rank$")
@@ -89,19 +93,30 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
+def _save(fig: Any, path: Path) -> None:
+    """The figure as a PNG at ``path``, whole or not at all (:func:`atomic_output`)."""
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+
+
+def plot_run(
+    run: str | Path, out: str | Path | None = None, *, overwrite: bool = False
+) -> list[Path]:
     """Writes the figures of a run folder.
 
     Args:
         run: Folder with ``metrics.jsonl`` (one line per epoch) and, when the run
             finished, ``summary.json``.
         out: Folder for the PNGs (default ``<run>/plots``).
+        overwrite: Replace a PNG of the same name that Sven did not write there
+            (its own earlier figures are replaced anyway; see :mod:`sven.outputs`).
 
     Returns:
         The paths written, ``training.png`` first.
 
     Raises:
         DataError: No epoch line in ``metrics.jsonl``.
+        SvenError: ``out`` is a file, or holds a PNG of the user's of the same name.
     """
     _require_matplotlib()
     run = Path(run)
@@ -114,19 +129,27 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
     cfg = {}
     if (run / "config.json").is_file():
         cfg = json.loads((run / "config.json").read_text())
-    out = Path(out) if out is not None else run / "plots"
+    last = lines[-1]
+    comm = "comm_bytes_exchange_per_rank" in last and "comm_bytes_naive_per_rank" in last
+    stages = {m["name"]: last[k] for k in last if (m := _STAGE_KEY.match(k))}
+    names = ["training.png", *(["comm_per_rank.png"] if comm else [])]
+    names += ["stage_times.png"] if stages else []
+    # Before drawing anything: a file where the folder goes, or a PNG of the user's.
+    # The run's own plots folder is Sven's: one an older Sven plotted into has no manifest.
+    out = check_output_folder(
+        out if out is not None else run / "plots", names, overwrite=overwrite, legacy=out is None
+    )
     out.mkdir(parents=True, exist_ok=True)
     model = str(summary.get("model") or cfg.get("model", {}).get("name", "model")).upper()
     dataset = summary.get("dataset") or Path(cfg.get("data", {}).get("path", "") or "data").name
     ranks = summary.get("world_size")
     who = f"{model} on {dataset}" + (f", {ranks} rank{'s' * (ranks != 1)}" if ranks else "")
     paths = [_plot_training(lines, summary, who, out / "training.png")]
-    last = lines[-1]
-    if "comm_bytes_exchange_per_rank" in last and "comm_bytes_naive_per_rank" in last:
+    if comm:
         paths.append(_plot_comm(last, who, out / "comm_per_rank.png"))
-    stages = {m["name"]: last[k] for k in last if (m := _STAGE_KEY.match(k))}
     if stages:
         paths.append(_plot_stages(stages, int(last["epoch"]), who, out / "stage_times.png"))
+    record_outputs(out, paths)
     return paths
 
 
@@ -167,7 +190,7 @@ def _plot_training(
         if summary.get("test_auc") is not None:
             title += f", AUC {summary['test_auc']:.4f}"
     fig.suptitle(title)
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
@@ -189,7 +212,7 @@ def _plot_comm(line: dict[str, Any], who: str, path: Path) -> Path:
         fontsize="medium",
     )
     fig.suptitle(f"{who} (gradient all-reduce not included)", fontsize="medium")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
@@ -207,11 +230,13 @@ def _plot_stages(stages: dict[str, list[float]], epoch: int, who: str, path: Pat
     ax.legend(title="stage", fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(f"Time per pipeline stage, epoch {epoch}")
     fig.suptitle(who, fontsize="medium")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
-def plot_partition(part: str | Path, out: str | Path | None = None) -> list[Path]:
+def plot_partition(
+    part: str | Path, out: str | Path | None = None, *, overwrite: bool = False
+) -> list[Path]:
     """Writes ``partition.png`` of a partition folder.
 
     Training events and vertices per rank come from ``assign.npy`` and ``owner.npy``;
@@ -221,6 +246,7 @@ def plot_partition(part: str | Path, out: str | Path | None = None) -> list[Path
     Args:
         part: Folder written by ``sven partition --out``.
         out: Folder for the PNG (default ``<part>/plots``).
+        overwrite: Replace a ``partition.png`` that Sven did not write there.
 
     Returns:
         The path written.
@@ -239,7 +265,12 @@ def plot_partition(part: str | Path, out: str | Path | None = None) -> list[Path
     vertices = np.bincount(np.asarray(p.owner), minlength=parts)
     per_rank = meta.get("per_rank") or {}
     has_bytes = "comm_bytes" in per_rank and "naive_bytes" in per_rank
-    out = Path(out) if out is not None else part / "plots"
+    out = check_output_folder(
+        out if out is not None else part / "plots",
+        ["partition.png"],
+        overwrite=overwrite,
+        legacy=out is None,
+    )
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = _figure(3 if has_bytes else 2, width=max(4.2, 1.2 + 0.6 * parts))
     x = np.arange(parts)
@@ -270,7 +301,8 @@ def plot_partition(part: str | Path, out: str | Path | None = None) -> list[Path
         f"(model {meta.get('model', 'tgn')}, batch {meta.get('batch_size')})"
     )
     path = out / "partition.png"
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
+    record_outputs(out, [path])
     return [path]
 
 
@@ -283,17 +315,19 @@ def _mean_line(ax: Any, values: np.ndarray, label: str = "mean") -> None:
     ax.axhline(float(np.mean(values)), color="black", lw=1.0, ls="--", label=label)
 
 
-def plot(path: str | Path, out: str | Path | None = None) -> list[Path]:
+def plot(path: str | Path, out: str | Path | None = None, *, overwrite: bool = False) -> list[Path]:
     """Plots a run folder or a partition folder, whichever ``path`` is.
 
     Raises:
         DataError: ``path`` is neither (no ``metrics.jsonl``, no partition ``meta.json``).
+        SvenError: ``out`` is a file, or holds a PNG of the same name that Sven did not
+            write, and ``overwrite`` is False.
     """
     p = Path(path)
     if (p / "metrics.jsonl").is_file():
-        return plot_run(p, out)
+        return plot_run(p, out, overwrite=overwrite)
     if (p / "meta.json").is_file() and (p / "owner.npy").is_file():
-        return plot_partition(p, out)
+        return plot_partition(p, out, overwrite=overwrite)
     raise DataError(
         "neither a run folder (no metrics.jsonl) nor a partition folder (no meta.json "
         "and owner.npy)",
@@ -313,10 +347,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", metavar="RUN_OR_PART", help="a run folder or a partition folder")
     p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: RUN_OR_PART/plots)")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace PNGs of the same names in --out that Sven did not write (its own "
+        "earlier figures are replaced anyway)",
+    )  # fmt: skip
     p.set_defaults(func=_plot)
 
 
 def _plot(args: argparse.Namespace) -> int:
-    for path in plot(args.path, args.out):
+    for path in plot(args.path, args.out, overwrite=args.overwrite):
         print(path)
     return 0

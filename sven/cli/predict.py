@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--candidates", help="with --topk: destinations to rank (default: every destination)"
     )
     p.add_argument("--logits", action="store_true", help="scores as logits, not probabilities")
+    _outputs(p)
     p.set_defaults(func=_predict)
 
     e = sub.add_parser(
@@ -48,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bipartite stores: which side's ids --nodes are",
     )  # fmt: skip
     e.add_argument("--out", required=True, help="output file (.npy, .parquet or .csv)")
+    _outputs(e)
     e.set_defaults(func=_embed)
 
 
@@ -65,6 +68,18 @@ def _common(p: argparse.ArgumentParser) -> None:
         "or with every event before t (exact)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument(
+        "--other-store", action="store_true",
+        help="with --data: apply the model to a store other than the one it was trained on "
+        "(same feature widths); its memory is re-played from that store, and a note says so",
+    )  # fmt: skip
+
+
+def _outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace an existing --out file (never a file or folder the command reads)",
+    )  # fmt: skip
 
 
 def _ids(text: str) -> list[str]:
@@ -82,13 +97,35 @@ def _ids(text: str) -> list[str]:
     return items
 
 
-def _check_out(path: str, kinds: tuple[str, ...]) -> Path:
-    p = Path(path)
-    if p.suffix not in kinds:
-        raise ConfigError(f"--out {path}: the name must end in {', '.join(kinds)}")
-    if not p.parent.is_dir():
-        raise DataError("the output folder does not exist", p.parent)
-    return p
+def _check_out(args: argparse.Namespace, kinds: tuple[str, ...], *files: str | None) -> Path:
+    """``--out``, checked before any work (:func:`sven.outputs.check_output`): never a
+    file the command reads (``files``, ``@FILE`` ids), never inside the store or the
+    checkpoint, an existing file only with ``--overwrite``."""
+    from sven.outputs import check_output
+
+    reads: list[str | Path] = [f for f in files if f]
+    ids = (getattr(args, name, None) for name in ("src", "candidates", "nodes"))
+    reads += [x[1:] for x in ids if _at(x)]
+    reads += _run_inputs(Path(args.checkpoint), args.data)
+    return check_output(args.out, overwrite=args.overwrite, inputs=reads, suffixes=kinds)
+
+
+def _run_inputs(ckpt: Path, data: str | None) -> list[str | Path]:
+    """The folders a model's questions read: its checkpoints (pruned by a later run, so
+    no place for an output) and the event store (which holds only its own files)."""
+    if (ckpt / "state.pt").is_file() or ckpt.name == "state.pt":
+        step = ckpt if ckpt.is_dir() else ckpt.parent
+        return [step.parent, *([data] if data else [])]
+    if data is None:
+        try:
+            data = json.loads((ckpt / "config.json").read_text())["data"]["path"] or None
+        except (OSError, ValueError, KeyError, TypeError):
+            data = None
+    return [ckpt / "checkpoints", ckpt / "best", *([data] if data else [])]
+
+
+def _at(ids: str | None) -> bool:
+    return isinstance(ids, str) and ids.startswith("@")
 
 
 def _predictor(args: argparse.Namespace) -> Any:
@@ -100,6 +137,7 @@ def _predictor(args: argparse.Namespace) -> Any:
         device=args.device,
         replay=args.replay,
         threads=args.threads,
+        other_store=args.other_store,
     )
 
 
@@ -108,17 +146,28 @@ def _predict(args: argparse.Namespace) -> int:
 
     from sven.tasks.predict import read_pairs, write_table
 
-    out = _check_out(args.out, (".csv", ".parquet"))
+    # Each question has its own options; one of the other is a mistake, not a no-op.
     if args.topk is None:
+        extra = [f for f, v in (("--src", args.src), ("--time", args.time),
+                                ("--candidates", args.candidates)) if v is not None]  # fmt: skip
+        if extra:
+            raise ConfigError(f"{', '.join(extra)} go with --topk K; scoring --pairs uses none")
         if not args.pairs:
             raise ConfigError("sven predict needs --pairs FILE, or --topk K --src IDS --time T")
+    elif args.pairs:
+        raise ConfigError(
+            "--pairs and --topk are two questions: score the pairs of a table, or rank the "
+            "destinations of --src at --time; give one"
+        )
+    out = _check_out(args, (".csv", ".parquet"), args.pairs)
+    if args.topk is None:
         df = read_pairs(args.pairs)
         pred = _predictor(args)
         df["score"] = pred.score(
             df["src"].to_numpy(), df["dst"].to_numpy(), df["t"].to_numpy(),
             unknown=args.unknown, logits=args.logits,
         )  # fmt: skip
-        write_table(df, out)
+        write_table(df, out, overwrite=args.overwrite)
         print(f"{len(df)} rows scored -> {out}", file=sys.stderr)
         return 0
     if args.src is None or args.time is None:
@@ -127,18 +176,22 @@ def _predict(args: argparse.Namespace) -> int:
     pred = _predictor(args)
     cands = None if args.candidates is None else _ids(args.candidates)
     ids, scores = pred.topk(src, args.time, args.topk, candidates=cands, unknown=args.unknown)
+    # --unknown skip: a source the store does not know has no destinations to rank; its
+    # rows are left out (Predictor.topk fills them with NaN scores).
+    _, known = pred.compact_ids(np.asarray(src), "src")
+    kept = np.asarray(src, dtype=object)[known]
     k = ids.shape[1]
     df = pd.DataFrame(
         {
-            "src": np.repeat(np.asarray(src, dtype=object), k),
+            "src": np.repeat(kept, k),
             "t": args.time,
-            "rank": np.tile(np.arange(1, k + 1), len(src)),
-            "dst": ids.reshape(-1),
-            "score": scores.reshape(-1),
+            "rank": np.tile(np.arange(1, k + 1), kept.size),
+            "dst": ids[known].reshape(-1),
+            "score": scores[known].reshape(-1),
         }
     )
-    write_table(df, out)
-    print(f"top {k} destinations of {len(src)} sources -> {out}", file=sys.stderr)
+    write_table(df, out, overwrite=args.overwrite)
+    print(f"top {k} destinations of {kept.size} sources -> {out}", file=sys.stderr)
     return 0
 
 
@@ -147,14 +200,14 @@ def _embed(args: argparse.Namespace) -> int:
 
     from sven.tasks.predict import write_table
 
-    out = _check_out(args.out, (".npy", ".csv", ".parquet"))
+    out = _check_out(args, (".npy", ".csv", ".parquet"))
     nodes = _ids(args.nodes)
     h = _predictor(args).embed(nodes, args.time, side=args.side, unknown=args.unknown)
-    if out.suffix == ".npy":
-        write_table(h, out)
-    else:
+    table: Any = h
+    if out.suffix != ".npy":
         cols = {"node": nodes, "t": args.time}
         cols.update({f"e{j}": h[:, j] for j in range(h.shape[1])})
-        write_table(pd.DataFrame(cols), out)
+        table = pd.DataFrame(cols)
+    write_table(table, out, overwrite=args.overwrite)
     print(f"{h.shape[0]} embeddings of width {h.shape[1]} -> {out}", file=sys.stderr)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -36,11 +37,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     p.set_defaults(func=_train)
 
-    e = sub.add_parser("eval", help="re-evaluate a saved model on val/test")
+    e = sub.add_parser(
+        "eval",
+        help="re-evaluate a saved model on val/test",
+        description="Scores a saved model on the store it was trained on (or, with "
+        "--other-store, on another one given as data.path=...); writes nothing.",
+    )
     e.add_argument(
         "--checkpoint", required=True, help="a run folder (its best model) or a step-N folder"
     )
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    e.add_argument(
+        "--other-store", action="store_true",
+        help="score the model on a store other than the one it was trained on (data.path=...; "
+        "same feature widths); its memory is re-played from that store, and the output says so",
+    )  # fmt: skip
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     e.set_defaults(func=_eval)
 
@@ -55,27 +66,41 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
-    cfg = load_config(args.config, overrides)
+    info = detect_launcher()
+    try:
+        cfg = load_config(args.config, overrides)
+    except SvenError as err:
+        # Every rank reads the same command line: one rank says it, once.
+        err.quiet = info.rank != 0
+        raise
     if args.dry_run:
         from sven.engine.trainer import dry_run
 
         plan = dry_run(cfg)
         print(plan.describe())
         return 0 if plan.shortfall() is None else 2
-    info = detect_launcher()
     if info.world_size == 1:
         return _fit(cfg)
     # On several ranks, torch's C++ side writes a failed rendezvous, a dead peer or a
     # lost store to stderr with C++ frames; the terminal gets one `sven:` line instead.
-    log_path = Path(cfg.out) / "logs" / f"rank{info.rank}.log"
+    out = Path(cfg.out)
+    log_path = out / "logs" / f"rank{info.rank}.log"
     header = f"{info.launcher} rank {info.rank} of {info.world_size} on node {node_name()}"
-    with native_stderr_to(log_path, header) as log:
-        try:
-            return _fit(cfg)
-        except DistError as err:
-            if log.written():
-                err.args = (f"{err} (details: {log.path})",)
-            raise
+    try:
+        with native_stderr_to(log_path, header) as log:
+            try:
+                return _fit(cfg)
+            except DistError as err:
+                if log.written():
+                    err.args = (f"{err} (details: {log.path})",)
+                raise
+    except BaseException:
+        # The folders this launch made for its logs, where nothing came of them (the
+        # ranks start together: which of them made the folder, none can tell).
+        for folder in (log_path.parent, out):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only where empty
+        raise
 
 
 def _fit(cfg: Config) -> int:
@@ -121,10 +146,11 @@ def _fit(cfg: Config) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from sven.config import Config
+    from sven.config import Config, load_config
     from sven.engine.checkpoint import find_checkpoint, load_file
     from sven.engine.run_folder import finite_or_none
     from sven.engine.trainer import Trainer, _config_overrides
+    from sven.tasks.replay import check_store_first
 
     folder = find_checkpoint(args.checkpoint)
     st = load_file(folder / "state.pt")
@@ -136,8 +162,11 @@ def _eval(args: argparse.Namespace) -> int:
             f"{folder} is a node-classification run: its AUCs are in its summary.json; "
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
-    trainer = Trainer(cfg, [*_config_overrides(cfg, []), "train.resume=false", *args.overrides])
-    res = finite_or_none(trainer.evaluate_checkpoint(folder))
+    overrides = [*_config_overrides(cfg, []), "train.resume=false", *args.overrides]
+    # The store before any work (the trainer loads, verifies and tabulates it).
+    check_store_first(st, load_config(None, overrides), folder, other_store=args.other_store)
+    trainer = Trainer(cfg, overrides, purpose="eval")
+    res = finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
     if args.json:
         print(json.dumps(res, indent=2))
     else:

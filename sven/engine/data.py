@@ -105,10 +105,6 @@ class Data:
             from sven.datasets.synth import default_dataset
 
             path = str(default_dataset())
-        if not Path(path).is_dir():
-            raise ConfigError(
-                f"data.path: no event store at {path} (create one with `sven data convert`)"
-            )
         self.path = path
         self.events = self._agreed(lambda: self._structure(path))
         self.dataset_name = self.events.meta.get("name") or Path(path).name
@@ -196,6 +192,10 @@ class Data:
     def _structure(self, path: str) -> Any:
         from sven.datasets.store import open_verified_store
 
+        if not Path(path).is_dir():
+            raise ConfigError(
+                f"data.path: no event store at {path} (create one with `sven data convert`)"
+            )
         # Structure on every rank; one function for every command that reads a store.
         with self._clock.phase("store_open"):
             return open_verified_store(path, verify=False)
@@ -210,17 +210,18 @@ class Data:
         return self.events
 
     def _agreed(self, fn: Callable[[], Any]) -> Any:
-        """``fn()``, with rank 0's verdict on a data error shared, so that every rank
-        stops with the same error instead of the others waiting for rank 0 in a
-        collective."""
+        """``fn()``, with rank 0's verdict on a data error shared (a missing store too),
+        so that every rank stops with the same error instead of the others waiting for
+        rank 0 in a collective, and only rank 0 says it."""
         out, problem = None, None
         try:
             out = fn()
-        except DataError as exc:
-            problem = str(exc)
+        except (ConfigError, DataError) as exc:
+            problem = (type(exc) is ConfigError, str(exc))
         problem = self._agree(problem)
         if problem is not None or out is None:
-            err = DataError(problem or "the store could not be opened on this rank")
+            kind, text = problem or (False, "the store could not be opened on this rank")
+            err = ConfigError(text) if kind else DataError(text)
             err.quiet = self.rank != 0 and problem is not None
             raise err
         return out
@@ -467,16 +468,21 @@ class Data:
         return self._eval_neg
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must match: the partition and the store's shape.
+        """What a checkpoint must match: the partition, the store's shape and identity.
 
-        The data themselves follow from the config and the store and are not saved.
+        The data themselves follow from the config and the store and are not saved;
+        ``store`` is the store's identity (:func:`sven.datasets.identity.store_identity`:
+        its fingerprint, path and counts).
         """
+        from sven.datasets.identity import store_identity
+
         return {
             "owner": self.owner.cpu(),
             "world_size": self.world_size,
             "num_nodes": self.num_nodes,
             "num_events": int(self.src.numel()),
             "ranges": {s: list(r) for s, r in self.ranges.items()},
+            "store": store_identity(self.events),
         }
 
     def load_state_dict(self, state: dict[str, Any], where: str | Path = "checkpoint") -> None:
@@ -484,8 +490,16 @@ class Data:
 
         Raises:
             ConfigError: The checkpoint was written by another number of ranks, with
-                another partition or on other data.
+                another partition or on other data (another store fingerprint, where
+                the checkpoint recorded one).
         """
+        from sven.datasets.identity import identity_problem, store_identity
+
+        problem, _ = identity_problem(
+            state.get("store"), store_identity(self.events), str(where), verb="was written on"
+        )
+        if problem is not None:
+            raise ConfigError(problem)
         ws = int(state.get("world_size", 1))
         if ws != self.world_size:
             raise ConfigError(

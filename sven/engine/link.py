@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from sven.config import dump_config
+from sven.datasets.identity import fingerprint
+from sven.engine.expect import epoch_estimate, start_hint
 from sven.engine.loop import RunLoop, new_progress, stop_from_votes, stop_vote
 from sven.engine.run_folder import atomic_write_text, finite_or_none, fmt
 from sven.engine.startup import triton_cache_dir
@@ -82,9 +85,6 @@ class LinkPrediction:
         tr._claim_out()
         if main:
             tr.out.mkdir(parents=True, exist_ok=True)
-            from sven.config import dump_config
-
-            dump_config(cfg, tr.out / "config.json")
         tr._barrier("start")
         loop = RunLoop(
             self,
@@ -111,6 +111,19 @@ class LinkPrediction:
         start_epoch, start_batch = 0, 0
         if tc.resume:
             progress, start_epoch, start_batch = loop.resume(progress)
+        if main:
+            # After the resume's checks (config, store, partition): a refused resume
+            # leaves the run's config.json saying what its checkpoints hold.
+            dump_config(cfg, tr.out / "config.json")
+        nb = tr.num_batches("train")
+        lo, hi = tr.ranges["train"]
+        per_epoch = min(
+            hi, lo + (min(nb, tc.max_batches) if tc.max_batches else nb) * tc.batch_size
+        )
+        hint = start_hint(tr.device.type, tc.epochs - start_epoch, per_epoch - lo)
+        if hint is not None and not progress["stopped"]:
+            tr._log(hint)
+        self._estimate = start_batch != 0
         progress = loop.run(progress, start_epoch, start_batch)
         tr.startup.finish()
         ck = tr.checkpoints
@@ -295,6 +308,13 @@ class LinkPrediction:
         stages = self._timeline_line(dt)
         self.where = tr._where = f"epoch {epoch} validation"
         val, val_rate = self._eval_split("val")
+        if not self._estimate:
+            # The first whole epoch this process ran (one resumed halfway is no measure).
+            self._estimate = True
+            took = time.perf_counter() - self._ep_t0
+            note = epoch_estimate(epoch, took, tc.epochs - epoch - 1, tc.patience)
+            if note is not None:
+                tr._log(note)
         return {
             "epoch": epoch,
             "train_loss": progress["epoch_loss"] / max(progress["epoch_batches"], 1),
@@ -428,6 +448,7 @@ class LinkPrediction:
         summary = {
             "model": cfg.model.name,
             "dataset": tr.data.dataset_name,
+            "store_fingerprint": fingerprint(tr.data.events.meta),
             "world_size": tr.world_size,
             "partition": tr.data.partition_meta.get("strategy"),
             "epochs_run": len(progress["history"]),

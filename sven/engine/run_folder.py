@@ -1,4 +1,5 @@
-"""A run's folder: what Sven writes there, and the checks before it writes.
+"""A run's folder: what Sven writes there, at every depth, and the checks before it
+writes.
 
 A run folder holds ``config.json``, ``metrics.jsonl``, ``summary.json``,
 ``checkpoints/``, ``best/`` and the optional ``tb/``, ``traces/``, ``logs/``, ``plots/``
@@ -12,13 +13,17 @@ import json
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError
+from sven.outputs import foreign_outputs
 
 __all__ = [
+    "CHECKPOINT_FOLDER",
     "RUN_FILES",
+    "RUN_MANIFEST",
     "atomic_write_text",
     "finite_or_none",
     "fmt",
@@ -44,18 +49,59 @@ def is_run_folder(path: str | Path) -> bool:
     return isinstance(cfg, dict) and {"data", "model", "train", "out"} <= set(cfg)
 
 
-#: What a run writes into its folder (its manifest): ``train.overwrite=true`` deletes
-#: these and refuses to run where anything else is there. ``plots`` is ``sven plot``'s.
+#: What a run writes at the top of its folder: ``train.overwrite=true`` deletes these
+#: and refuses to run where anything else is there, at any depth (the whole manifest is
+#: :data:`RUN_MANIFEST`). ``plots`` is ``sven plot``'s.
 RUN_FILES = frozenset(
     {"config.json", "metrics.jsonl", "summary.json", "checkpoints", "best", "tb", "traces"}
     | {"logs", "plots", "state"}
 )
 
 
-def _is_run_file(name: str) -> bool:
-    # _atomic_write_text's temporaries (".summary.json.tmp-<pid>"), where it was killed.
-    temp = name.startswith(".") and ".tmp-" in name and name[1:].split(".tmp-")[0] in RUN_FILES
-    return name in RUN_FILES or temp
+# One checkpoint (sven.engine.checkpoint, format 2): rank 0's state, each rank's small
+# state, the owner map, each rank's node-state files, meta.json; one being written
+# also holds each rank's done or failed mark. Format 1 (Sven 0.1): one memory shard per
+# rank and each rank's sums file.
+_STEP: dict[str, Any] = {
+    r"state\.pt": None,
+    r"rank\d+\.pt": None,
+    r"owner\.npy": None,
+    r"nodes": {r"rank\d+": {r"\w+\.npy": None}},
+    r"meta\.json": None,
+    r"(?:done-rank\d+\.json(?:\.part)?|failed-rank\d+)": None,
+    r"memory-rank\d+\.pt": None,
+    r"sums-rank\d+\.json": None,
+}
+
+#: ``checkpoints/`` and ``best/``: ``step-N`` folders, and the hidden one being written.
+CHECKPOINT_FOLDER: dict[str, Any] = {r"step-\d+": _STEP, r"\.tmp-step-\d+": _STEP}
+
+#: Every name a run writes into its folder, as :data:`sven.ownership.Manifest`.
+RUN_MANIFEST: dict[str, Any] = {
+    r"config\.json": None,
+    r"metrics\.jsonl": None,
+    r"summary\.json": None,
+    # The temporaries of an atomic write, where a run was killed between its two steps.
+    r"\.(?:config\.json|metrics\.jsonl|summary\.json)\.tmp-\d+": None,
+    r"checkpoints": CHECKPOINT_FOLDER,
+    r"best": CHECKPOINT_FOLDER,
+    # TensorBoard's event files (log.tensorboard=true).
+    r"tb": {r"events\.out\.tfevents\..+": None},
+    # Chrome traces (profile=true) and the ranks' native stderr under a launcher.
+    r"traces": {r"rank\d+\.json": None},
+    r"logs": {r"rank\d+\.log": None},
+    # sven plot's figures: the folder's own manifest says which it wrote.
+    r"plots": partial(foreign_outputs, legacy=True),
+    # The disk tier's node-state files (state.device=disk): scratch, per rank.
+    r"state": {
+        r"\.sven-state": None,
+        r"rank\d+": {r"\.sven-state": None, r"\w+\.bin": None},
+    },
+}
+# Node classification: the link-prediction run trained first, and the folder of the
+# encoder's replay (its per-rank logs), each a run folder of its own.
+RUN_MANIFEST["encoder"] = RUN_MANIFEST
+RUN_MANIFEST["encoder-replay"] = RUN_MANIFEST
 
 
 def prepare_out(
@@ -66,8 +112,9 @@ def prepare_out(
     A missing or empty ``out`` is used as is. A non-empty one is refused unless it is
     a Sven run folder and ``resume`` (continue it) or ``overwrite`` (delete it first)
     is set, so that the checkpoints of two runs never mix. ``overwrite`` deletes only
-    what a run writes (:data:`RUN_FILES`) and refuses, naming them, where the folder
-    holds anything else.
+    what a run writes (:data:`RUN_MANIFEST`, at every depth:
+    checkpoints, plots, logs, node-state files) and refuses before deleting anything,
+    naming them, where the folder holds anything else.
 
     Raises:
         ConfigError: ``out`` may not be used; the message says what to do.
@@ -93,9 +140,9 @@ def prepare_out(
             )
         import shutil
 
-        from sven.ownership import foreign_files, refuse_foreign
+        from sven.ownership import foreign_paths, refuse_foreign
 
-        foreign = foreign_files(out, _is_run_file)
+        foreign = foreign_paths(out, RUN_MANIFEST)
         if foreign:
             raise ConfigError("out=" + refuse_foreign(out, foreign, "train.overwrite=true"))
         for p in content:

@@ -63,6 +63,10 @@ class Trainer:
         config: A :class:`~sven.config.Config`, a nested dict, or a path to a YAML preset.
         overrides: Dotted ``key=value`` overrides applied on top.
 
+        startup: The start-up clock (the CLI's counts from process start).
+        purpose: ``train``, or ``eval`` for a trainer that only evaluates a saved
+            model (``sven eval``): its first line says so.
+
     Example:
         >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
     """
@@ -76,7 +80,26 @@ class Trainer:
         overrides: list[str] | None = None,
         *,
         startup: StartupClock | None = None,
+        purpose: str = "train",
     ):
+        try:
+            self._build(config, overrides, startup, purpose)
+        except BaseException:
+            # A process group made before the failure goes with it, as fit's would: the
+            # rank hosting the rendezvous waits for the others to learn the verdict, and
+            # no C++ thread outlives the interpreter.
+            ctx = self.__dict__.get("ctx")
+            if ctx is not None:
+                ctx.teardown()
+            raise
+
+    def _build(
+        self,
+        config: Config | dict | str | Path | None,
+        overrides: list[str] | None,
+        startup: StartupClock | None,
+        purpose: str,
+    ) -> None:
         if isinstance(config, Config):
             cfg = (
                 config if not overrides else load_config(None, _config_overrides(config, overrides))
@@ -88,6 +111,7 @@ class Trainer:
         else:
             cfg = load_config(config, overrides)
         self.cfg = cfg
+        self._purpose = purpose
         # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
         # counts from process start.
         self.startup = clock = startup or StartupClock()
@@ -278,6 +302,11 @@ class Trainer:
         else:
             data = f"the built-in synthetic dataset ({counts}; cached at {ev.path})"
         procs = "one process" if self.world_size == 1 else f"{self.world_size} ranks"
+        if self._purpose == "eval":
+            return (
+                f"evaluating a saved {self.cfg.model.name} on {data}, on {self.device.type} "
+                f"({procs}); nothing is written"
+            )
         return (
             f"training {self.cfg.model.name} on {data}, on {self.device.type} ({procs}); "
             f"run folder {self.out}"
@@ -519,7 +548,7 @@ class Trainer:
         if self.rank == 0 and not self.cfg.quiet:
             bar.write(self.startup.line(), file=sys.stderr)
 
-    def evaluate_checkpoint(self, path: str | Path) -> dict[str, Any]:
+    def evaluate_checkpoint(self, path: str | Path, *, other_store: bool = False) -> dict[str, Any]:
         """Re-evaluates a saved model: a run folder (its best), or a ``step-N`` folder.
 
         A state saved at the end of validation (the best model) continues into test,
@@ -527,11 +556,29 @@ class Trainer:
         memory is rebuilt by walking train and val without parameter updates, then
         test runs. A checkpoint of any number of ranks is read into this run's ranks
         (each reads the node state of the vertices it owns).
+
+        The store must be the one the model was trained on (its fingerprint,
+        :mod:`sven.datasets.identity`); ``other_store`` applies the model to another
+        store of the same feature widths instead, its memory re-played from that
+        store, and the result says so (``trained_on``, ``note``).
+
+        Raises:
+            SvenError: The store is another one than the model's (one line, naming
+                both), unless ``other_store``.
         """
+        from sven.datasets.identity import fingerprint
+        from sven.tasks.replay import check_same_data
+
         p = find_checkpoint(path)
         state = read_state(p, self.device)
+        # Before the model's weights meet this store's widths: one line, not a traceback.
+        note = check_same_data(state, self.data, p, other_store=other_store)
         self.model.load_state_dict(state["model"])
-        if state.get("memory_phase") == "val_end":
+        if note is not None:
+            self._log(f"sven: note: {note}", force=True)
+            # The saved memory is another store's: every split is re-played from here.
+            state = {**state, "memory_phase": None}
+        elif state.get("memory_phase") == "val_end":
             load_node_state(p, self.memory.state_dict(), self.owned, self.num_nodes)
         res: dict[str, Any] = {}
         if state.get("memory_phase") != "val_end":
@@ -539,12 +586,16 @@ class Trainer:
             self.evaluate("train")
             res.update(self.split_metrics("val", self.evaluate("val")))
         res.update(self.split_metrics("test", self.evaluate("test")))
-        return {
+        out = {
             "model": self.cfg.model.name,
             "dataset": self.data.dataset_name,
             "checkpoint": str(p),
-            **res,
+            "store_fingerprint": fingerprint(self.data.events.meta),
         }
+        if note is not None:
+            trained_on = _data_state(state).get("store", {}).get("fingerprint")
+            out.update(trained_on=trained_on, note=note)
+        return {**out, **res}
 
     def _log(self, msg: str, force: bool = False) -> None:
         if self.rank == 0 and (force or not self.cfg.quiet):

@@ -26,6 +26,7 @@ link-prediction run trained first is in ``<out>/encoder``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -131,19 +132,79 @@ class NodeClassification:
         cfg, tc = self.cfg, self.cfg.train
         wall0 = time.perf_counter()
         rank0 = _rank() == 0
+        # Before anything is written or trained: the store's labels and the encoder
+        # named, so that a mistake costs no encoder training and leaves nothing behind.
+        self._check_early()
+        existed = self.out.exists()
+        fresh = not existed
         if rank0:
             # Before any process group exists (the encoder's trainer makes one): only
             # rank 0 touches the folder; the others write nothing into it before the
             # rendezvous of the first trainer, which waits for rank 0.
             prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
+            # This launch's own per-rank logs may be there already (sven.cli.train).
+            fresh = fresh or all(p.name == "logs" for p in self.out.iterdir())
             self.out.mkdir(parents=True, exist_ok=True)
             dump_config(cfg, self.out / "config.json")
-        encoder = self._encoder()
-        tr, folder, _ = open_run(encoder, self._encoder_overrides())
+        try:
+            encoder = self._encoder()
+            tr, folder, _ = open_run(encoder, self._encoder_overrides())
+        except BaseException:
+            if rank0 and fresh:
+                self._undo_start(keep_folder=existed)
+            raise
         try:
             return self._fit(tr, folder, wall0)
         finally:
             tr.ctx.teardown()
+
+    def _check_early(self) -> None:
+        """The errors a run can know before any work: a store without binary labels, an
+        encoder that is not a checkpoint, or one trained on another store.
+
+        Raises:
+            DataError: The labels (exit 3); quiet on ranks other than 0, which find the
+                same in the same files.
+            SvenError: The encoder (exit 1).
+        """
+        from sven.datasets.identity import identity_problem, store_identity
+        from sven.datasets.store import TemporalEvents
+        from sven.errors import SvenError
+        from sven.tasks.replay import read_checkpoint
+
+        try:
+            if not self.cfg.data.path:
+                raise DataError(
+                    "task=node_classification needs per-event labels and the built-in "
+                    "synthetic dataset has none: give data.path=STORE of a labelled store "
+                    "(see docs/data.md)"
+                )
+            events = TemporalEvents.load(self.cfg.data.path, check_values=False)
+            event_labels(events)
+            if self.nc.encoder:
+                folder, state = read_checkpoint(self.nc.encoder)
+                problem, _ = identity_problem(
+                    (state.get("data") or {}).get("store"), store_identity(events),
+                    str(folder), verb="was trained on",
+                )  # fmt: skip
+                if problem is not None:
+                    raise SvenError(f"nc.encoder: {problem}")
+        except SvenError as err:
+            err.quiet = _rank() != 0
+            raise
+
+    def _undo_start(self, keep_folder: bool) -> None:
+        """Removes what this run wrote into a fresh ``out`` when it stopped before its
+        encoder started: its ``config.json`` would refuse the rerun. ``out`` itself goes
+        too where this run created it (``keep_folder`` False) and nothing is in it."""
+        if (self.out / "encoder" / "config.json").exists():
+            return  # the encoder's training began: resumable work, kept
+        (self.out / "config.json").unlink(missing_ok=True)
+        for sub in ("encoder", "encoder-replay", "logs", *([] if keep_folder else [""])):
+            folder = self.out / sub
+            with contextlib.suppress(OSError):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
 
     def _encoder(self) -> str:
         """The encoder's checkpoint: ``nc.encoder``, or the run trained here first."""

@@ -29,7 +29,6 @@ input row) and says how many on stderr.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,12 +52,14 @@ class Predictor:
     Args:
         checkpoint: A run folder (its best model) or a ``step-N`` checkpoint folder.
         data: The event store, when not the one the run names (it must be the one the
-            model was trained on: same nodes, events and splits).
+            model was trained on: the same fingerprint, :mod:`sven.datasets.identity`).
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N``.
         replay: ``batch`` or ``exact`` (see the module docstring).
         query_batch: Query roots embedded per forward pass.
         threads: torch CPU threads (0: torch's default).
         log: Where notes go (stderr by default).
+        other_store: Apply the model to ``data`` although it is another store than the
+            one it was trained on (same feature widths); a note says so.
 
     Example:
         >>> p = sven.Predictor("runs/wiki-tgn")
@@ -76,16 +77,19 @@ class Predictor:
         query_batch: int = 2000,
         threads: int = 0,
         log: Callable[[str], None] | None = None,
+        other_store: bool = False,
     ) -> None:
         if replay not in ("batch", "exact"):
             raise ConfigError(f"replay must be batch or exact, got {replay!r}")
         overrides = [f"train.device={device}", f"train.threads={threads}"]
         if data is not None:
             overrides.append(f"data.path={data}")
-        self.tr, self.checkpoint, _ = open_run(checkpoint, overrides)
+        self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
+        self.tr, self.checkpoint, _ = open_run(
+            checkpoint, overrides, other_store=other_store, log=lambda m: self.log(f"note: {m}")
+        )
         self.replay = replay
         self.query_batch = max(1, int(query_batch))
-        self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
         d = self.tr.data
         self.events = d.events
         self.times = np.asarray(d.events.t)
@@ -523,14 +527,23 @@ def read_pairs(path: str | Path) -> Any:
     return df
 
 
-def write_table(df: Any, path: str | Path) -> None:
-    """Writes a DataFrame as csv or parquet (by the suffix), atomically: a temporary
-    file beside it, renamed into place, so a failure leaves no half-written output."""
+def write_table(df: Any, path: str | Path, *, overwrite: bool = True) -> None:
+    """Writes a DataFrame as csv or parquet, or an array as .npy (by the suffix),
+    atomically (:func:`sven.outputs.atomic_output`): a temporary file beside it, renamed
+    into place, so a failure leaves no half-written output.
+
+    Args:
+        df: A DataFrame (.csv, .parquet) or an array (.npy).
+        path: The output file.
+        overwrite: Replace an existing file; False refuses one that appeared since the
+            command checked its ``--out``.
+    """
+    from sven.outputs import atomic_output
+
     p = Path(path)
     if not p.parent.is_dir():
         raise DataError("the output folder does not exist", p.parent)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_output(p, overwrite=overwrite) as tmp:
         if p.suffix == ".parquet":
             df.to_parquet(tmp, index=False)
         elif p.suffix == ".npy":
@@ -538,7 +551,3 @@ def write_table(df: Any, path: str | Path) -> None:
                 np.save(f, df)
         else:
             df.to_csv(tmp, index=False)
-        os.replace(tmp, p)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -14,6 +14,8 @@ path.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,16 +52,40 @@ def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, 
     return folder, state
 
 
-def check_same_data(state: dict[str, Any], data: Data, where: str | Path) -> None:
+def check_same_data(
+    state: dict[str, Any],
+    data: Data,
+    where: str | Path,
+    *,
+    other_store: bool = False,
+) -> str | None:
     """Stops when a checkpoint was trained on another event store than ``data``.
 
-    Compared: the node and event counts and the split ranges the checkpoint recorded
-    (a model's memory rows are per node, and replay walks the events by index).
+    Compared: the store's fingerprint (:mod:`sven.datasets.identity`), where the
+    checkpoint recorded one; else, for a checkpoint of an older Sven, the node and
+    event counts and the split ranges it recorded (a model's memory rows are per node,
+    and replay walks the events by index).
+
+    Args:
+        state: The checkpoint's ``state.pt``.
+        data: The run's data component, on the store given now.
+        where: The checkpoint, for the message.
+        other_store: Applying the model to another store is meant (``--other-store``):
+            accepted where the model's feature widths fit it.
+
+    Returns:
+        The line that says a model is applied to another store, or None.
 
     Raises:
-        SvenError: One line naming both.
+        SvenError: One line naming both stores.
     """
+    from sven.datasets.identity import store_identity
+
     d = state.get("data", {})
+    recorded = d.get("store")
+    note = _identity(state, store_identity(data.events), where, other_store)
+    if (recorded or {}).get("fingerprint"):
+        return note
     saved = (d.get("num_nodes"), d.get("num_events"))
     here = (data.num_nodes, int(data.src.numel()))
     ranges = d.get("ranges")
@@ -68,15 +94,70 @@ def check_same_data(state: dict[str, Any], data: Data, where: str | Path) -> Non
     same = all(a is None or a == b for a, b in zip(saved, here))
     if not same or (ranges is not None and ranges != mine):
         path = state.get("config", {}).get("data", {}).get("path") or "the built-in data"
-        raise SvenError(
+        both = (
             f"{where} was trained on another dataset ({saved[0]} nodes, {saved[1]} events, "
             f"from {path}) than {data.cfg.data.path or 'the built-in data'} ({here[0]} nodes, "
-            f"{here[1]} events); give the store it was trained on"
+            f"{here[1]} events)"
         )
+        if other_store:
+            return f"{both}; applied to it as --other-store asks"
+        raise SvenError(f"{both}; give the store it was trained on")
+    return None
+
+
+def _identity(
+    state: dict[str, Any], current: dict[str, Any], where: str | Path, other_store: bool
+) -> str | None:
+    """The fingerprint half of :func:`check_same_data`: a note, None, or SvenError."""
+    from sven.datasets.identity import identity_problem
+
+    problem, note = identity_problem(
+        state.get("data", {}).get("store"), current, str(where), verb="was trained on",
+        allow_other=other_store, flag="--other-store",
+    )  # fmt: skip
+    if problem is not None:
+        raise SvenError(problem)
+    return note
+
+
+def check_store_first(
+    state: dict[str, Any], config: Any, where: str | Path, *, other_store: bool = False
+) -> None:
+    """:func:`check_same_data`'s fingerprint check before any work: from the store's
+    ``meta.json`` alone, before a trainer loads, verifies and tabulates the store.
+
+    Args:
+        state: The checkpoint's ``state.pt``.
+        config: The :class:`~sven.config.Config` the trainer will run (its
+            ``data.path`` is the store given); without one, or where the store cannot
+            be read yet, the trainer's own checks speak.
+        where: The checkpoint, for the message.
+        other_store: As in :func:`check_same_data` (the note comes from there).
+
+    Raises:
+        SvenError: One line naming both stores.
+    """
+    import json
+
+    from sven.datasets.identity import identity_of
+
+    path = config.data.path
+    if not path:
+        return
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(meta, dict):
+        _identity(state, identity_of(meta, path), where, other_store)
 
 
 def open_run(
-    checkpoint: str | Path, overrides: list[str] | None = None
+    checkpoint: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    other_store: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Trainer, Path, dict[str, Any]]:
     """A trainer of the checkpoint's config, holding the checkpoint's model.
 
@@ -86,6 +167,9 @@ def open_run(
         checkpoint: A run folder (its best model) or a ``step-N`` folder.
         overrides: Dotted overrides on the checkpoint's config (``data.path``,
             ``train.device``...).
+        other_store: Accept a store other than the one the model was trained on
+            (:func:`check_same_data`); ``log`` says so.
+        log: Where the line about another store goes (stderr by default).
 
     Returns:
         The trainer, the checkpoint folder and its state.
@@ -93,21 +177,29 @@ def open_run(
     Raises:
         SvenError: No usable checkpoint, or one trained on other data.
     """
-    from sven.config import Config
-    from sven.engine.trainer import Trainer
+    from sven.config import Config, load_config
+    from sven.engine.trainer import Trainer, _config_overrides
 
     folder, state = read_checkpoint(checkpoint)
     cfg = Config.from_dict(state["config"])
     # The replay runs the model's encoder eagerly (Step.encode, never the compiled
     # model): a checkpoint trained with train.compile would only import torch's
     # compiler for nothing.
-    tr = Trainer(
-        cfg, ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
+    extra = ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
+    check_store_first(
+        state, load_config(None, _config_overrides(cfg, extra)), folder, other_store=other_store
     )
-    check_same_data(state, tr.data, folder)
+    tr = Trainer(cfg, extra)
+    note = check_same_data(state, tr.data, folder, other_store=other_store)
+    if note is not None:
+        (log or _note)(note)
     tr.model.load_state_dict(state["model"])
     tr.model.eval()
     return tr, folder, state
+
+
+def _note(msg: str) -> None:
+    print(f"sven: note: {msg}", file=sys.stderr, flush=True)
 
 
 def encode_events(tr: Trainer, lo: int, hi: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sven.cli import main
+from sven.datasets.identity import fingerprint
 from sven.datasets.store import TemporalEvents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,9 +46,13 @@ def test_convert_then_info(tmp_path, capsys):
     # Train sees nodes 0, 1, 2: the val event (3, 0) and the test event (4, 1) are inductive.
     assert info["inductive"]["val"] == {"events": 1, "share": 1.0, "new_nodes": 1}
     assert info["inductive"]["test"] == {"events": 1, "share": 0.5, "new_nodes": 1}
+    # The identity that runs, checkpoints and partitions record of this store.
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    assert info["fingerprint"] == fingerprint(meta)
 
     assert main(["data", "info", str(tmp_path / "s")]) == 0
     text = capsys.readouterr().out
+    assert f"fingerprint {fingerprint(meta)})" in text.splitlines()[0]
     assert "events       10  (train 7 / val 1 / test 2)" in text
     assert "repeats      40.0% of events repeat an earlier (src, dst) pair" in text
     assert "inductive    val 100.0% of events (1 new nodes); test 50.0%" in text

@@ -179,7 +179,9 @@ def test_guide_input_format_examples_convert(tmp_path, monkeypatch) -> None:
             else:
                 _run(["bash", "-euc", line], tmp_path)
     for store in ("msgs", "trust", "wiki", "tgl", "pay"):
-        assert (tmp_path / "stores" / store / "meta.json").is_file(), store
+        assert (tmp_path / "scratch" / "stores" / store / "meta.json").is_file(), store
+    # Everything the examples wrote is under scratch/.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"]
 
 
 @pytest.mark.parametrize("script", ["dataframe_tgn.py", "pyg_roundtrip.py"])
@@ -230,11 +232,12 @@ def test_guide_using_a_trained_model_runs(tmp_path, monkeypatch) -> None:
             assert _sven(argv) == 0, line
         else:
             _run(["bash", "-euc", line], tmp_path)
-    scores = (tmp_path / "scores.csv").read_text().splitlines()
+    scratch = tmp_path / "scratch"
+    scores = (scratch / "scores.csv").read_text().splitlines()
     assert scores[0] == "src,dst,t,score" and len(scores) == 4
-    top = (tmp_path / "top.csv").read_text().splitlines()
+    top = (scratch / "top.csv").read_text().splitlines()
     assert top[0] == "src,t,rank,dst,score" and len(top) == 11
-    assert np.load(tmp_path / "emb.npy").shape == (3, 8)
+    assert np.load(scratch / "emb.npy").shape == (3, 8)
     scope: dict[str, object] = {}
     exec(compile(python, "guide.md", "exec"), scope)
     assert scope["emb"].shape == (2, 8) and scope["top"].shape == (1, 5)
@@ -242,10 +245,12 @@ def test_guide_using_a_trained_model_runs(tmp_path, monkeypatch) -> None:
     (nc_line,) = [x for x in bash[1].strip().splitlines() if x.startswith("sven ")]
     from sven.datasets.store import TemporalEvents, write_events
 
-    ev = TemporalEvents.load(tmp_path / "stores" / "synth")
+    ev = TemporalEvents.load(scratch / "stores" / "synth")
     label = (np.arange(ev.num_events) % 50 == 0).astype(np.int64)
-    write_events(tmp_path / "stores" / "wikipedia", ev.src, ev.dst, ev.t, label=label)
+    write_events(scratch / "stores" / "wikipedia", ev.src, ev.dst, ev.t, label=label)
     argv = [*shlex.split(nc_line)[1:], *TINY, "nc.epochs=2"]
     assert _sven(argv) == 0, nc_line
-    summary = json.loads((tmp_path / "runs" / "wiki-nc" / "summary.json").read_text())
+    summary = json.loads((scratch / "runs" / "wiki-nc" / "summary.json").read_text())
     assert summary["task"] == "node_classification" and "test_auc" in summary
+    # Everything the section wrote is under scratch/ (configs is this test's link).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs", "scratch"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +18,14 @@ import pytest
 
 from sven.datasets.store import TemporalEvents
 from tests.integration.slurm_cluster import (  # noqa: F401 - fixtures
+    VENV_BIN,
     Cluster,
     job_log,
     metrics,
     reference_fixture,
     sbatch,
     slurm_fixture,
+    sven_env,
     tiny_overrides,
     tiny_store_fixture,
     wait_for_checkpoint,
@@ -39,13 +42,13 @@ ONE_CPU = ("--cpus-per-task=1",)
 
 
 def train_job(
-    cluster: Cluster, store: Path, out: Path, workdir: Path, *, wait: bool
+    cluster: Cluster, store: Path, out: Path, workdir: Path, *extra: str, wait: bool
 ) -> tuple[str, int]:
     # quiet=false: the log then says where a resumed run started from.
     return sbatch(
         cluster,
         "train.sbatch",
-        *tiny_overrides(store, "quiet=false"),
+        *tiny_overrides(store, "quiet=false", *extra),
         workdir=workdir,
         options=CPU_JOB,
         env={"SVEN_CPU": "1", "SVEN_OUT": str(out)},
@@ -129,6 +132,32 @@ def test_gpu_mode_without_gpus_stops_at_once(slurm, tmp_path) -> None:
     log = job_log(tmp_path, job)
     assert rc == 2, log
     assert "no GPUs in this allocation" in log and "requeue" not in log, log
+
+
+_LR_ERROR = "sven: error: train.lr: expected a number, got 'abc'"
+
+
+def test_a_config_error_stops_the_job_before_its_ranks_start(slurm, tiny_store, tmp_path):
+    out = tmp_path / "run"
+    job, rc = train_job(slurm, tiny_store, out, tmp_path, "train.lr=abc", wait=True)
+    log = job_log(tmp_path, job)
+    # Sven's one line, once: the script checks the config before srun starts ranks.
+    assert rc == 2 and log.count(_LR_ERROR) == 1, log
+    assert "no rank started" in log and "requeue" not in log.replace("not requeued", ""), log
+    assert "Traceback" not in log and "srun:" not in log, log
+    assert not out.exists()
+
+
+def test_a_config_error_under_srun_is_said_once(slurm, tmp_path) -> None:
+    cmd = ["srun", "--nodes=1", "--ntasks=2", "--cpus-per-task=1", str(VENV_BIN / "sven")]
+    cmd += ["train", "train.lr=abc", f"out={tmp_path / 'run'}"]
+    done = subprocess.run(
+        cmd, cwd=tmp_path, env=sven_env(slurm.env), capture_output=True, text=True, timeout=120
+    )
+    # Each task reads the same command line; rank 0 alone says what is wrong.
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count(_LR_ERROR) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_prep_job_converts_a_raw_file(slurm, tiny_store, tmp_path) -> None:

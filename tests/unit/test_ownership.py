@@ -12,6 +12,7 @@ from sven.ownership import (
     FolderBusy,
     discard_partial,
     foreign_files,
+    foreign_paths,
     lock_folder,
     lock_path,
     make_partial,
@@ -108,3 +109,33 @@ def test_foreign_files_are_those_outside_the_manifest(tmp_path) -> None:
     for name in ("meta.json", "src.npy", "notes.txt", ".sven-lock"):
         (tmp_path / name).write_text("")
     assert foreign_files(tmp_path, {"meta.json", "src.npy"}.__contains__) == ["notes.txt"]
+
+
+def test_foreign_paths_walk_every_depth_the_manifest_describes(tmp_path) -> None:
+    step = {r"state\.pt": None, r"memory-rank\d+\.pt": None}
+    manifest = {
+        r"config\.json": None,
+        r"checkpoints": {r"step-\d+": step},
+        r"plots": lambda folder: sorted(p.name for p in folder.iterdir() if p.suffix != ".png"),
+    }
+    for name in ("config.json", "checkpoints/step-1/state.pt", "checkpoints/step-1/memory-rank0.pt",
+                 "plots/training.png", ".sven-lock"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert foreign_paths(tmp_path, manifest) == []
+    (tmp_path / "checkpoints" / "step-1" / "notes.txt").write_text("mine")
+    (tmp_path / "checkpoints" / "mine").mkdir()
+    (tmp_path / "checkpoints" / "mine" / "deep.txt").write_text("mine")
+    (tmp_path / "plots" / "paper.pdf").write_text("mine")
+    # A file where the manifest has a folder, a folder where it has a file, a link.
+    (tmp_path / "checkpoints" / "step-2").write_text("")
+    (tmp_path / "checkpoints" / "step-1" / "memory-rank1.pt").mkdir()
+    (tmp_path / "checkpoints" / "step-3").symlink_to(tmp_path / "checkpoints" / "step-1")
+    assert foreign_paths(tmp_path, manifest) == [
+        "checkpoints/mine",
+        "checkpoints/step-1/memory-rank1.pt",
+        "checkpoints/step-1/notes.txt",
+        "checkpoints/step-2",
+        "checkpoints/step-3",
+        "plots/paper.pdf",
+    ]

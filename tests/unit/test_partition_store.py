@@ -92,3 +92,24 @@ def test_load_rejects_bad_directories(tmp_path):
     (out / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match="format_version 99"):
         load_partition(out)
+
+
+def test_a_partition_meets_only_the_store_it_was_built_for(tmp_path) -> None:
+    from sven.datasets.store import TemporalEvents, write_events
+    from sven.partition.api import store_info
+    from sven.partition.store import check_matches
+
+    # Two stores of the same events (src, dst, t) whose edge features differ.
+    src, dst, t = np.array([0, 1, 2, 3, 4, 0, 1]), np.array([1, 2, 3, 4, 0, 2, 3]), np.arange(7)
+    feat = np.arange(14, dtype=np.float32).reshape(7, 2)
+    write_events(tmp_path / "a", src, dst, t, edge_feat=feat, num_nodes=5)
+    write_events(tmp_path / "b", src, dst, t, edge_feat=feat + 1, num_nodes=5)
+    a, b = TemporalEvents.load(tmp_path / "a"), TemporalEvents.load(tmp_path / "b")
+    meta = {"strategy": "hash", "parts": 3, "store": {"path": "a", **store_info(a)}}
+    part = write_partition(tmp_path / "p", OWNER, ASSIGN, meta)
+    check_matches(part, a, tmp_path / "p")
+    with pytest.raises(DataError, match="the partition was built for another dataset"):
+        check_matches(part, b, tmp_path / "p")
+    # A partition of an older Sven, without a fingerprint: its columns' checksums decide.
+    del part.meta["store"]["fingerprint"]
+    check_matches(part, b, tmp_path / "p")
