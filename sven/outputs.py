@@ -149,7 +149,7 @@ def atomic_output(path: PathLike, *, overwrite: bool = True) -> Iterator[Path]:
 
 
 def _sha256(path: Path) -> str:
-    from sven.datasets.store import sha256_file
+    from sven.datasets.checksums import sha256_file
 
     return sha256_file(path)
 

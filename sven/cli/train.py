@@ -149,8 +149,8 @@ def _eval(args: argparse.Namespace) -> int:
     from sven.config import Config, load_config
     from sven.engine.checkpoint import find_checkpoint, load_file
     from sven.engine.run_folder import finite_or_none
+    from sven.engine.store_check import check_store_first
     from sven.engine.trainer import Trainer, _config_overrides
-    from sven.tasks.replay import check_store_first
 
     folder = find_checkpoint(args.checkpoint)
     st = load_file(folder / "state.pt")

@@ -567,7 +567,7 @@ class Trainer:
                 both), unless ``other_store``.
         """
         from sven.datasets.identity import fingerprint
-        from sven.tasks.replay import check_same_data
+        from sven.engine.store_check import check_same_data
 
         p = find_checkpoint(path)
         state = read_state(p, self.device)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sven.datasets.identity import fingerprint, identity_problem, store_identity
-from sven.datasets.store import TemporalEvents, write_eval_negatives, write_events
+from sven.datasets.negatives import write_eval_negatives
+from sven.datasets.store import TemporalEvents, write_events
 
 META = {
     "num_events": 4,
