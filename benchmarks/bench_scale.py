@@ -19,7 +19,8 @@ Reported: train events/s of each and their ratio, test AP of each and the differ
 each checkpoint's training stall and time to disk, peak RSS.
 
 ``--graph 1e8``: ``sven data synth --events 2e7 --nodes 1e8``, then one run with
-``model.memory_dim=32 model.time_dim=32`` (401 bytes of state a node: 40 GB), ``--batches``
+``model.memory_dim=32 model.time_dim=32`` (401 bytes of state a node: 40 GB; the
+default step, no compile), ``--batches``
 training batches, validation, test, its checkpoint and ``summary.json``, then ``sven
 predict`` from that checkpoint: every step's wall time, the whole process's, peak RSS,
 and the disk used.
@@ -142,8 +143,9 @@ def main() -> int:
     return 0
 
 
-def _common(args: argparse.Namespace) -> list[str]:
-    fast = ["train.compile=true", "train.matmul_precision=high"] if args.device == "cuda" else []
+def _common(args: argparse.Namespace, fast: bool = False) -> list[str]:
+    flags = ["train.compile=true", "train.matmul_precision=high"]
+    flags = flags if fast and args.device == "cuda" else []
     return [
         f"train.device={args.device}",
         "train.batch_size=600",
@@ -151,7 +153,7 @@ def _common(args: argparse.Namespace) -> list[str]:
         "train.keep_latest_k=1",
         "eval.all_protocols=false",
         "quiet=true",
-        *fast,
+        *flags,
     ]
 
 
@@ -162,7 +164,7 @@ def graph_1e7(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     steps.run("synth", [*SVEN, "data", "synth", "--events", str(events), "--nodes", str(nodes),
                         "--seed", "0", "--out", str(store)])  # fmt: skip
     train = [
-        "--config", "configs/tgn.yaml", f"data.path={store}", *_common(args),
+        "--config", "configs/tgn.yaml", f"data.path={store}", *_common(args, fast=True),
         f"train.max_batches={batches}", f"train.checkpoint_every={batches // 2}",
     ]  # fmt: skip
     # GPU budget below the run's need with its state on the GPU (state 12.2 GB; the
@@ -180,7 +182,8 @@ def graph_1e7(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
             k: s.get(k)
             for k in (
                 "state_tier", "train_events_per_s", "test_ap", "test_auc", "val_ap",
-                "checkpoints", "checkpoint_s", "startup_s", "wall_s", "eval_events_per_s",
+                "checkpoints_written", "checkpoint_stall_max_s", "checkpoint_on_disk_max_s",
+                "checkpoint_s", "startup_s", "wall_s", "eval_events_per_s",
             )
         }  # fmt: skip
         res[arm]["peak_rss_gb"] = rec.get("peak_rss_gb")
@@ -220,8 +223,10 @@ def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     res = {
         k: s.get(k)
         for k in (
-            "state_tier", "train_events_per_s", "test_ap", "val_ap", "checkpoints",
-            "checkpoint_s", "startup_s", "wall_s", "plan",
+            "state_tier", "state_bytes", "train_events_per_s", "test_ap", "val_ap",
+            "checkpoints_written", "checkpoint_stall_max_s", "checkpoint_on_disk_max_s",
+            "checkpoint_s", "startup_s", "wall_s", "plan_gpu_bytes", "plan_host_bytes",
+            "plan_disk_bytes",
         )
     }  # fmt: skip
     res["train_events"] = min(batches * 600, int(events * 0.7))

@@ -468,10 +468,19 @@ class LinkPrediction:
             "wall_s": time.perf_counter() - wall0,
         }
         st = tr.step
+        written = tr.checkpoints.timings
+        need = tr.plan.to_dict()["need"]
         summary.update(
-            checkpoints=tr.checkpoints.timings,
             state_tier=tr.memory.storage.tier,
-            plan=tr.plan.to_dict(),
+            state_bytes=tr.plan.state_bytes,
+            plan_gpu_bytes=need["gpu"],
+            plan_host_bytes=need["host"],
+            plan_disk_bytes=need["disk"],
+            checkpoints_written=len(written),
+            # The longest a checkpoint held training up, and the longest one took to be
+            # on disk (both from the start of its save).
+            checkpoint_stall_max_s=max((c["stall_s"] for c in written), default=0.0),
+            checkpoint_on_disk_max_s=max((c.get("on_disk_s", 0.0) for c in written), default=0.0),
             pipeline_prefetch=st.depth,
             pipeline_micro_batches=st.micro_batches,
             pipeline_staleness=st.staleness,
