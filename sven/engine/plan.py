@@ -182,6 +182,7 @@ def plan_run(
     mailbox_size: int,
     world_size: int,
     device: torch.device,
+    writes: bool = True,
 ) -> Plan:
     """The plan of a run (:class:`Plan`); ``cfg.state.device=auto`` resolved.
 
@@ -195,6 +196,8 @@ def plan_run(
         mailbox_size: The model's mailbox slots.
         world_size: P ranks.
         device: The compute device.
+        writes: Whether the run writes checkpoints (a trainer built to evaluate or
+            replay a saved model writes none).
     """
     tc, mc, sc = cfg.train, cfg.model, cfg.state
     e, p = int(num_events), max(int(world_size), 1)
@@ -271,7 +274,8 @@ def plan_run(
     per_epoch = 1 + (
         (-(-e // tc.batch_size) - 1) // tc.checkpoint_every if tc.checkpoint_every else 0
     )
-    writes = max(1, tc.epochs * per_epoch)
-    kept = min(writes, tc.keep_latest_k + 2)
-    items.append(on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
+    saves = max(1, tc.epochs * per_epoch)
+    kept = min(saves, tc.keep_latest_k + 2)
+    if writes:
+        items.append(on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
     return Plan(tier, items, budgets, device.type, state, out, notes)

@@ -64,8 +64,10 @@ class Trainer:
         overrides: Dotted ``key=value`` overrides applied on top.
 
         startup: The start-up clock (the CLI's counts from process start).
-        purpose: ``train``, or ``eval`` for a trainer that only evaluates a saved
-            model (``sven eval``): its first line says so.
+        purpose: ``train``; ``eval`` for a trainer that only evaluates a saved model
+            (``sven eval``: its first line says so), ``replay`` for one that replays a
+            saved model (predictions, embeddings, node classification's encoder).
+            Neither writes checkpoints, which their plan does not count.
 
     Example:
         >>> summary = sven.Trainer("configs/tgn.yaml", ["data.path=stores/uci"]).fit()
@@ -165,7 +167,9 @@ class Trainer:
             load=False,
         )
         #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
-        self.plan = plan_for(cfg, self.data.events, self.world_size, self.device)
+        self.plan = plan_for(
+            cfg, self.data.events, self.world_size, self.device, writes=purpose == "train"
+        )
         self.plan.check()
         self.data.load()
         t_model = time.perf_counter()
@@ -637,7 +641,9 @@ def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
     return flat + list(overrides)
 
 
-def plan_for(cfg: Config, events: Any, world_size: int, device: torch.device) -> Plan:
+def plan_for(
+    cfg: Config, events: Any, world_size: int, device: torch.device, writes: bool = True
+) -> Plan:
     """The plan (:func:`~sven.engine.plan.plan_run`) of a run of ``cfg`` on an opened
     store: the model's widths from a model built on the CPU (cheap: parameters only)."""
     mc = cfg.model
@@ -656,6 +662,7 @@ def plan_for(cfg: Config, events: Any, world_size: int, device: torch.device) ->
         mailbox_size=probe.mailbox_size,
         world_size=world_size,
         device=device,
+        writes=writes,
     )
 
 

@@ -9,7 +9,9 @@ tier (``state.device``):
   the driver and read and written by the step's own kernels through a CUDA view of
   the same memory (unified virtual addressing): a batch's rows cross the host link
   inside the captured step, with no copy of the whole table anywhere and no host
-  synchronisation. Registration runs on several threads (the kernel locks every page).
+  synchronisation. Each table is one registration (a copy or a fill that spans two
+  registrations is refused by the driver); its pages are first faulted in by a
+  multi-threaded zero fill, so the registration only locks them.
 * ``disk``: memory-mapped files (``<folder>/<name>.bin``, raw little-endian rows, the
   folder given by ``state.path`` or the run's ``state/``), for state larger than host
   memory: the operating system pages them in and out. A CPU step reads the mapping in
@@ -24,9 +26,7 @@ the same tensors.
 from __future__ import annotations
 
 import mmap
-import os
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,6 @@ __all__ = ["MARKER", "TIERS", "Storage", "claim_state_folder", "is_state_folder"
 
 #: The tiers of ``state.device`` (``auto`` picks one of them).
 TIERS = ("gpu", "host", "disk")
-
-# Registration locks pages on several threads: the kernel's page walk, not the copy,
-# is what one thread waits on (about 1.4 GB/s per thread).
-_REGISTER_CHUNK = 1 << 30
 
 
 class _CudaArray:
@@ -113,7 +109,6 @@ class Storage:
         tier: ``gpu``, ``host`` or ``disk`` (:data:`TIERS`).
         device: The compute device.
         folder: Where the ``disk`` tier's files go (created; required for ``disk``).
-        threads: Threads that register pinned memory (0: the CPUs, at most 16).
 
     Attributes:
         staged: Whether rows travel through host copies each step (``disk`` on
@@ -125,7 +120,6 @@ class Storage:
         tier: str,
         device: torch.device | str,
         folder: str | Path | None = None,
-        threads: int = 0,
     ) -> None:
         if tier not in TIERS:
             raise ValueError(f"state tier must be one of {TIERS}, got {tier!r}")
@@ -136,7 +130,6 @@ class Storage:
             if self.folder is None:
                 raise ValueError("the disk tier needs a folder")
             claim_state_folder(self.folder)
-        self.threads = threads or min(16, os.cpu_count() or 1)
         self.staged = tier == "disk" and self.device.type == "cuda"
         self._keep: list[Any] = []
         # One per pinned table: unregisters its pages before its memory is unmapped
@@ -186,6 +179,8 @@ class Storage:
             buf.madvise(mmap.MADV_HUGEPAGE)
         arr = np.frombuffer(buf, dtype=_numpy_dtype(dtype), count=nbytes // itemsize)
         host = torch.from_numpy(arr).view(shape)
+        # Fault the pages in on torch's threads (the registration then only locks them).
+        host.zero_()
         ptrs = self._register(host.data_ptr(), nbytes) if self.device.type == "cuda" else []
         # The finalizer holds the mapping: it is unmapped only after its pages are
         # unregistered.
@@ -193,27 +188,17 @@ class Storage:
         return host
 
     def _register(self, ptr: int, nbytes: int) -> list[int]:
-        """Page-locks and maps [ptr, ptr + nbytes) for the GPU, in chunks on threads;
-        returns the chunks' addresses (each unregistered on its own)."""
-        cudart = torch.cuda.cudart()
-        spans = [(a, min(_REGISTER_CHUNK, nbytes - a)) for a in range(0, nbytes, _REGISTER_CHUNK)]
-
-        def one(span: tuple[int, int]) -> int:
-            # 1: cudaHostRegisterPortable (every context sees it as pinned).
-            return int(cudart.cudaHostRegister(ptr + span[0], span[1], 1))
-
-        with ThreadPoolExecutor(min(self.threads, len(spans))) as pool:
-            codes = list(pool.map(one, spans))
-        done = [ptr + a for (a, _), code in zip(spans, codes) if code == 0]
-        bad = [c for c in codes if c != 0]
-        if bad:
-            _release(done, None)
+        """Page-locks and maps [ptr, ptr + nbytes) for the GPU as one registration;
+        returns its address (unregistered when the table goes)."""
+        # 1: cudaHostRegisterPortable (every context sees it as pinned).
+        code = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1))
+        if code != 0:
             self.close()
             raise RuntimeError(
                 f"state.device=host: pinning {nbytes / 1e9:.1f} GB of host memory failed "
-                f"(CUDA error {bad[0]}); lower the state's size or use state.device=disk"
+                f"(CUDA error {code}); lower the state's size or use state.device=disk"
             )
-        return done
+        return [ptr]
 
     def close(self) -> None:
         """Unregisters pinned memory and drops the mappings (the tensors must not be

@@ -89,7 +89,7 @@ def open_run(
     check_store_first(
         state, load_config(None, _config_overrides(cfg, extra)), folder, other_store=other_store
     )
-    tr = Trainer(cfg, extra)
+    tr = Trainer(cfg, extra, purpose="replay")
     note = check_same_data(state, tr.data, folder, other_store=other_store)
     if note is not None:
         (log or _note)(note)

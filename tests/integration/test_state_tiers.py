@@ -234,3 +234,34 @@ def test_pinned_host_state_on_cuda_equals_gpu_state(store, tmp_path, model: str)
         return records, summary, tr.memory.storage.tier
 
     _same_runs(run("gpu"), run("host"), f"{model} cuda host")
+
+
+def test_a_trainer_that_only_reads_plans_no_checkpoints(store, tmp_path) -> None:
+    """``sven predict``/``eval`` build a trainer that writes no checkpoint: its plan
+    must not refuse a disk that has room for the store but not for a checkpoint (the
+    10^8-node predict on the H200 was refused so)."""
+    over = _overrides(store, tmp_path / "run", "tgn", "gpu")
+    train = sven.Trainer(None, over)
+    replay = sven.Trainer(None, over, purpose="replay")
+    assert train.plan.total("disk") > 0
+    assert replay.plan.total("disk") == 0
+    assert not any("checkpoints" in i.what for i in replay.plan.items)
+
+
+@pytest.mark.gpu
+def test_a_pinned_table_larger_than_a_gigabyte_copies_and_captures() -> None:
+    """One registration per table: a copy or fill over a table of several GB (the
+    capture's warm-up clones and restores it) works, where a table registered in 1 GiB
+    chunks was refused by the driver ("invalid argument") on the H200."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    st = Storage("host", dev)
+    view, host = st.empty("mail", (3_000_000, 1, 200), torch.float32)  # 2.4 GB
+    view.fill_(1.0)
+    saved = view.clone()
+    view.zero_()
+    view.copy_(saved)
+    torch.cuda.synchronize()
+    assert float(host[-1].sum()) == 200.0 and float(host[0].sum()) == 200.0
+    st.close()
