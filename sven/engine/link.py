@@ -11,7 +11,6 @@ continues.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -22,8 +21,8 @@ import torch.distributed as dist
 from sven.config import dump_config
 from sven.datasets.identity import fingerprint
 from sven.engine.expect import epoch_estimate, start_hint
-from sven.engine.loop import RunLoop, new_progress, stop_from_votes, stop_vote
-from sven.engine.run_folder import atomic_write_text, finite_or_none, fmt
+from sven.engine.loop import RunLoop, end_run, new_progress, stop_from_votes, stop_vote
+from sven.engine.run_folder import finite_or_none, fmt
 from sven.engine.startup import triton_cache_dir
 from sven.engine.timeline import STAGES, timeline_line
 from sven.errors import Diverged, SvenError
@@ -149,19 +148,15 @@ class LinkPrediction:
         else:
             test, test_rate = self._eval_split("test")
         summary = self._summary(progress, best, test, test_rate, wall0)
-        if missing:
-            summary["checkpoint_errors"] = missing
-        if main:
-            atomic_write_text(json.dumps(summary, indent=2) + "\n", tr.out / "summary.json")
-        tr._log(
-            f"test AP {fmt(summary.get('test_ap'))} AUC {fmt(summary.get('test_auc'))} "
-            f"(inductive AP {fmt(summary.get('test_ap_inductive'))}); "
-            f"summary in {tr.out / 'summary.json'}"
-        )
-        err = ck.missing_error(tr.out / "summary.json")
-        if err is not None:
-            raise err
-        return summary
+
+        def say(s: dict[str, Any]) -> None:
+            tr._log(
+                f"test AP {fmt(s.get('test_ap'))} AUC {fmt(s.get('test_auc'))} "
+                f"(inductive AP {fmt(s.get('test_ap_inductive'))}); "
+                f"summary in {tr.out / 'summary.json'}"
+            )
+
+        return end_run(ck, summary, missing, out=tr.out, main=main, say=say)
 
     def _save(
         self, ck: Any, step: int, state: dict[str, Any], shard: dict[str, Any], **kw: Any

@@ -28,7 +28,15 @@ from sven.engine.checkpoint import RunCheckpoints
 from sven.engine.run_folder import atomic_write_text, finite_or_none
 from sven.errors import CheckpointError, Stopped, SvenError
 
-__all__ = ["STOP_SIGNALS", "RunLoop", "StopSignals", "Task", "stop_from_votes", "stop_vote"]
+__all__ = [
+    "STOP_SIGNALS",
+    "RunLoop",
+    "StopSignals",
+    "Task",
+    "end_run",
+    "stop_from_votes",
+    "stop_vote",
+]
 
 # Signals that stop training after the current step with a checkpoint: scancel and
 # preemption send SIGTERM; SLURM's --signal=USR1@N warns N seconds before the time limit.
@@ -302,3 +310,30 @@ class RunLoop:
             checkpoint=path,
             quiet=not self.main,
         )
+
+
+def end_run(
+    ck: RunCheckpoints,
+    summary: dict[str, Any],
+    missing: list[str],
+    *,
+    out: Path,
+    main: bool,
+    say: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """A run's end, for every task: the checkpoints that could not be written go into
+    the summary, ``summary.json`` is written (by the main rank), ``say`` reports it;
+    then the run ends with the error of a missing checkpoint (exit code 5), if any.
+
+    Raises:
+        CheckpointError: A checkpoint could not be written (after the summary is).
+    """
+    if missing:
+        summary["checkpoint_errors"] = missing
+    if main:
+        atomic_write_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
+    say(summary)
+    err = ck.missing_error(out / "summary.json")
+    if err is not None:
+        raise err
+    return summary

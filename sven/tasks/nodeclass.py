@@ -42,7 +42,7 @@ from torch import nn
 from sven.config import Config, dump_config, load_config
 from sven.engine.evaluation import gather_rows
 from sven.engine.metrics import roc_auc
-from sven.engine.run_folder import atomic_write_text, finite_or_none
+from sven.engine.run_folder import finite_or_none
 from sven.errors import ConfigError, DataError
 from sven.tasks.replay import encode_events, open_run, split_stream
 
@@ -247,7 +247,7 @@ class NodeClassification:
 
     def _fit(self, tr: Trainer, folder: Path, wall0: float) -> dict:
         from sven.engine.checkpoint import RunCheckpoints
-        from sven.engine.loop import RunLoop, new_progress
+        from sven.engine.loop import RunLoop, end_run, new_progress
 
         cfg, nc = self.cfg, self.nc
         rank0 = tr.rank == 0
@@ -311,20 +311,17 @@ class NodeClassification:
         # A checkpoint that could not be written ends the run with exit code 5, once
         # the summary is written (sven.engine.checkpoint.RunCheckpoints).
         missing = ck.finish()
-        if missing:
-            summary["checkpoint_errors"] = missing
-        if rank0:
-            atomic_write_text(json.dumps(summary, indent=2) + "\n", self.out / "summary.json")
-        else:
+
+        def say(s: dict[str, Any]) -> None:
+            self._log(
+                f"node classification: test AUC {_fmt(s['test_auc'])} (val "
+                f"{_fmt(s['val_auc'])}, epoch {s['best_epoch']}); "
+                f"summary in {self.out / 'summary.json'}"
+            )
+
+        summary = end_run(ck, summary, missing, out=self.out, main=rank0, say=say)
+        if not rank0:
             summary["rank"] = tr.rank
-        self._log(
-            f"node classification: test AUC {_fmt(summary['test_auc'])} (val "
-            f"{_fmt(summary['val_auc'])}, epoch {summary['best_epoch']}); "
-            f"summary in {self.out / 'summary.json'}"
-        )
-        err = ck.missing_error(self.out / "summary.json")
-        if err is not None:
-            raise err
         return summary
 
     # -------------------------------------------------------------- frozen
