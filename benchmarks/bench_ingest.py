@@ -29,7 +29,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,39 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from steps import run_measured, sven_cmd
 
 from sven.datasets.cli import parse_count
 from sven.datasets.synth import DEFAULT_CHUNK_SIZE, iter_synth_chunks
-
-
-def sven_cmd(*args: str) -> list[str]:
-    """The ``sven`` command line through this interpreter (no PATH lookup)."""
-    return [sys.executable, "-m", "sven", *args]
-
-
-def run_measured(cmd: list[str], log: Path) -> dict[str, Any]:
-    """Runs ``cmd`` to completion; returns its wall time, peak RSS and exit code.
-
-    ``subprocess.run`` reaps the child itself and loses its resource usage, and
-    ``RUSAGE_CHILDREN`` is a maximum over every child so far; ``wait4`` gives this
-    child's own figures.
-    """
-    with open(log, "w") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    text = log.read_text()
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{text[-2000:]}")
-    return {
-        "cmd": " ".join(cmd),
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
-        "output_tail": text[-500:],
-    }
 
 
 def dir_bytes(path: Path) -> int:
@@ -166,7 +136,7 @@ def add_rates(res: dict[str, Any]) -> None:
     which is noise on small runs.
     """
     res["events_per_s"] = res["events"] / res["wall_s"]
-    found = re.findall(r"([0-9.]+) s \(([0-9,]+) events/s\)", res["output_tail"])
+    found = re.findall(r"([0-9.]+) s \(([0-9,]+) events/s\)", res["tail"])
     res["self_s"] = float(found[-1][0]) if found else None
     res["events_per_s_self"] = int(found[-1][1].replace(",", "")) if found else None
 

@@ -1,29 +1,38 @@
-"""Triton kernels against the PyTorch reference at TGN's shapes, with roofline figures.
+"""The kernels at TGN's shapes in each form: Triton, the PyTorch reference and, for the
+attention over neighbour slots, the factored form of the CPU path; with roofline figures.
 
 For each kernel (temporal attention, the fused gather/time-encoding attention, the GRU
-and RNN cells), dtype and pass (forward; forward + backward), times the Triton path and
-the reference (torch eager) two ways: launched eagerly, and captured once as a CUDA graph
-and replayed (as the captured training step runs them, where launch overhead is gone).
-Prints milliseconds per call and, from a count of the minimum bytes each pass must move
-and the FLOPs it must do, the achieved GB/s and GFLOP/s against the H200's roofline
-(about 4.8 TB/s HBM; about 60 TFLOP/s fp32 without tensor cores, 990 TFLOP/s bf16
-dense). The byte and FLOP counts are the same for both backends, so the ratio of the
-rates is the speed-up; the reference's real traffic is higher (its intermediates).
+and RNN cells), dtype and pass (forward; forward + backward), times each backend two
+ways: launched eagerly, and captured once as a CUDA graph and replayed (as the captured
+training step runs them, where launch overhead is gone). Backends: ``triton``,
+``reference`` (torch eager) and ``factored``
+(``reference.temporal_attention_factored``, the same function as the fused attention
+with the slot projections carried to the queries and the weighted sums: the model's
+form on CPU). Prints milliseconds per call and, from a count of the minimum bytes each
+pass must move and the FLOPs it must do, the achieved GB/s and GFLOP/s against the
+H200's roofline (about 4.8 TB/s HBM; about 60 TFLOP/s fp32 without tensor cores, 990
+TFLOP/s bf16 dense). The counts are those of the fused form for every backend, so the
+ratio of the rates is the speed-up; the reference's real traffic is higher (its
+intermediates), the factored form's arithmetic lower.
 
 Shapes (defaults): R = 600 * 3 roots (a batch of 600 events, sources, destinations and
 one negative), K = 10 neighbours, H = 2 heads of D = 50, memory 100, mail 200 plus a
-time encoding of 100 (cell input 300), U unique nodes (default 2000), edge features as
-an (R, K, 2 O) projection.
+time encoding of 100 (cell input 300), U unique nodes (default 2000); the fused
+attention without edge features (CollegeMsg) and with 172 (Wikipedia), ``fused-e0``
+and ``fused-e172``.
 
-Usage (on the GPU machine)::
+Usage::
 
-    python benchmarks/bench_kernels.py --out OUTDIR          # writes OUTDIR/bench_kernels.json
+    python benchmarks/bench_kernels.py --out OUTDIR          # on the GPU: OUTDIR/bench_kernels.json
+    python benchmarks/bench_kernels.py --device cpu --threads 1 --backends reference factored \\
+        --kernels fused --roots 600 --unique 500 --dtypes float32   # the two forms on CPU
     TRITON_INTERPRET=1 python benchmarks/bench_kernels.py --device cpu --quick  # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import time
@@ -32,9 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 HBM_GBS = 4800.0
 PEAK_GFLOPS = {torch.float32: 60_000.0, torch.bfloat16: 990_000.0}
+# The Triton modules, imported only when their backend is asked for.
+ATT, RNN = "sven.kernels.triton_attention", "sven.kernels.triton_rnn"
 
 
 def _sync(device: torch.device) -> None:
@@ -75,9 +87,16 @@ def time_graph(fn: Callable[[], Any], iters: int, warmup: int) -> float:
 
 
 def problems(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) -> dict:
-    """name -> (triton fn, reference fn, leaves with grad, forward bytes, backward bytes,
-    forward FLOPs, backward FLOPs); the functions close over the other inputs."""
-    from sven.kernels import reference, triton_attention, triton_rnn
+    """name -> (backend -> function of the leaves, the leaves (given grad), forward bytes,
+    backward bytes, forward FLOPs, backward FLOPs); the functions close over the other
+    inputs. Only the backends in ``args.backends`` are built (Triton may be absent)."""
+    from sven.kernels import reference
+
+    def forms(**makers: Callable[[], Callable]) -> dict[str, Callable]:
+        return {name: make() for name, make in makers.items() if name in args.backends}
+
+    def triton(module: str, fn: str) -> Callable:
+        return getattr(importlib.import_module(module), fn)
 
     g = torch.Generator(device="cpu").manual_seed(0)
     r, k, h, d, t, u = args.roots, args.k, args.heads, args.head_dim, args.time_dim, args.unique
@@ -90,7 +109,9 @@ def problems(args: argparse.Namespace, dtype: torch.dtype, device: torch.device)
 
     mask = (torch.rand(r, k, generator=g) < 0.8).to(device)
     nbr = torch.randint(0, u, (r, k), generator=g).to(device)
-    dt = (torch.rand(r, k, generator=g) * 1e4).to(device)
+    # Gaps from a second to ten days, log-uniform: on CPU the time encoding's cos is much
+    # slower for large arguments, so the spread matters.
+    dt = (10 ** (torch.rand(r, k, generator=g) * 6)).to(device)
     tw = (1.0 / 10 ** torch.linspace(0, 9, t)).to(device)
     tb = torch.zeros(t, device=device)
 
@@ -101,25 +122,32 @@ def problems(args: argparse.Namespace, dtype: torch.dtype, device: torch.device)
 
         return call
 
-    def fused(fn: Callable) -> Callable:
-        def call(q, kvn, wt, ke):  # type: ignore[no-untyped-def]
-            return fn(q, kvn, nbr, dt, mask, tw, tb, wt, ke)
+    def fused(fn: Callable, ef: torch.Tensor | None) -> Callable:
+        def call(q, kvn, wt, *we):  # type: ignore[no-untyped-def]
+            kv_edge = None if ef is None else F.linear(ef, we[0])
+            return fn(q, kvn, nbr, dt, mask, tw, tb, wt, kv_edge)
+
+        return call
+
+    def factored(ef: torch.Tensor | None) -> Callable:
+        def call(q, kvn, wt, *we):  # type: ignore[no-untyped-def]
+            return reference.temporal_attention_factored(q, kvn, nbr, dt, mask, tw, tb, wt, ef, *we)
 
         return call
 
     rk = r * k
     att_fwd_bytes = es * (2 * r * o + 2 * rk * o) + rk
     att_fwd_flops = 4 * rk * o
-    fused_fwd_bytes = es * (2 * r * o + 2 * rk * o + 2 * o * t + 2 * rk * o) + rk * 13
-    fused_fwd_flops = 4 * rk * o + 2 * rk * t * 2 * o + 3 * rk * t
     gru_gemm = 2 * u * (inp + mem) * 3 * mem
     gru_bytes = es * (u * inp + 2 * u * mem + 3 * mem * (inp + mem))
     rnn_gemm = 2 * u * (inp + mem) * mem
     rnn_bytes = es * (u * inp + 2 * u * mem + mem * (inp + mem))
-    return {
+    out = {
         "attention": (
-            split_kv(triton_attention.temporal_attention),
-            split_kv(reference.temporal_attention),
+            forms(
+                triton=lambda: split_kv(triton(ATT, "temporal_attention")),
+                reference=lambda: split_kv(reference.temporal_attention),
+            ),
             [rnd(r, h, d), rnd(r, k, 2 * o)],
             att_fwd_bytes,
             # Backward reads q, k, v, dout and writes dq, dk, dv.
@@ -127,50 +155,58 @@ def problems(args: argparse.Namespace, dtype: torch.dtype, device: torch.device)
             att_fwd_flops,
             att_fwd_flops + 8 * rk * o,
         ),
-        "fused": (
-            fused(triton_attention.temporal_attention_fused),
-            fused(reference.temporal_attention_fused),
-            [rnd(r, h, d), rnd(u, 2 * o), rnd(2 * o, t, scale=0.1), rnd(r, k, 2 * o)],
-            fused_fwd_bytes,
+    }
+    for e in args.edge_dims:
+        # Edge features are data (no gradient); their projection is a weight.
+        ef = rnd(r, k, e) if e else None
+        fwd_bytes = es * (2 * r * o + 2 * rk * o + 2 * o * t + rk * e + 2 * o * e) + rk * 13
+        fwd_flops = 4 * rk * o + 2 * rk * t * 2 * o + 3 * rk * t + 2 * rk * e * 2 * o
+        out[f"fused-e{e}"] = (
+            forms(
+                triton=lambda ef=ef: fused(triton(ATT, "temporal_attention_fused"), ef),
+                reference=lambda ef=ef: fused(reference.temporal_attention_fused, ef),
+                factored=lambda ef=ef: factored(ef),
+            ),
+            [rnd(r, h, d), rnd(u, 2 * o), rnd(2 * o, t, scale=0.1)]
+            + ([rnd(2 * o, e, scale=e**-0.5)] if e else []),
+            fwd_bytes,
             # Backward: the forward's reads again, dout, dq, the (R, K, 2 O) slot
             # gradient (written, read by the scatter and the weight GEMM) and dkv_node.
-            2 * fused_fwd_bytes + es * 2 * r * o + 4 * 3 * rk * 2 * o + es * u * 2 * o,
-            fused_fwd_flops,
-            2 * fused_fwd_flops + 8 * rk * o + 2 * rk * 2 * o * t,
-        ),
-        "gru": (
-            triton_rnn.gru_cell,
-            reference.gru_cell,
-            [
-                rnd(u, inp),
-                rnd(u, mem),
-                rnd(3 * mem, inp, scale=inp**-0.5),
-                rnd(3 * mem, mem, scale=mem**-0.5),
-                rnd(3 * mem),
-                rnd(3 * mem),
-            ],
-            gru_bytes,
-            3 * gru_bytes,
-            gru_gemm + 12 * u * mem,
-            3 * gru_gemm + 40 * u * mem,
-        ),
-        "rnn": (
-            triton_rnn.rnn_cell,
-            reference.rnn_cell,
-            [
-                rnd(u, inp),
-                rnd(u, mem),
-                rnd(mem, inp, scale=inp**-0.5),
-                rnd(mem, mem, scale=mem**-0.5),
-                rnd(mem),
-                rnd(mem),
-            ],
-            rnn_bytes,
-            3 * rnn_bytes,
-            rnn_gemm + 3 * u * mem,
-            3 * rnn_gemm + 6 * u * mem,
-        ),
-    }
+            2 * fwd_bytes + es * 2 * r * o + 4 * 3 * rk * 2 * o + es * u * 2 * o,
+            fwd_flops,
+            2 * fwd_flops + 8 * rk * o + 2 * rk * 2 * o * t,
+        )
+    out["gru"] = (
+        forms(triton=lambda: triton(RNN, "gru_cell"), reference=lambda: reference.gru_cell),
+        [
+            rnd(u, inp),
+            rnd(u, mem),
+            rnd(3 * mem, inp, scale=inp**-0.5),
+            rnd(3 * mem, mem, scale=mem**-0.5),
+            rnd(3 * mem),
+            rnd(3 * mem),
+        ],
+        gru_bytes,
+        3 * gru_bytes,
+        gru_gemm + 12 * u * mem,
+        3 * gru_gemm + 40 * u * mem,
+    )
+    out["rnn"] = (
+        forms(triton=lambda: triton(RNN, "rnn_cell"), reference=lambda: reference.rnn_cell),
+        [
+            rnd(u, inp),
+            rnd(u, mem),
+            rnd(mem, inp, scale=inp**-0.5),
+            rnd(mem, mem, scale=mem**-0.5),
+            rnd(mem),
+            rnd(mem),
+        ],
+        rnn_bytes,
+        3 * rnn_bytes,
+        rnn_gemm + 3 * u * mem,
+        3 * rnn_gemm + 6 * u * mem,
+    )
+    return out
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -179,11 +215,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     dtypes = [getattr(torch, name) for name in args.dtypes]
     for dtype in dtypes:
         for name, spec in problems(args, dtype, device).items():
-            if name not in args.kernels:
+            if name.split("-")[0] not in args.kernels:
                 continue
-            tri, ref, leaves, fb, bb, ff, bf = spec
+            fns, leaves, fb, bb, ff, bf = spec
             leaves = [x.requires_grad_() for x in leaves]
-            for backend, fn in (("triton", tri), ("reference", ref)):
+            for backend, fn in fns.items():
                 out0 = fn(*leaves)
                 gout = torch.randn_like(out0)
 
@@ -224,7 +260,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                         )
                         w = rows[-1]
                         print(
-                            f"{name:9s} {w['dtype']:8s} {pas:7s} {backend:9s} {mode:5s} "
+                            f"{name:10s} {w['dtype']:8s} {pas:7s} {backend:9s} {mode:5s} "
                             f"{w['ms']:8.4f} ms {gbs:9.1f} GB/s ({100 * w['hbm_frac']:5.2f}%) "
                             f"{gfs:9.1f} GFLOP/s ({100 * w['flop_frac']:5.2f}%)",
                             flush=True,
@@ -244,6 +280,9 @@ def main() -> None:
     parser.add_argument("--unique", type=int, default=2000, help="U unique nodes")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--kernels", nargs="+", default=["attention", "fused", "gru", "rnn"])
+    parser.add_argument("--backends", nargs="+", default=["triton", "reference", "factored"])
+    parser.add_argument("--edge-dims", type=int, nargs="+", default=[0, 172], help="fused's")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--device", default="cuda")
@@ -252,9 +291,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.roots, args.unique, args.iters, args.warmup = 5, 7, 2, 1
-    if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        parser.error("--device cpu runs Triton's interpreter: set TRITON_INTERPRET=1")
-    info = {"torch": torch.__version__, "device": args.device}
+    triton_on_cpu = args.device == "cpu" and "triton" in args.backends
+    if triton_on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("triton on --device cpu runs its interpreter: set TRITON_INTERPRET=1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = {"torch": torch.__version__, "device": args.device, "threads": torch.get_num_threads()}
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
     print(" ".join(f"{key}={val}" for key, val in info.items()))
@@ -262,10 +304,8 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / "bench_kernels.json"
-        shapes = {
-            key: getattr(args, key)
-            for key in ("roots", "k", "heads", "head_dim", "time_dim", "memory", "mail", "unique")
-        }
+        keys = "roots k heads head_dim time_dim memory mail unique edge_dims".split()
+        shapes = {key: getattr(args, key) for key in keys}
         path.write_text(json.dumps({"env": info, "shapes": shapes, "rows": rows}, indent=1))
         print(f"wrote {path}")
 

@@ -36,8 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ingest import run_measured, sven_cmd
+from steps import run_measured, sven_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SVEN_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         res = bench_scale(args, work)
         results["scale"] = res
-        print(json.dumps({k: v for k, v in res.items() if k != "output_tail"}, indent=2))
+        print(json.dumps({k: v for k, v in res.items() if k != "tail"}, indent=2))
     else:
         cells = []
         for name in args.datasets.split(","):

@@ -38,65 +38,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-SVEN = [sys.executable, "-m", "sven.cli"]
+from steps import Steps, sven_cmd
+
+SVEN = sven_cmd()
 
 
-class Steps:
-    """Child processes under one deadline, each with its wall time and peak RSS."""
-
-    def __init__(self, out: Path, deadline_s: float) -> None:
-        self.out, self.deadline_s = out, deadline_s
-        self.t0 = time.perf_counter()
-        self.record: dict[str, Any] = {"steps": {}}
-        out.mkdir(parents=True, exist_ok=True)
-
-    def left(self) -> float:
-        return self.deadline_s - (time.perf_counter() - self.t0)
-
-    def save(self) -> None:
-        self.record["elapsed_s"] = round(time.perf_counter() - self.t0, 2)
-        tmp = self.out / ".scale.json.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
-        os.replace(tmp, self.out / "scale.json")
-
-    def run(self, name: str, cmd: list[str], limit_s: float | None = None) -> dict[str, Any]:
-        """Runs ``cmd``; records its return code, wall seconds, peak RSS and the tail of
-        its output."""
-        limit = min(limit_s or self.left(), self.left())
-        log = self.out / f"{name}.log"
-        rec: dict[str, Any] = {"cmd": " ".join(cmd)}
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + max(limit, 1)
-        with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-            while True:
-                # wait4 reaps the child with its own resource use (its peak RSS).
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    rec["timed_out"] = True
-                    _, status, usage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.2)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        rec["rc"] = proc.returncode
-        rec["wall_s"] = round(time.perf_counter() - t0, 2)
-        rec["peak_rss_gb"] = round(usage.ru_maxrss * 1024 / 1e9, 2)
-        rec["tail"] = log.read_text(errors="replace")[-1500:]
-        self.record["steps"][name] = rec
-        self.save()
-        return rec
+def _rss_gb(rec: dict[str, Any]) -> float | None:
+    """A step's peak resident memory in GB (None for a skipped step)."""
+    mib = rec.get("peak_rss_mib")
+    return None if mib is None else round(mib * 2**20 / 1e9, 2)
 
 
 def _summary(run: Path) -> dict[str, Any]:
@@ -128,7 +84,7 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=560)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    steps = Steps(args.out, args.deadline_s)
+    steps = Steps(args.out, args.deadline_s, "scale")
     scr = args.scratch
     if scr.exists():
         shutil.rmtree(scr)
@@ -186,7 +142,7 @@ def graph_1e7(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
                 "checkpoint_s", "startup_s", "wall_s", "eval_events_per_s",
             )
         }  # fmt: skip
-        res[arm]["peak_rss_gb"] = rec.get("peak_rss_gb")
+        res[arm]["peak_rss_gb"] = _rss_gb(rec)
         res[arm]["run_folder_gb"] = round(_du(run) / 1e9, 2)
         steps.record["result"] = res
         steps.save()
@@ -233,7 +189,7 @@ def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     res["synth_to_summary_s"] = round(t_end - t0, 1)
     res["end_to_end_s"] = round(time.perf_counter() - t0, 1)
     res["peak_rss_gb"] = {
-        k: steps.record["steps"][k].get("peak_rss_gb") for k in ("synth", "train", "predict")
+        k: _rss_gb(steps.record["steps"][k]) for k in ("synth", "train", "predict")
     }
     res["disk_gb"] = {"store": round(_du(store) / 1e9, 2), "run": round(_du(run) / 1e9, 2)}
     res["disk_free_gb"] = round(shutil.disk_usage(scr).free / 1e9, 2)

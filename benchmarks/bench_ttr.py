@@ -47,65 +47,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
-
-
-class Runner:
-    """Runs steps as child processes under one deadline and keeps ``ttr.json`` current."""
-
-    def __init__(self, out: Path, deadline_s: float, env: dict[str, str]) -> None:
-        self.out = out
-        self.t0 = time.perf_counter()
-        self.deadline_s = deadline_s
-        self.env = env
-        self.record: dict[str, Any] = {"steps": {}}
-        out.mkdir(parents=True, exist_ok=True)
-
-    def left(self) -> float:
-        return self.deadline_s - (time.perf_counter() - self.t0)
-
-    def save(self) -> None:
-        self.record["elapsed_s"] = round(time.perf_counter() - self.t0, 2)
-        tmp = self.out / ".ttr.json.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
-        os.replace(tmp, self.out / "ttr.json")
-
-    def run(
-        self, name: str, cmd: list[str], limit_s: float, env: dict[str, str] | None = None
-    ) -> dict[str, Any]:
-        """Runs ``cmd``; records its exit code, process time and output tail."""
-        limit = max(1.0, min(limit_s, self.left()))
-        t = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=ROOT,
-                env={**self.env, **(env or {})},
-                capture_output=True,
-                text=True,
-                timeout=limit,
-            )
-            rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
-        except subprocess.TimeoutExpired as exc:
-            rc = "timeout"
-            tail = ((exc.stdout or b"").decode() + (exc.stderr or b"").decode())[-3000:]
-        rec = {
-            "cmd": " ".join(cmd),
-            "rc": rc,
-            "process_s": round(time.perf_counter() - t, 3),
-            "limit_s": round(limit, 1),
-        }
-        if rc != 0:
-            rec["tail"] = tail
-        self.record["steps"][name] = rec
-        self.save()
-        print(f"{name}: rc={rc} {rec['process_s']:.1f} s", flush=True)
-        return rec
+from steps import PY, Steps, sven_cmd
 
 
 def run_facts(out: Path) -> dict[str, Any]:
@@ -167,44 +112,23 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out).resolve()
     work = Path(tempfile.mkdtemp(prefix="ttr-"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    r = Runner(out, args.deadline_s, env)
+    r = Steps(out, args.deadline_s, "ttr")
     if args.setup:
         r.run(
             "setup",
             [PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
             120,
         )
-    sven = [PY, "-m", "sven"]
     quick = args.quick
 
     def synth(events: str, nodes: str, out: Path) -> list[str]:
-        return [
-            *sven,
-            "data",
-            "synth",
-            "--events",
-            events,
-            "--nodes",
-            nodes,
-            "--seed",
-            "0",
-            "--out",
-            str(out),
-        ]
+        return sven_cmd("data", "synth", "--events", events, "--nodes", nodes, "--seed", "0",
+                        "--out", str(out))  # fmt: skip
 
     def train(data: Path, run_out: Path, *extra: str) -> list[str]:
         cap = ["train.max_batches=20"] if quick else []
-        return [
-            *sven,
-            "train",
-            *extra,
-            f"data.path={data}",
-            f"out={run_out}",
-            "--quiet",
-            f"train.device={args.device}",
-            *cap,
-        ]
+        return sven_cmd("train", *extra, f"data.path={data}", f"out={run_out}", "--quiet",
+                        f"train.device={args.device}", *cap)  # fmt: skip
 
     # 1. env and the floor every CUDA process pays.
     probe = (
@@ -227,7 +151,7 @@ def main() -> int:
     # 2-4. Wikipedia, three epochs, cold then warm Triton cache.
     wiki = work / "wiki"
     if Path(args.wiki).is_file() and not args.skip_small:
-        r.run("wiki-convert", [*sven, "data", "convert", args.wiki, "--out", str(wiki)], 120)
+        r.run("wiki-convert", sven_cmd("data", "convert", args.wiki, "--out", str(wiki)), 120)
     triton_cache = work / "triton-cache"
     for name in () if args.skip_small else ("wiki-cold", "wiki-warm"):
         if not (wiki / "meta.json").is_file() or r.left() < 30:
@@ -235,7 +159,7 @@ def main() -> int:
         run_out = work / name
         cmd = train(wiki, run_out, "--config", "configs/tgn.yaml", "train.epochs=3")
         rec = r.run(name, cmd, 150, env={"TRITON_CACHE_DIR": str(triton_cache)})
-        rec.update(run_facts(run_out))
+        rec["run"] = run_facts(run_out)
         r.save()
 
     # 5. The 10^6-event store: start-up to the first step, epochs, evaluation.
@@ -248,7 +172,7 @@ def main() -> int:
         run_out = work / "syn6-run"
         cmd = train(syn6, run_out, "--config", "configs/tgn.yaml", "train.epochs=2")
         rec = r.run("syn6", cmd, 150, env={"TRITON_CACHE_DIR": str(triton_cache)})
-        rec.update(run_facts(run_out))
+        rec["run"] = run_facts(run_out)
         r.save()
 
     # 6. The large graphs, one epoch at batch 600 each (the issue's runs): synthetic,
@@ -271,8 +195,7 @@ def main() -> int:
         cmd = train(store, run_out, "--config", "configs/tgn.yaml", "train.batch_size=600",
                     "train.epochs=1", "eval.all_protocols=false", *fast)  # fmt: skip
         rec = r.run(name, cmd, 590, env={"TRITON_CACHE_DIR": str(triton_cache)})
-        facts = run_facts(run_out)
-        rec.update(facts)
+        facts = rec["run"] = run_facts(run_out)
         counts = json.loads((store / "meta.json").read_text())["split"]["counts"]
         ep = (facts.get("epochs") or [{}])[0]
         if ep.get("events_per_s") and ep.get("val_events_per_s"):

@@ -36,22 +36,15 @@ skip, profiles and runs are eager and short).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from steps import PY, Steps, sven_cmd
+
 HERE = Path(__file__).resolve().parent
-PY = sys.executable
-# The step runner of the GPU driver (child processes, deadline, JSON after each step).
-_spec = importlib.util.spec_from_file_location("bench_gpu", HERE / "bench_gpu.py")
-assert _spec is not None and _spec.loader is not None
-bench_gpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_gpu)
 
 VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "reference": ({"SVEN_KERNELS": "auto"}, []),
@@ -65,14 +58,6 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
 SUMMARY = re.compile(r"\d+ (passed|failed|skipped|error)")
 
 
-class Runner(bench_gpu.Runner):
-    """The GPU driver's runner, writing ``gpu_kernels.json``."""
-
-    def save(self) -> None:
-        self.results["elapsed_s"] = round(time.monotonic() - self.t0, 1)
-        (self.out / "gpu_kernels.json").write_text(json.dumps(self.results, indent=2) + "\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--raw", required=True, help="CollegeMsg.txt.gz (SNAP)")
@@ -83,14 +68,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few steps: checks the driver")
     args = ap.parse_args()
     out = Path(args.out)
-    runner = Runner(out, args.deadline_s)
-    runner.results["name"] = "gpu_kernels"
+    runner = Steps(out, args.deadline_s, "gpu_kernels")
     with tempfile.TemporaryDirectory(prefix="gpu_kernels-", dir=args.work) as work:
         store = str(Path(work) / "collegemsg")
-        rec = runner.run(
-            "convert", [PY, "-m", "sven", "data", "convert", args.raw, "--out", store], 120
-        )
-        _finish(runner, rec)
+        rec = runner.run("convert", sven_cmd("data", "convert", args.raw, "--out", store), 120)
         if rec["rc"] != 0:
             return
         _tests(runner, args)
@@ -111,7 +92,6 @@ def main() -> None:
                 cmd = [PY, str(HERE / "profile_step.py"), "--data", store, "--out", str(out)]
                 cmd += ["--tag", variant, *steps, graph, f"train.device={args.device}", *over]
                 rec = runner.run(f"profile-{variant}", cmd, 200, env=env)
-                _finish(runner, rec)
                 path = out / f"profile_{variant}.json"
                 if rec["rc"] == 0 and path.exists():
                     prof = json.loads(path.read_text())
@@ -124,17 +104,11 @@ def main() -> None:
                 if over:
                     cmd += ["--variant", f"{variant}=" + ",".join(over)]
                 rec = runner.run(f"train-{variant}", cmd, 200, env=env)
-                _finish(runner, rec)
                 if rec["rc"] == 0 and bench.exists():
                     rec["figures"] = _train_figures(json.loads(bench.read_text()))
             runner.save()
     runner.save()
-    print(json.dumps(_digest(runner.results), indent=2))
-
-
-def _finish(runner: Any, rec: dict[str, Any]) -> None:
-    rec.pop("lines", None)
-    runner.save()
+    print(json.dumps(_digest(runner.record["steps"]), indent=2))
 
 
 def _tests(runner: Any, args: argparse.Namespace) -> None:
@@ -142,7 +116,8 @@ def _tests(runner: Any, args: argparse.Namespace) -> None:
     if args.quick:
         cmd += ["tests/kernels/test_updater.py", "tests/kernels/test_cells.py"]
     rec = runner.run("tests", cmd, 240)
-    lines = rec.pop("lines", [])
+    log = runner.out / "tests.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     summary = [x.strip() for x in lines if SUMMARY.search(x) and " in " in x]
     rec["summary"] = summary[-1] if summary else None
     rec["failed"] = [x.strip() for x in lines if x.startswith("FAILED")][:60]
@@ -157,10 +132,10 @@ def _train_figures(bench: dict[str, Any]) -> dict[str, Any]:
     return {k: run[k] for k in keys if k in run}
 
 
-def _digest(results: dict[str, Any]) -> dict[str, Any]:
+def _digest(steps: dict[str, Any]) -> dict[str, Any]:
     """The figures of every step, without the output tails."""
     keep = ("rc", "wall_s", "summary", "figures", "skipped")
-    return {k: {x: v[x] for x in keep if x in v} for k, v in results.items() if isinstance(v, dict)}
+    return {k: {x: v[x] for x in keep if x in v} for k, v in steps.items()}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import tempfile
 import time
@@ -22,16 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import profile_step
 from torch.profiler import ProfilerActivity, profile
-
-HERE = Path(__file__).resolve().parent
-
-
-# The one-process trainer and the steady-state timing of profile_step.py.
-_spec = importlib.util.spec_from_file_location("profile_step", HERE / "profile_step.py")
-assert _spec is not None and _spec.loader is not None
-profile_step = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(profile_step)
 
 
 def _kernels(prof: Any, n: int) -> dict[str, float]:

@@ -1,8 +1,11 @@
-"""Where a training step's GPU time goes: a torch.profiler table of the eager fixed step.
+"""Where a training step's time goes: a torch.profiler table of the step as configured.
 
-Builds a one-process :class:`sven.Trainer` on a store, runs ``--warmup`` training
-batches, then profiles ``--steps`` more (eager, so that every kernel shows) and prints
-the kernels by total device time, per step. Numbers, not a test.
+Builds a one-process :class:`sven.Trainer` on a store (``train.device=cuda`` unless an
+override says otherwise), runs ``--warmup`` training batches, times ``--steps`` more and
+profiles as many, and prints the kernels by device time per step, a census by kind and
+the first graph's warm-up and capture seconds. With ``train.cuda_graph=on`` the
+captured graph's kernels show; with ``train.device=cpu`` the CPU operators. Numbers,
+not a test.
 
 Usage:
     python benchmarks/profile_step.py --data STORE --out OUT [key=value ...]
