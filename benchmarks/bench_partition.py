@@ -39,7 +39,8 @@ from typing import Any
 from steps import run_measured, sven_cmd
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("SVEN_SHARED_DATA", REPO.parent / "shared" / "data"))
+# The raw public files (docs/data.md, "Public datasets"): where $SVEN_SHARED_DATA says.
+SHARED = Path(os.environ.get("SVEN_SHARED_DATA", "data"))
 REAL = {
     "collegemsg": ("collegemsg/CollegeMsg.txt.gz", "snap"),
     "wikipedia": ("wikipedia/wikipedia.csv.gz", "jodie"),

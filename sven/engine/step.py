@@ -299,6 +299,10 @@ class Step:
                     vote=self.status.vote,
                 )
                 self.loss_sum += loss
+                if self.grads is not None:
+                    # What the gradient all-reduce sent (the exchange counts every byte
+                    # that crosses ranks, on the device).
+                    self.exchange.counter.value[3] += self.grads.bytes_per_step
                 self.status.record(self.grads, self.exchange)
                 self.ring.join()
 

@@ -70,9 +70,13 @@ def _resume_main(rank: int, world_size: int, store: str, out: str) -> dict | Non
 
 def _comm_main(
     rank: int, world_size: int, store: str, out: str, model: str, sampling: str = "recent"
-) -> None:
+) -> dict:
     extra = (f"model.name={model}", "train.epochs=1", f"model.sampling={sampling}")
-    sven.Trainer(None, _overrides(store, f"{out}/{model}", *extra)).fit()
+    tr = sven.Trainer(None, _overrides(store, f"{out}/{model}", *extra))
+    steps: list[int] = []
+    tr.add_hook("after_step", lambda t: steps.append(1))
+    tr.fit()
+    return {"steps": len(steps), "bucket_bytes": tr.grads.bytes_per_step}
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +119,10 @@ def test_eval_of_sharded_checkpoint_reproduces_summary(store, tmp_path, capsys) 
 )  # fmt: skip
 def test_measured_bytes_equal_cost_model(store, tmp_path, model: str, sampling: str) -> None:
     # Uniform draws are keyed by event and slot, so the replay draws what training drew.
-    run_ranks(_comm_main, 2, store, str(tmp_path), model, sampling, timeout=600)
+    ranks = run_ranks(_comm_main, 2, store, str(tmp_path), model, sampling, timeout=600)
     summary = json.loads((tmp_path / model / "summary.json").read_text())
+    # The gradient all-reduce: each rank sends 2 (P - 1) / P of the bucket per step.
+    assert summary["comm_bytes_grads"] == sum(r["steps"] * r["bucket_bytes"] for r in ranks) > 0
     measured = summary["comm_bytes_measured_epoch0_per_rank"]
     assert measured == summary["comm_bytes_predicted_epoch0_per_rank"]
     assert (
