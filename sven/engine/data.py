@@ -551,5 +551,5 @@ def _column(arr: Any, device: torch.device, dtype: torch.dtype | None = None) ->
     step = max(1, _CHUNK_BYTES // row)
     for a in range(0, n, step):
         # The cast (int32 ids to int64) happens on the device, as .to() did.
-        out[a : a + step].copy_(torch.from_numpy(np.ascontiguousarray(arr[a : a + step])))
+        out[a : a + step].copy_(torch.from_numpy(np.array(arr[a : a + step])))
     return out
