@@ -20,8 +20,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="score links (src, dst, t) or rank destinations with a trained model",
         description="Scores the links of a csv/parquet table with columns src,dst,t (raw "
         "ids, as in the converted file) into the same rows plus a score column, or with "
-        "--topk ranks the destinations of --src sources at --time. The memory is replayed "
-        "through the stream up to each query's time (docs/guide.md, 'Using a trained model').",
+        "--topk ranks the destinations of --src sources at --time. A query after the "
+        "checkpoint's time is answered from the node state it saved (no replay); an earlier "
+        "one, or every one with --memory replay, from the memory replayed through the "
+        "stream up to its time (docs/guide.md, 'Using a trained model').",
     )
     _common(p)
     p.add_argument("--pairs", help="csv or parquet table with columns src, dst, t")
@@ -66,6 +68,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--replay", choices=("batch", "exact"), default="batch",
         help="memory at the last evaluation batch boundary before t (batch, as sven eval) "
         "or with every event before t (exact)",
+    )  # fmt: skip
+    p.add_argument(
+        "--memory", choices=("checkpoint", "replay"), default="checkpoint",
+        help="queries after the checkpoint's time: from its saved node state (checkpoint, "
+        "the default; earlier ones are replayed) or from a replay of the stream (replay)",
+    )  # fmt: skip
+    p.add_argument(
+        "--query-batch", type=int, default=2000, metavar="N",
+        help="query nodes embedded per forward pass",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     p.add_argument(
@@ -136,6 +147,8 @@ def _predictor(args: argparse.Namespace) -> Any:
         data=args.data,
         device=args.device,
         replay=args.replay,
+        memory=args.memory,
+        query_batch=args.query_batch,
         threads=args.threads,
         other_store=args.other_store,
     )

@@ -5,7 +5,19 @@ the score of candidate links (u, v, t), the k most likely destinations of a sour
 node embeddings (for a downstream model). Ids are the user's raw ids (the store's id
 map), never the compact ones.
 
-What the model knows at time t. The memory is replayed through the event stream with
+What the model knows at time t. A query after the checkpoint's time (every event the
+checkpoint's node state has seen is before t) is answered from that node state: the
+memory, last-update times and mailboxes the run saved, read from the checkpoint's
+memory-mapped files for the query's nodes and their sampled neighbours only, never the
+whole state, with no replay (``memory="checkpoint"``, the default). That state is the
+run's own, built while its parameters were being trained, as ``sven eval`` continues
+its test split from it; it has not seen the events after the checkpoint's time (for the
+best model, those of the test split). The checkpoint's time is the last event its
+memory folded in: the end of validation for an epoch's checkpoint or the best model,
+the last trained batch for one taken mid-epoch.
+
+A query at an earlier time, or every query with ``memory="replay"``, is answered from a
+replay: the memory is replayed through the event stream with
 the checkpoint's parameters, from the start, in evaluation's batches (each split in
 batches of ``train.batch_size`` from its first event). With ``replay="batch"`` (the
 default) a query at t is answered from the memory at the last batch boundary at or
@@ -14,12 +26,16 @@ event of the stream at t (so that the scores of a stream's events equal the ones
 ``sven eval`` computes, for distinct event times); ``replay="exact"`` also applies the
 events of that last, partial batch that are before t (then undone), so every event
 strictly before t is in the memory. In both, the sampled temporal neighbours are the
-events strictly before t. Queries are sorted by time and answered in batches, one walk
-of the stream for all of them, on the GPU when the run's device is one.
+events strictly before t, from the event store's T-CSR, in both ways of answering. A
+replay's memory at the checkpoint's position equal to the checkpoint's node state gives
+the same answers as that state (``tests/integration/test_predict_stored.py``). Queries
+are sorted by time and answered in batches of ``query_batch`` roots, one walk of the
+stream for all of them, on the GPU when the run's device is one.
 
 Times outside the stream: before its first event a query sees no history (empty
-memory, no neighbours); after its last one, the memory of the whole stream (the model
-knows nothing that happened after the stream ended). Both are said on stderr, with
+memory, no neighbours); after its last one, the memory of the whole stream when
+replayed, the checkpoint's when read from it (the model knows nothing that happened
+after the stream ended, or after the checkpoint's time). Both are said on stderr, with
 counts.
 
 Unknown ids: ``unknown="fail"`` raises a :class:`~sven.errors.DataError` naming the
@@ -32,7 +48,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,7 +56,13 @@ import torch
 from sven.errors import ConfigError, DataError
 from sven.tasks.replay import encode_events, open_run, split_stream
 
-__all__ = ["Predictor", "read_pairs", "write_table"]
+if TYPE_CHECKING:
+    from sven.models.memory import MemoryRows
+
+#: Reads the node state of a batch's nodes (U,): the replayed memory or the checkpoint's.
+ReadRows = Callable[[torch.Tensor], "MemoryRows"]
+
+__all__ = ["Predictor", "checkpoint_position", "read_pairs", "write_table"]
 
 #: Random stream of query batches (uniform neighbour sampling of query roots).
 QUERY_STREAM = (1 << 22) + 7
@@ -55,6 +77,9 @@ class Predictor:
             model was trained on: the same fingerprint, :mod:`sven.datasets.identity`).
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:N``.
         replay: ``batch`` or ``exact`` (see the module docstring).
+        memory: ``checkpoint``: queries after the checkpoint's time are answered from its
+            node state, earlier ones from a replay; ``replay``: every query from a
+            replay of the stream (see the module docstring).
         query_batch: Query roots embedded per forward pass.
         threads: torch CPU threads (0: torch's default).
         log: Where notes go (stderr by default).
@@ -74,6 +99,7 @@ class Predictor:
         data: str | Path | None = None,
         device: str = "auto",
         replay: str = "batch",
+        memory: str = "checkpoint",
         query_batch: int = 2000,
         threads: int = 0,
         log: Callable[[str], None] | None = None,
@@ -81,11 +107,13 @@ class Predictor:
     ) -> None:
         if replay not in ("batch", "exact"):
             raise ConfigError(f"replay must be batch or exact, got {replay!r}")
+        if memory not in ("checkpoint", "replay"):
+            raise ConfigError(f"memory must be checkpoint or replay, got {memory!r}")
         overrides = [f"train.device={device}", f"train.threads={threads}"]
         if data is not None:
             overrides.append(f"data.path={data}")
         self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
-        self.tr, self.checkpoint, _ = open_run(
+        self.tr, self.checkpoint, state = open_run(
             checkpoint, overrides, other_store=other_store, log=lambda m: self.log(f"note: {m}")
         )
         self.replay = replay
@@ -103,6 +131,41 @@ class Predictor:
         self._pos = 0
         self.tr.memory.reset()
         self._ids = _IdMaps(d.events)
+        #: Events the checkpoint's node state has seen (its memory's position in the
+        #: stream), or None where queries are all replayed.
+        self.stored_events: int | None = None
+        self._files: Any = None
+        if memory == "checkpoint":
+            self.stored_events = self._stored_position(state, other_store)
+
+    def _stored_position(self, state: dict[str, Any], other_store: bool) -> int | None:
+        """Where in the stream the checkpoint's node state is, or None when it has none
+        that this store can use (another store's, a node classifier's own)."""
+        from sven.engine.checkpoint.load import NodeStateFiles
+        from sven.engine.store_check import check_same_data
+
+        if (
+            other_store
+            and check_same_data(state, self.tr.data, self.checkpoint, other_store=True) is not None
+        ):
+            return None  # another store's memory: its rows are not this store's nodes
+        pos = checkpoint_position(state, self.tr.data.ranges, self.tr.cfg.train.batch_size)
+        if pos is None:
+            return None
+        files = NodeStateFiles(self.checkpoint)
+        if not files.source.fields:
+            return None
+        self._files = files
+        return pos
+
+    @property
+    def checkpoint_time(self) -> float | None:
+        """The time of the last event the checkpoint's node state has seen (None: no
+        usable node state; -inf: it has seen none)."""
+        p = self.stored_events
+        if p is None:
+            return None
+        return float(self._times_f[p - 1]) if p > 0 else -np.inf
 
     # ------------------------------------------------------------------ ids
     @property
@@ -159,12 +222,29 @@ class Predictor:
                     f"{before} queries at or before the stream's first event (t={ts[0]}): "
                     "answered with no history (empty memory, no neighbours)"
                 )
-            if after:
+            stored = self.stored_events is not None
+            if after and not stored:
                 self.log(
                     f"{after} queries after the stream's last event (t={ts[-1]}): answered "
                     "with the memory of the whole stream"
                 )
-        return np.searchsorted(self._times_f, t, side="left")
+        pos = np.searchsorted(self._times_f, t, side="left")
+        if self.stored_events is not None and ts.size:
+            late = pos >= self.stored_events
+            if late.any():
+                unseen = int((pos[late] > self.stored_events).sum())
+                self.log(
+                    f"{int(late.sum())} queries after the checkpoint's time "
+                    f"(t={self.times[self.stored_events - 1] if self.stored_events else '-inf'}): "
+                    "answered from its node state, no replay"
+                    + (
+                        f" ({unseen} of them later than events it has not seen, e.g. the "
+                        "test split; --memory replay replays the stream up to each query)"
+                        if unseen
+                        else ""
+                    )
+                )
+        return pos
 
     # ---------------------------------------------------------------- replay
     def _advance(self, target: int) -> None:
@@ -194,18 +274,27 @@ class Predictor:
                 groups.append((int(base[r0]), int(key[r0]), rows))
         return groups
 
-    def _answer(self, pos: np.ndarray, fn: Callable[[np.ndarray], None]) -> None:
-        """Calls ``fn(rows)`` for each group of queries with the memory at its state."""
+    def _answer(self, pos: np.ndarray, fn: Callable[[np.ndarray, ReadRows], None]) -> None:
+        """Calls ``fn(rows, read)`` for each group of queries with ``read`` the node state
+        they are answered from: the checkpoint's for those after its time (one group),
+        the replayed memory at each other group's state."""
         tr = self.tr
-        for base, upto, rows in self._states(pos):
+        later = np.zeros(pos.shape, dtype=bool)
+        if self.stored_events is not None:
+            later = pos >= self.stored_events
+            if later.any():
+                fn(np.flatnonzero(later), self._stored_rows)
+        rest = np.flatnonzero(~later)
+        for base, upto, rows in self._states(pos[rest]):
+            rows = rest[rows]
             self._advance(base)
             if upto <= base:
-                fn(rows)
+                fn(rows, tr.memory.gather)
                 continue
             # The partial batch [base, upto) of exact replay, undone afterwards.
             saved = self._apply_partial(base, upto)
             try:
-                fn(rows)
+                fn(rows, tr.memory.gather)
             finally:
                 nodes, rows_saved = saved
                 with torch.no_grad():
@@ -226,10 +315,30 @@ class Predictor:
             tr.memory.commit_dense(dense)
         return nodes, saved
 
+    def _stored_rows(self, nodes: torch.Tensor) -> MemoryRows:
+        """The checkpoint's node state of ``nodes`` (U,) (ascending, as a batch holds
+        them), read from its memory-mapped files: only these rows."""
+        from sven.engine.checkpoint.load import load_node_state
+        from sven.models.memory import MemoryRows
+
+        full = self.tr.memory.full
+        dest = {
+            k: torch.empty((nodes.numel(), *v.shape[1:]), dtype=v.dtype, device=v.device)
+            for k, v in full.items()
+        }
+        load_node_state(self.checkpoint, dest, nodes, self.num_nodes, files=self._files)
+        dev = self.tr.device
+        fields = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
+        return MemoryRows(*(dest[k].to(dev) for k in fields))
+
     # ------------------------------------------------------------ embeddings
     @torch.no_grad()
-    def _embed_now(self, nodes: np.ndarray, t: np.ndarray) -> torch.Tensor:
-        """(n, d) embeddings of compact ``nodes`` at times ``t`` from the current memory."""
+    def _embed_now(
+        self, nodes: np.ndarray, t: np.ndarray, keys: np.ndarray, read: ReadRows
+    ) -> torch.Tensor:
+        """(n, d) embeddings of compact ``nodes`` at times ``t`` from the node state that
+        ``read`` gives; ``keys`` (n,) distinct ids of the queries (their uniform
+        neighbour draws are keyed by them, whatever the batches they fall in)."""
         from sven.pipeline.batch import make_batch
 
         tr = self.tr
@@ -241,12 +350,12 @@ class Predictor:
             n_ = torch.as_tensor(nodes[s : s + self.query_batch], dtype=torch.int64, device=dev)
             t_ = torch.as_tensor(t[s : s + self.query_batch], dtype=torch.float64, device=dev)
             k = n_.numel()
-            index = torch.arange(s, s + k, device=dev)
+            index = torch.as_tensor(keys[s : s + self.query_batch], dtype=torch.int64, device=dev)
             batch = make_batch(
                 index, n_, n_, t_, torch.zeros(k, 0, dtype=torch.int64, device=dev),
                 node_feat_table=tables.node_feat, sampler=tables.sampler,
                 sample_roots=model.sample_roots, read_neighbors=model.read_neighbors,
-                rng=(tr.cfg.train.seed, QUERY_STREAM, s),
+                rng=(tr.cfg.train.seed, QUERY_STREAM, 0),
             )  # fmt: skip
             ef = tables.edge_feat
             if ef is not None:
@@ -256,7 +365,7 @@ class Predictor:
                 if batch.block is not None:
                     mask = batch.block.mask[..., None].to(ef.dtype)
                     batch.nbr_edge_feat = ef[batch.block.eid] * mask
-            h, _ = model.encode(batch, tr.memory.gather(batch.nodes))
+            h, _ = model.encode(batch, read(batch.nodes))
             out.append(h[:k])
         if not out:
             return torch.zeros(0, model.embed_dim, dtype=tr.dtype, device=dev)
@@ -266,8 +375,8 @@ class Predictor:
         """(n, d) embeddings of compact nodes, each at its time, in input order."""
         h = torch.zeros(nodes.size, self.tr.model.embed_dim, dtype=self.tr.dtype)
 
-        def fill(rows: np.ndarray) -> None:
-            h[torch.as_tensor(rows)] = self._embed_now(nodes[rows], t[rows]).cpu()
+        def fill(rows: np.ndarray, read: ReadRows) -> None:
+            h[torch.as_tensor(rows)] = self._embed_now(nodes[rows], t[rows], rows, read).cpu()
 
         self._answer(self._positions(t), fill)
         return h
@@ -307,11 +416,19 @@ class Predictor:
         z = torch.zeros(ok.size)
         decoder, dev = self.tr.model.decoder, self.tr.device
 
-        def fill(rows: np.ndarray) -> None:
-            m = rows.size
-            h = self._embed_now(np.concatenate([s[rows], d[rows]]), np.tile(t[rows], 2))
-            with torch.no_grad():
-                z[torch.as_tensor(rows)] = decoder(h[:m].to(dev), h[m:].to(dev)).float().cpu()
+        def fill(rows: np.ndarray, read: ReadRows) -> None:
+            # Pairs a pass's worth at a time: a million pairs never hold 2 * 10^6
+            # embeddings at once. A pair's ends are keyed 2i and 2i + 1.
+            step = max(1, self.query_batch // 2)
+            for a in range(0, rows.size, step):
+                r = rows[a : a + step]
+                m = r.size
+                h = self._embed_now(
+                    np.concatenate([s[r], d[r]]), np.tile(t[r], 2),
+                    np.concatenate([2 * r, 2 * r + 1]), read,
+                )  # fmt: skip
+                with torch.no_grad():
+                    z[torch.as_tensor(r)] = decoder(h[:m].to(dev), h[m:].to(dev)).float().cpu()
 
         self._answer(self._positions(t), fill)
         out[ok] = (z if logits else torch.sigmoid(z)).numpy()
@@ -388,13 +505,17 @@ class Predictor:
         model = self.tr.model
         c = cand.size
 
-        def rank(rows: np.ndarray) -> None:
+        def rank(rows: np.ndarray, read: ReadRows) -> None:
             # The candidates at the group's time(s): one embedding per (candidate, time).
             q = ok[rows]
             times = np.unique(t[q])
             for tt in times:
                 sel = q[t[q] == tt]
-                h = self._embed_now(np.concatenate([s[sel], cand]), np.full(sel.size + c, tt))
+                # Keys: the sources by row, the candidates after every row.
+                keys = np.concatenate([sel, raw.size + np.arange(c)])
+                h = self._embed_now(
+                    np.concatenate([s[sel], cand]), np.full(sel.size + c, tt), keys, read
+                )
                 h_s, h_c = h[: sel.size], h[sel.size :]
                 with torch.no_grad():
                     for a in range(0, sel.size, max(1, self.query_batch // max(c, 1))):
@@ -409,6 +530,37 @@ class Predictor:
         if ok.size:
             self._answer(self._positions(t[ok]), rank)
         return self.raw_ids(ids), scores
+
+
+def checkpoint_position(
+    state: dict[str, Any], ranges: dict[str, tuple[int, ...]], batch_size: int
+) -> int | None:
+    """How many events of the stream a checkpoint's node state has folded in.
+
+    The best model's state and an epoch's checkpoint are taken after validation (the
+    end of the ``val`` split); a mid-epoch checkpoint after its last trained batch. (A
+    run of ``train.max_batches`` trained on fewer events than the position says; its
+    memory has still seen nothing after it.)
+
+    Args:
+        state: The checkpoint's ``state.pt`` (its ``memory_phase`` or ``cursor``).
+        ranges: The data's split ranges, split -> (lo, hi) event indices.
+        batch_size: The run's ``train.batch_size``.
+
+    Returns:
+        The position (events before it are in the memory), or None for a state that
+        says nothing of where its memory is.
+    """
+    if state.get("memory_phase") == "val_end":
+        return int(ranges["val"][1])
+    cursor = state.get("cursor")
+    if not isinstance(cursor, dict):
+        return None
+    epoch, nb = int(cursor.get("epoch", 0)), int(cursor.get("next_batch", 0))
+    if nb == 0:
+        return int(ranges["val"][1]) if epoch > 0 else 0
+    lo, hi = ranges["train"]
+    return int(min(hi, lo + nb * batch_size))
 
 
 def _split_at(ranges: dict[str, tuple[int, ...]], i: int) -> str:

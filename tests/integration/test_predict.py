@@ -114,6 +114,9 @@ def test_predict_equals_eval_scores_on_the_held_back_split(trained, tmp_path, mo
     pairs.to_csv(tmp_path / "pairs.csv", index=False)
     out = tmp_path / "scored.parquet"
     argv = ["predict", "--checkpoint", str(ckpt), "--pairs", str(tmp_path / "pairs.csv")]
+    # The test events are after the checkpoint's time: replayed on request (the
+    # checkpoint's own node state answers them by default, test_predict_stored.py).
+    argv += ["--memory", "replay"]
     assert main([*argv, "--out", str(out), "--device", "cpu"]) == 0
     got = pd.read_parquet(out)
     assert len(got) == len(pairs)
@@ -121,7 +124,7 @@ def test_predict_equals_eval_scores_on_the_held_back_split(trained, tmp_path, mo
     assert (got["src"].astype(int).to_numpy() == pairs["src"].to_numpy()).all()
     np.testing.assert_allclose(got["score"], torch.sigmoid(pos).numpy(), rtol=1e-5, atol=1e-6)
     # The Python API's logits are evaluation's logits.
-    p = Predictor(ckpt, device="cpu")
+    p = Predictor(ckpt, device="cpu", memory="replay")
     logits = p.score(pairs["src"], pairs["dst"], pairs["t"], logits=True)
     np.testing.assert_allclose(logits, pos.numpy(), rtol=1e-5, atol=1e-6)
 
@@ -131,8 +134,9 @@ def test_exact_replay_sees_every_earlier_event(trained) -> None:
     exact replay differs from batch replay only inside a batch."""
     store, ckpt = trained["tgn"]
     pairs = _test_events(store).iloc[:40]
-    batch = Predictor(ckpt, device="cpu").score(pairs["src"], pairs["dst"], pairs["t"])
-    exact = Predictor(ckpt, device="cpu", replay="exact")
+    batch = Predictor(ckpt, device="cpu", memory="replay")
+    batch = batch.score(pairs["src"], pairs["dst"], pairs["t"])
+    exact = Predictor(ckpt, device="cpu", replay="exact", memory="replay")
     ex = exact.score(pairs["src"], pairs["dst"], pairs["t"])
     # The first event of the test split starts a batch: both replays agree there.
     assert ex[0] == pytest.approx(batch[0], abs=1e-6)
@@ -145,7 +149,7 @@ def test_topk_ranks_agree_with_the_mrr_of_evaluation(trained, tmp_path) -> None:
     store, ckpt = trained["tgn"]
     _, metrics = _eval_scores(store, ckpt, "tgn")
     pairs = _test_events(store)
-    p = Predictor(ckpt, device="cpu")
+    p = Predictor(ckpt, device="cpu", memory="replay")
     n_cand = int(p.tr.data.candidates.numel())
     ranks = []
     for row in pairs.itertuples():
@@ -164,7 +168,7 @@ def test_topk_ranks_agree_with_the_mrr_of_evaluation(trained, tmp_path) -> None:
     # The CLI writes one row per (source, rank).
     out = tmp_path / "top.csv"
     src = f"{pairs.src[0]},{pairs.src[1]}"
-    argv = ["predict", "--checkpoint", str(ckpt), "--topk", "3", "--src", src]
+    argv = ["predict", "--checkpoint", str(ckpt), "--topk", "3", "--src", src, "--memory", "replay"]
     assert main([*argv, "--time", str(pairs.t[0]), "--out", str(out), "--device", "cpu"]) == 0
     top = pd.read_csv(out)
     assert list(top.columns) == ["src", "t", "rank", "dst", "score"]
@@ -216,7 +220,7 @@ def test_unknown_ids_fail_or_are_skipped(trained, tmp_path, capsys) -> None:
 
 def test_times_outside_the_stream_are_said_and_answered(trained, capsys) -> None:
     _, ckpt = trained["tgn"]
-    p = Predictor(ckpt, device="cpu")
+    p = Predictor(ckpt, device="cpu", memory="replay")
     capsys.readouterr()
     s = p.score([1000, 1000], [1001, 1001], [-50.0, 1e9])
     err = capsys.readouterr().err
@@ -224,6 +228,14 @@ def test_times_outside_the_stream_are_said_and_answered(trained, capsys) -> None
     assert "no history" in err
     assert "1 queries after the stream's last event" in err
     assert np.isfinite(s).all()
+    # From the checkpoint's node state (the default), a time after the stream is after
+    # the checkpoint's time too, and said so, with the events it has not seen.
+    stored = Predictor(ckpt, device="cpu")
+    capsys.readouterr()
+    assert np.isfinite(stored.score([1000], [1001], [1e9])).all()
+    err = capsys.readouterr().err
+    assert "1 queries after the checkpoint's time (t=9018)" in err
+    assert "later than events it has not seen" in err and "--memory replay" in err
     # Before the start there is no history: TGN's embedding of an empty memory without
     # neighbours is the same at any time.
     assert s[0] == pytest.approx(float(p.score([1000], [1001], [50.0])[0]), abs=1e-6)

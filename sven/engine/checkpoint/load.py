@@ -160,11 +160,29 @@ class _Source:
         return {k: mem[k].numpy() for k in names}
 
 
+class NodeStateFiles:
+    """A checkpoint's node-state files opened once, for many reads of a few rows each
+    (:func:`load_node_state` with ``files``): the ``.npy`` memory maps of every rank
+    and the owner map's per-window counts are not set up again for each read.
+
+    Args:
+        folder: A ``step-N`` folder (format 1 or 2).
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.source = _Source(self.folder)
+        names = list(self.source.fields)
+        self.arrays = [self.source.rank(r, names) for r in range(self.source.world_size)]
+        self.locate = _Locator(self.source.owner, self.source.world_size, self.source.num_nodes)
+
+
 def load_node_state(
     folder: str | Path,
     dest: dict[str, torch.Tensor],
     rows: torch.Tensor,
     num_nodes: int | None = None,
+    files: NodeStateFiles | None = None,
 ) -> dict[str, torch.Tensor]:
     """Fills ``dest`` with the node state of the vertices ``rows``, from any checkpoint.
 
@@ -178,6 +196,8 @@ def load_node_state(
         rows: (n,) int64 global vertex ids.
         num_nodes: The number of vertices the caller's data has; another number in the
             checkpoint is an error.
+        files: ``folder``'s files opened before (:class:`NodeStateFiles`), for a caller
+            that reads many times; None: opened for this read.
 
     Returns:
         ``dest``.
@@ -187,7 +207,7 @@ def load_node_state(
             other fields or other row shapes.
     """
     folder = Path(folder)
-    src = _Source(folder)
+    src = _Source(folder) if files is None else files.source
     if not src.fields:
         raise SvenError(f"{folder} holds no node state")
     if num_nodes is not None and num_nodes != src.num_nodes:
@@ -210,8 +230,11 @@ def load_node_state(
     if not _ascending(rows):
         host = rows.cpu().numpy()
         order = np.argsort(host, kind="stable")
-    arrays = [src.rank(r, list(dest)) for r in range(src.world_size)]
-    locate = _Locator(src.owner, src.world_size, src.num_nodes)
+    if files is None:
+        arrays = [src.rank(r, list(dest)) for r in range(src.world_size)]
+        locate = _Locator(src.owner, src.world_size, src.num_nodes)
+    else:
+        arrays, locate = files.arrays, files.locate
     # Block by block of the requested vertices, in ascending id order: host memory is
     # a block's indices and a window of the owner map, not N.
     for s in range(0, rows.numel(), _WINDOW):

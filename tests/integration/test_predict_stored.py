@@ -1,0 +1,215 @@
+"""Answers from a checkpoint's stored node state, without a replay of the stream.
+
+After the checkpoint's time, :class:`sven.Predictor` reads the node state it saved
+(memory, last-update times, mailboxes) for the queried nodes and their sampled
+neighbours; earlier times are replayed. Shown here, for the four models:
+
+- given the node state a replay reaches at the checkpoint's position, written as a
+  checkpoint by the checkpoint writer, the stored-state answers are the replay's to the
+  last bit (scores and embeddings), neighbours from the store's T-CSR in both;
+- a query before the checkpoint's time is the replay's answer, in the same call as
+  queries after it;
+- a run's own best model answers the first test batch's events with the scores ``sven
+  eval`` computes for them (evaluation continues its test split from that state).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sven
+from sven.cli import main
+from sven.datasets.store import TemporalEvents, write_events
+from sven.engine.checkpoint import Checkpointer, find_checkpoint, load_file, load_node_state
+from sven.engine.checkpoint.load import NodeStateFiles
+from sven.errors import ConfigError
+from sven.tasks.predict import Predictor, checkpoint_position
+
+MODELS = ("tgn", "jodie", "apan", "dyrep")
+OFFSET = 500  # raw ids 500..: never the compact ones
+B = 50
+
+
+def _stream(out: Path, e: int = 400, nodes: int = 24) -> Path:
+    """Each node mostly talks to two partners; distinct times; 3 edge features."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, nodes, e)
+    partners = rng.integers(0, nodes, (nodes, 2))
+    dst = np.where(
+        rng.random(e) < 0.8, partners[src, rng.integers(0, 2, e)], rng.integers(0, nodes, e)
+    )
+    dst = np.where(dst == src, (dst + 1) % nodes, dst)
+    feat = rng.random((e, 3)).astype(np.float32)
+    write_events(out, src + OFFSET, dst + OFFSET, 10 + 5 * np.arange(e), edge_feat=feat,
+                 name=out.name)  # fmt: skip
+    return out
+
+
+def _overrides(store: Path, out: Path, model: str) -> list[str]:
+    return [
+        f"data.path={store}", f"out={out}", f"model.name={model}", "train.device=cpu",
+        "train.threads=1", "quiet=true", "train.epochs=1", f"train.batch_size={B}",
+        "model.memory_dim=8", "model.time_dim=4", "model.embed_dim=8",
+        "model.num_neighbors=4", "train.lr=0.01",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Per model, a run folder of one epoch on the tiny store."""
+    root = tmp_path_factory.mktemp("stored")
+    store = _stream(root / "tiny")
+    out = {"store": store}
+    for model in MODELS:
+        run = root / f"run-{model}"
+        sven.Trainer(None, _overrides(store, run, model)).fit()
+        out[model] = run
+    return out
+
+
+def _latest(run: Path) -> Path:
+    return sorted((run / "checkpoints").glob("step-*"))[-1]
+
+
+def _queries(store: Path, pos: int, n: int = 30) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n raw (src, dst, t) pairs at distinct times after event ``pos - 1`` and up to the
+    last event of the evaluation batch that starts at ``pos``: a batch replay answers
+    them all from its memory at ``pos``."""
+    ev = TemporalEvents.load(store)
+    t = np.asarray(ev.t, dtype=np.float64)
+    rng = np.random.default_rng(7)
+    times = np.linspace(t[pos - 1] + 0.5, t[pos + B - 1], n)
+    raw = np.asarray(ev.id_map)
+    src, dst = raw[rng.integers(0, raw.size, n)], raw[rng.integers(0, raw.size, n)]
+    return src, dst, times
+
+
+def _replayed_checkpoint(run: Path, pos: int, out: Path, p: Predictor) -> Path:
+    """The run's latest checkpoint, its node state replaced by ``p``'s replayed memory
+    (which must be at ``pos``), written by the checkpoint writer."""
+    assert p._pos == pos
+    ck = _latest(run)
+    state = load_file(ck / "state.pt")
+    writer = Checkpointer(out)
+    folder = writer.save(1, state, node_state=p.tr.memory.state_dict())
+    writer.wait()
+    return folder
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_stored_state_answers_as_the_replay_at_the_checkpoints_time(runs, tmp_path, model):
+    store, run = runs["store"], runs[model]
+    ck = _latest(run)
+    ev = TemporalEvents.load(store)
+    ranges = {k: ev.split_range(k) for k in ("train", "val", "test")}
+    pos = checkpoint_position(load_file(ck / "state.pt"), ranges, B)
+    # An epoch's checkpoint is taken after validation: its memory ends with val.
+    assert pos == ev.split_range("val")[1]
+    src, dst, t = _queries(store, pos)
+    replay = Predictor(ck, device="cpu", memory="replay")
+    want = replay.score(src, dst, t, logits=True)
+    nodes = np.asarray(ev.id_map)[:10]
+    want_h = replay.embed(nodes, t[3])
+    folder = _replayed_checkpoint(run, pos, tmp_path / "replayed", replay)
+
+    stored = Predictor(folder, device="cpu")
+    assert stored.stored_events == pos
+    np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
+    np.testing.assert_array_equal(stored.embed(nodes, t[3]), want_h)
+    # Nothing was replayed: the stored answers come from the checkpoint's files.
+    assert stored._pos == 0 and not stored.tr.memory.memory.any()
+    # The state carries what each model reads: memory, times and mail all filled.
+    files = NodeStateFiles(folder)
+    a = files.arrays[0]
+    assert np.abs(a["memory"]).sum() > 0 and a["mail_valid"].any()
+    assert (a["last_update"] > ev.t[0]).any() and a["mail_ts"].max() > 0
+    if model == "apan":
+        assert a["mail_valid"][:, 1:].any()  # more than one mail in some mailbox
+    # The run's own state (built while training) is another state: other answers.
+    own = Predictor(ck, device="cpu").score(src, dst, t, logits=True)
+    assert not np.array_equal(own, want)
+
+
+@pytest.mark.parametrize("model", ["tgn", "apan"])
+def test_earlier_times_are_replayed_in_the_same_call(runs, model):
+    store, run = runs["store"], runs[model]
+    ck = _latest(run)
+    ev = TemporalEvents.load(store)
+    pos = ev.split_range("val")[1]
+    src, dst, late = _queries(store, pos, 6)
+    t = np.asarray(ev.t, dtype=np.float64)
+    early = np.array([t[60] + 1, t[130], t[pos - 1]])  # the last at the checkpoint's time
+    both = np.concatenate([late[:3], early, late[3:]])
+    idx = [0, 1, 2, 0, 1, 2, 3, 4, 5]
+    p = Predictor(ck, device="cpu")
+    got = p.score(src[idx], dst[idx], both, logits=True)
+    replayed = Predictor(ck, device="cpu", memory="replay")
+    want_early = replayed.score(src[:3], dst[:3], early, logits=True)
+    np.testing.assert_array_equal(got[3:6], want_early)
+    # The later ones are the stored state's, as asked alone.
+    alone = Predictor(ck, device="cpu").score(src, dst, late, logits=True)
+    np.testing.assert_array_equal(got[[0, 1, 2, 6, 7, 8]], alone)
+    # A replay went as far as the earlier times needed, no further.
+    assert 0 < p._pos < pos
+
+
+def test_best_model_answers_the_first_test_batch_as_eval(runs, tmp_path) -> None:
+    """``sven eval`` continues the best model's test split from its saved node state;
+    the stored-state answers for the first test batch's events are its scores."""
+    store, run = runs["store"], runs["tgn"]
+    best = find_checkpoint(run)
+    assert best.parent.name == "best"
+    state = load_file(best / "state.pt")
+    tr = sven.Trainer(None, _overrides(store, tmp_path / "eval", "tgn"))
+    tr.model.load_state_dict(state["model"])
+    load_node_state(best, tr.memory.state_dict(), tr.owned, tr.num_nodes)
+    pos_logits = tr.evaluate("test").pos[:B]
+    ev = TemporalEvents.load(store)
+    lo, _ = ev.split_range("test")
+    raw = np.asarray(ev.id_map)
+    src, dst = raw[np.asarray(ev.src[lo : lo + B])], raw[np.asarray(ev.dst[lo : lo + B])]
+    t = np.asarray(ev.t[lo : lo + B], dtype=np.float64)
+    got = Predictor(run, device="cpu").score(src, dst, t, logits=True)
+    np.testing.assert_allclose(got, pos_logits.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_cli_memory_option(runs, tmp_path, capsys) -> None:
+    import pandas as pd
+
+    store, run = runs["store"], runs["jodie"]
+    ev = TemporalEvents.load(store)
+    src, dst, t = _queries(store, ev.split_range("val")[1], 5)
+    pairs = tmp_path / "pairs.csv"
+    pd.DataFrame({"src": src, "dst": dst, "t": t}).to_csv(pairs, index=False)
+    base = ["predict", "--checkpoint", str(run), "--pairs", str(pairs), "--device", "cpu"]
+    assert main([*base, "--out", str(tmp_path / "a.csv")]) == 0
+    assert "answered from its node state, no replay" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "b.csv"), "--memory", "replay"]) == 0
+    assert "node state" not in capsys.readouterr().err
+    a, b = pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")
+    np.testing.assert_allclose(
+        a["score"], Predictor(run, device="cpu").score(src, dst, t), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        b["score"], Predictor(run, device="cpu", memory="replay").score(src, dst, t), rtol=1e-6
+    )
+    emb = ["embed", "--checkpoint", str(run), "--nodes", f"{src[0]},{dst[0]}", "--time",
+           str(t[0]), "--device", "cpu", "--out", str(tmp_path / "e.npy")]  # fmt: skip
+    assert main(emb) == 0
+    want = Predictor(run, device="cpu").embed([src[0], dst[0]], t[0])
+    np.testing.assert_array_equal(np.load(tmp_path / "e.npy"), want)
+    with pytest.raises(ConfigError, match="memory must be checkpoint or replay"):
+        Predictor(run, device="cpu", memory="stored")
+
+
+def test_checkpoint_position_of_each_kind_of_checkpoint() -> None:
+    ranges = {"train": (0, 700), "val": (700, 850), "test": (850, 1000)}
+    assert checkpoint_position({"memory_phase": "val_end"}, ranges, 100) == 850
+    assert checkpoint_position({"cursor": {"epoch": 2, "next_batch": 0}}, ranges, 100) == 850
+    assert checkpoint_position({"cursor": {"epoch": 0, "next_batch": 3}}, ranges, 100) == 300
+    assert checkpoint_position({"cursor": {"epoch": 1, "next_batch": 8}}, ranges, 100) == 700
+    assert checkpoint_position({"cursor": {"epoch": 0, "next_batch": 0}}, ranges, 100) == 0
+    assert checkpoint_position({"model": {}}, ranges, 100) is None
