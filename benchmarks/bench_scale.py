@@ -23,13 +23,21 @@ each checkpoint's training stall and time to disk, peak RSS.
 default step, no compile), ``--batches``
 training batches, validation, test, its checkpoint and ``summary.json``, then ``sven
 predict`` from that checkpoint: every step's wall time, the whole process's, peak RSS,
-and the disk used.
+and the disk used; then 10^6 pairs. Each ``sven predict`` twice: from the checkpoint's
+node state (the default) and with ``--memory replay``.
+
+``--graph predict`` (a CPU-sized case): ``sven data synth --events 1e6 --nodes 1e5``,
+a short training of the same widths (``--batches``, default 20, then validation and
+test), then 100 pairs and 10^6 pairs scored both ways. For each: the process's wall
+time and peak RSS, and from ``sven predict``'s last line the time to load the model
+and the time (and pairs/s) to score them once loaded.
 
 Usage (GPU machine, repository root)::
 
     python3 benchmarks/bench_scale.py --graph 1e7 --out $OUT --deadline-s 560
     python3 benchmarks/bench_scale.py --graph 1e8 --out $OUT --deadline-s 560
     python3 benchmarks/bench_scale.py --device cpu --quick --out /tmp/scale  # the script
+    python3 benchmarks/bench_scale.py --graph predict --device cpu --out /tmp/scale
 
 ``--quick`` shrinks every size (a check of the script on a machine without a GPU).
 """
@@ -38,12 +46,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from steps import Steps, sven_cmd
 
 SVEN = sven_cmd()
@@ -76,7 +86,7 @@ def _du(path: Path) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--graph", choices=["1e7", "1e8"], default="1e7")
+    ap.add_argument("--graph", choices=["1e7", "1e8", "predict"], default="1e7")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--scratch", type=Path, default=Path("/tmp/sven-scale"))
     ap.add_argument("--device", default="cuda")
@@ -92,8 +102,10 @@ def main() -> int:
     steps.record.update(graph=args.graph, device=args.device, quick=args.quick)
     if args.graph == "1e7":
         graph_1e7(steps, scr, args)
-    else:
+    elif args.graph == "1e8":
         graph_1e8(steps, scr, args)
+    else:
+        graph_predict(steps, scr, args)
     steps.save()
     print(json.dumps(steps.record.get("result", {}), indent=2))
     return 0
@@ -169,13 +181,7 @@ def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     steps.run("train", train)
     s = _summary(run)
     t_end = time.perf_counter()
-    q = scr / "pairs.csv"
-    q.write_text("src,dst,t\n" + "".join(f"{i},{i + 1},{10**9}\n" for i in range(100)))
-    steps.run(
-        "predict",
-        [*SVEN, "predict", "--checkpoint", str(run), "--pairs", str(q), "--out",
-         str(scr / "scores.csv"), "--device", args.device],
-    )  # fmt: skip
+    pred = _predict_both_ways(steps, scr, run, args, nodes, (100, 10**6))
     res = {
         k: s.get(k)
         for k in (
@@ -188,17 +194,66 @@ def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     res["train_events"] = min(batches * 600, int(events * 0.7))
     res["synth_to_summary_s"] = round(t_end - t0, 1)
     res["end_to_end_s"] = round(time.perf_counter() - t0, 1)
-    res["peak_rss_gb"] = {
-        k: _rss_gb(steps.record["steps"][k]) for k in ("synth", "train", "predict")
-    }
+    res["peak_rss_gb"] = {k: _rss_gb(steps.record["steps"][k]) for k in ("synth", "train")}
     res["disk_gb"] = {"store": round(_du(store) / 1e9, 2), "run": round(_du(run) / 1e9, 2)}
     res["disk_free_gb"] = round(shutil.disk_usage(scr).free / 1e9, 2)
-    res["predict_rows"] = (
-        len((scr / "scores.csv").read_text().splitlines()) - 1
-        if (scr / "scores.csv").exists()
-        else None
-    )
+    res["predict"] = pred
     steps.record["result"] = res
+
+
+def graph_predict(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
+    """Questions to a trained model from its checkpoint, with and without a replay."""
+    events, nodes = (50_000, 5_000) if args.quick else (1_000_000, 100_000)
+    batches = args.batches or 20
+    store = scr / "sp"
+    steps.run("synth", [*SVEN, "data", "synth", "--events", str(events), "--nodes", str(nodes),
+                        "--seed", "0", "--out", str(store)])  # fmt: skip
+    run = scr / "run"
+    dims = ["model.memory_dim=32", "model.time_dim=32", "model.embed_dim=32"]
+    train = [*SVEN, "train", "--config", "configs/tgn.yaml", f"data.path={store}",
+             *_common(args), *dims, f"train.max_batches={batches}", f"out={run}"]  # fmt: skip
+    steps.run("train", train)
+    sizes = (100, 10_000) if args.quick else (100, 10**6)
+    res: dict[str, Any] = {"events": events, "nodes": nodes, "train_batches": batches}
+    res["predict"] = _predict_both_ways(steps, scr, run, args, nodes, sizes)
+    steps.record["result"] = res
+
+
+#: ``sven predict``'s last line: rows, seconds to score, pairs/s, seconds to load.
+_SCORED = re.compile(
+    r"(\d+) rows scored in ([\d.]+) s \(([\d,]+) pairs/s; the model loaded in ([\d.]+) s\)"
+)
+
+
+def _predict_both_ways(
+    steps: Steps, scr: Path, run: Path, args: argparse.Namespace, nodes: int, sizes: tuple[int, ...]
+) -> dict[str, Any]:
+    """``sven predict`` of each number of pairs (random ids, all at t = 10^9, after the
+    stream) from the checkpoint's node state and with ``--memory replay``."""
+    out: dict[str, Any] = {}
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        q = scr / f"pairs-{n}.csv"
+        ids = rng.integers(0, nodes, (n, 2))
+        np.savetxt(q, np.column_stack([ids, np.full(n, 10**9)]), fmt="%d", delimiter=",",
+                   header="src,dst,t", comments="")  # fmt: skip
+        for memory in ("checkpoint", "replay"):
+            name = f"predict-{n}-{memory}"
+            rec = steps.run(name, [*SVEN, "predict", "--checkpoint", str(run), "--pairs", str(q),
+                                   "--out", str(scr / f"{name}.csv"), "--device", args.device,
+                                   "--memory", memory])  # fmt: skip
+            got = _SCORED.search(rec.get("tail") or "")
+            out[name] = {
+                "wall_s": rec.get("wall_s"),
+                "peak_rss_gb": _rss_gb(rec),
+                "load_s": float(got.group(4)) if got else None,
+                "score_s": float(got.group(2)) if got else None,
+                "pairs_per_s": int(got.group(3).replace(",", "")) if got else None,
+            }
+            steps.record["result"] = {**steps.record.get("result", {}), "predict": out}
+            steps.save()
+            (scr / f"{name}.csv").unlink(missing_ok=True)
+    return out
 
 
 if __name__ == "__main__":

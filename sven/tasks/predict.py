@@ -100,7 +100,7 @@ class Predictor:
         device: str = "auto",
         replay: str = "batch",
         memory: str = "checkpoint",
-        query_batch: int = 2000,
+        query_batch: int = 20000,
         threads: int = 0,
         log: Callable[[str], None] | None = None,
         other_store: bool = False,
@@ -135,6 +135,8 @@ class Predictor:
         #: stream), or None where queries are all replayed.
         self.stored_events: int | None = None
         self._files: Any = None
+        # The checkpoint's whole node state, once a question reads as many rows as it has.
+        self._stored_whole: MemoryRows | None = None
         if memory == "checkpoint":
             self.stored_events = self._stored_position(state, other_store)
 
@@ -274,16 +276,19 @@ class Predictor:
                 groups.append((int(base[r0]), int(key[r0]), rows))
         return groups
 
-    def _answer(self, pos: np.ndarray, fn: Callable[[np.ndarray, ReadRows], None]) -> None:
+    def _answer(
+        self, pos: np.ndarray, fn: Callable[[np.ndarray, ReadRows], None], roots: int = 1
+    ) -> None:
         """Calls ``fn(rows, read)`` for each group of queries with ``read`` the node state
         they are answered from: the checkpoint's for those after its time (one group),
-        the replayed memory at each other group's state."""
+        the replayed memory at each other group's state. ``roots``: nodes embedded per
+        query (what the stored group will read)."""
         tr = self.tr
         later = np.zeros(pos.shape, dtype=bool)
         if self.stored_events is not None:
             later = pos >= self.stored_events
             if later.any():
-                fn(np.flatnonzero(later), self._stored_rows)
+                fn(np.flatnonzero(later), self._stored_reader(int(later.sum()) * roots))
         rest = np.flatnonzero(~later)
         for base, upto, rows in self._states(pos[rest]):
             rows = rest[rows]
@@ -314,6 +319,29 @@ class Predictor:
             saved = {k: v[nodes].clone() for k, v in tr.memory.full.items()}
             tr.memory.commit_dense(dense)
         return nodes, saved
+
+    def _stored_reader(self, roots: int) -> ReadRows:
+        """How the checkpoint's node state is read for ``roots`` query nodes: row by row
+        from its files, or, where the rows read (roots and their sampled neighbours)
+        would number at least N, the whole state once, then indexed on the device."""
+        model = self.tr.model
+        per_root = 1 + (self.tr.cfg.model.num_neighbors if model.read_neighbors else 0)
+        if self._stored_whole is None and roots * per_root < self.num_nodes:
+            return self._stored_rows
+        if self._stored_whole is None:
+            self._stored_whole = self._stored_rows(
+                torch.arange(self.num_nodes, device=self.tr.device)
+            )
+        whole = self._stored_whole
+
+        def read(nodes: torch.Tensor) -> MemoryRows:
+            from sven.models.memory import MemoryRows
+
+            w = whole
+            return MemoryRows(w.memory[nodes], w.last_update[nodes], w.mail[nodes],
+                              w.mail_ts[nodes], w.mail_valid[nodes])  # fmt: skip
+
+        return read
 
     def _stored_rows(self, nodes: torch.Tensor) -> MemoryRows:
         """The checkpoint's node state of ``nodes`` (U,) (ascending, as a batch holds
@@ -430,7 +458,7 @@ class Predictor:
                 with torch.no_grad():
                     z[torch.as_tensor(r)] = decoder(h[:m].to(dev), h[m:].to(dev)).float().cpu()
 
-        self._answer(self._positions(t), fill)
+        self._answer(self._positions(t), fill, roots=2)
         out[ok] = (z if logits else torch.sigmoid(z)).numpy()
         return out
 
@@ -528,7 +556,7 @@ class Predictor:
                         scores[r] = torch.sigmoid(top.values).cpu().numpy()
 
         if ok.size:
-            self._answer(self._positions(t[ok]), rank)
+            self._answer(self._positions(t[ok]), rank, roots=1 + c)
         return self.raw_ids(ids), scores
 
 

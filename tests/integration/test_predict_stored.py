@@ -110,15 +110,23 @@ def test_stored_state_answers_as_the_replay_at_the_checkpoints_time(runs, tmp_pa
     assert pos == ev.split_range("val")[1]
     src, dst, t = _queries(store, pos)
     replay = Predictor(ck, device="cpu", memory="replay")
-    want = replay.score(src, dst, t, logits=True)
+    # A few queries (2 pairs, 3 nodes: fewer rows with their neighbours than N = 24) and
+    # many (30 pairs, 10 nodes): read row by row, then the whole state read once.
+    few = replay.score(src[:2], dst[:2], t[:2], logits=True)
     nodes = np.asarray(ev.id_map)[:10]
+    few_h = replay.embed(nodes[:3], t[3])
+    want = replay.score(src, dst, t, logits=True)
     want_h = replay.embed(nodes, t[3])
     folder = _replayed_checkpoint(run, pos, tmp_path / "replayed", replay)
 
     stored = Predictor(folder, device="cpu")
     assert stored.stored_events == pos
+    np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
+    np.testing.assert_array_equal(stored.embed(nodes[:3], t[3]), few_h)
+    assert stored._stored_whole is None  # only the rows read
     np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
     np.testing.assert_array_equal(stored.embed(nodes, t[3]), want_h)
+    assert stored._stored_whole is not None
     # Nothing was replayed: the stored answers come from the checkpoint's files.
     assert stored._pos == 0 and not stored.tr.memory.memory.any()
     # The state carries what each model reads: memory, times and mail all filled.
