@@ -171,14 +171,7 @@ def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     events, nodes = (300_000, 1_000_000) if args.quick else (20_000_000, 100_000_000)
     batches = args.batches or (50 if args.quick else 15_000)
     t0 = time.perf_counter()
-    store = scr / "s8"
-    steps.run("synth", [*SVEN, "data", "synth", "--events", str(events), "--nodes", str(nodes),
-                        "--seed", "0", "--out", str(store)])  # fmt: skip
-    run = scr / "run"
-    dims = ["model.memory_dim=32", "model.time_dim=32", "model.embed_dim=32"]
-    train = [*SVEN, "train", "--config", "configs/tgn.yaml", f"data.path={store}",
-             *_common(args), *dims, f"train.max_batches={batches}", f"out={run}"]  # fmt: skip
-    steps.run("train", train)
+    store, run = _synth_and_train(steps, scr / "s8", scr / "run", args, events, nodes, batches)
     s = _summary(run)
     t_end = time.perf_counter()
     pred = _predict_both_ways(steps, scr, run, args, nodes, (100, 10**6))
@@ -201,18 +194,31 @@ def graph_1e8(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
     steps.record["result"] = res
 
 
-def graph_predict(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
-    """Questions to a trained model from its checkpoint, with and without a replay."""
-    events, nodes = (50_000, 5_000) if args.quick else (1_000_000, 100_000)
-    batches = args.batches or 20
-    store = scr / "sp"
+def _synth_and_train(
+    steps: Steps,
+    store: Path,
+    run: Path,
+    args: argparse.Namespace,
+    events: int,
+    nodes: int,
+    batches: int,
+) -> tuple[Path, Path]:
+    """``sven data synth`` of ``events`` over ``nodes``, then TGN's preset at widths 32
+    for ``batches`` training batches, validation and test; returns (store, run)."""
     steps.run("synth", [*SVEN, "data", "synth", "--events", str(events), "--nodes", str(nodes),
                         "--seed", "0", "--out", str(store)])  # fmt: skip
-    run = scr / "run"
     dims = ["model.memory_dim=32", "model.time_dim=32", "model.embed_dim=32"]
     train = [*SVEN, "train", "--config", "configs/tgn.yaml", f"data.path={store}",
              *_common(args), *dims, f"train.max_batches={batches}", f"out={run}"]  # fmt: skip
     steps.run("train", train)
+    return store, run
+
+
+def graph_predict(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
+    """Questions to a trained model from its checkpoint, with and without a replay."""
+    events, nodes = (50_000, 5_000) if args.quick else (1_000_000, 100_000)
+    batches = args.batches or 20
+    _, run = _synth_and_train(steps, scr / "sp", scr / "run", args, events, nodes, batches)
     sizes = (100, 10_000) if args.quick else (100, 10**6)
     res: dict[str, Any] = {"events": events, "nodes": nodes, "train_batches": batches}
     res["predict"] = _predict_both_ways(steps, scr, run, args, nodes, sizes)
