@@ -121,6 +121,7 @@ def test_stored_state_answers_as_the_replay_at_the_checkpoints_time(runs, tmp_pa
 
     stored = Predictor(folder, device="cpu")
     assert stored.stored_events == pos
+    assert stored.checkpoint_time == float(ev.t[pos - 1])
     np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
     np.testing.assert_array_equal(stored.embed(nodes[:3], t[3]), few_h)
     assert stored._stored_whole is None  # only the rows read
