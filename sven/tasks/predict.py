@@ -361,12 +361,31 @@ class Predictor:
 
     # ------------------------------------------------------------ embeddings
     @torch.no_grad()
+    def _embed_unique(
+        self, nodes: np.ndarray, t: np.ndarray, read: ReadRows
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Embeddings of compact ``nodes`` (n,) at times ``t`` (n,), each distinct
+        (node, time) once: (U, d) on the device and (n,) the row of each query in them.
+
+        A node's embedding at t is a function of the node state, the node and t (its
+        neighbours are the events before t, uniform draws keyed by (node, t)): a million
+        pairs over a hundred thousand nodes at one time embed each node once.
+        """
+        keys = _query_keys(nodes, t)
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        if not (
+            np.array_equal(nodes[first][inverse], nodes) and np.array_equal(t[first][inverse], t)
+        ):
+            # Two (node, time) of one key (a hash collision, never seen): no sharing.
+            first, inverse = np.arange(nodes.size), np.arange(nodes.size)
+        return self._embed_now(nodes[first], t[first], keys[first], read), inverse.reshape(-1)
+
     def _embed_now(
         self, nodes: np.ndarray, t: np.ndarray, keys: np.ndarray, read: ReadRows
     ) -> torch.Tensor:
         """(n, d) embeddings of compact ``nodes`` at times ``t`` from the node state that
-        ``read`` gives; ``keys`` (n,) distinct ids of the queries (their uniform
-        neighbour draws are keyed by them, whatever the batches they fall in)."""
+        ``read`` gives; ``keys`` (n,) the queries' random keys (:func:`_query_keys`: their
+        uniform neighbour draws, whatever the batches they fall in)."""
         from sven.pipeline.batch import make_batch
 
         tr = self.tr
@@ -404,7 +423,8 @@ class Predictor:
         h = torch.zeros(nodes.size, self.tr.model.embed_dim, dtype=self.tr.dtype)
 
         def fill(rows: np.ndarray, read: ReadRows) -> None:
-            h[torch.as_tensor(rows)] = self._embed_now(nodes[rows], t[rows], rows, read).cpu()
+            hu, inv = self._embed_unique(nodes[rows], t[rows], read)
+            h[torch.as_tensor(rows)] = hu[torch.as_tensor(inv, device=hu.device)].cpu()
 
         self._answer(self._positions(t), fill)
         return h
@@ -445,18 +465,19 @@ class Predictor:
         decoder, dev = self.tr.model.decoder, self.tr.device
 
         def fill(rows: np.ndarray, read: ReadRows) -> None:
-            # Pairs a pass's worth at a time: a million pairs never hold 2 * 10^6
-            # embeddings at once. A pair's ends are keyed 2i and 2i + 1.
-            step = max(1, self.query_batch // 2)
-            for a in range(0, rows.size, step):
-                r = rows[a : a + step]
+            # Pairs a block at a time (their distinct (node, time) embedded once), the
+            # decoder a pass's worth of pairs at a time: a million pairs of distinct
+            # times never hold 2 * 10^6 embeddings at once.
+            for a in range(0, rows.size, _PAIR_BLOCK):
+                r = rows[a : a + _PAIR_BLOCK]
                 m = r.size
-                h = self._embed_now(
-                    np.concatenate([s[r], d[r]]), np.tile(t[r], 2),
-                    np.concatenate([2 * r, 2 * r + 1]), read,
-                )  # fmt: skip
+                hu, inv = self._embed_unique(np.concatenate([s[r], d[r]]), np.tile(t[r], 2), read)
+                inv_t = torch.as_tensor(inv, device=hu.device)
                 with torch.no_grad():
-                    z[torch.as_tensor(r)] = decoder(h[:m].to(dev), h[m:].to(dev)).float().cpu()
+                    for b in range(0, m, self.query_batch):
+                        e = min(m, b + self.query_batch)
+                        zs = decoder(hu[inv_t[b:e]].to(dev), hu[inv_t[m + b : m + e]].to(dev))
+                        z[torch.as_tensor(r[b:e])] = zs.float().cpu()
 
         self._answer(self._positions(t), fill, roots=2)
         out[ok] = (z if logits else torch.sigmoid(z)).numpy()
@@ -539,11 +560,10 @@ class Predictor:
             times = np.unique(t[q])
             for tt in times:
                 sel = q[t[q] == tt]
-                # Keys: the sources by row, the candidates after every row.
-                keys = np.concatenate([sel, raw.size + np.arange(c)])
-                h = self._embed_now(
-                    np.concatenate([s[sel], cand]), np.full(sel.size + c, tt), keys, read
+                hu, inv = self._embed_unique(
+                    np.concatenate([s[sel], cand]), np.full(sel.size + c, tt), read
                 )
+                h = hu[torch.as_tensor(inv, device=hu.device)]
                 h_s, h_c = h[: sel.size], h[sel.size :]
                 with torch.no_grad():
                     for a in range(0, sel.size, max(1, self.query_batch // max(c, 1))):
@@ -558,6 +578,21 @@ class Predictor:
         if ok.size:
             self._answer(self._positions(t[ok]), rank, roots=1 + c)
         return self.raw_ids(ids), scores
+
+
+#: Pairs whose distinct (node, time) are embedded together (at most twice as many
+#: embeddings held at once).
+_PAIR_BLOCK = 1 << 19
+
+
+def _query_keys(nodes: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """(n,) int64 random keys of queries (node, time), the same for the same query in
+    any batch and any call: a hash of the node and the time's bits."""
+    bits = np.ascontiguousarray(t, dtype=np.float64).view(np.uint64)
+    k = nodes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    k ^= bits * np.uint64(0xBF58476D1CE4E5B9)
+    k ^= k >> np.uint64(31)
+    return (k >> np.uint64(1)).astype(np.int64)
 
 
 def checkpoint_position(

@@ -26,7 +26,7 @@ from sven.datasets.store import TemporalEvents, write_events
 from sven.engine.checkpoint import Checkpointer, find_checkpoint, load_file, load_node_state
 from sven.engine.checkpoint.load import NodeStateFiles
 from sven.errors import ConfigError
-from sven.tasks.predict import Predictor, checkpoint_position
+from sven.tasks.predict import Predictor, _query_keys, checkpoint_position
 
 MODELS = ("tgn", "jodie", "apan", "dyrep")
 OFFSET = 500  # raw ids 500..: never the compact ones
@@ -222,3 +222,19 @@ def test_checkpoint_position_of_each_kind_of_checkpoint() -> None:
     assert checkpoint_position({"cursor": {"epoch": 1, "next_batch": 8}}, ranges, 100) == 700
     assert checkpoint_position({"cursor": {"epoch": 0, "next_batch": 0}}, ranges, 100) == 0
     assert checkpoint_position({"model": {}}, ranges, 100) is None
+
+
+def test_repeated_queries_are_embedded_once_with_the_same_answers(runs) -> None:
+    """A million pairs over few nodes at one time embed each (node, time) once: the
+    scores of repeated pairs are those of the distinct ones, asked alone."""
+    store, run = runs["store"], runs["tgn"]
+    ev = TemporalEvents.load(store)
+    src, dst, t = _queries(store, ev.split_range("val")[1], 8)
+    p = Predictor(run, device="cpu")
+    alone = p.score(src, dst, t, logits=True)
+    rep = np.random.default_rng(1).integers(0, 8, 500)
+    many = p.score(src[rep], dst[rep], t[rep], logits=True)
+    np.testing.assert_allclose(many, alone[rep], rtol=1e-6, atol=1e-6)
+    # The random key of a query is its (node, time)'s: equal for equal queries only.
+    k = _query_keys(np.array([3, 3, 4, 3]), np.array([5.0, 5.0, 5.0, 5.5]))
+    assert k[0] == k[1] and len(set(k[1:].tolist())) == 3 and (k >= 0).all()
