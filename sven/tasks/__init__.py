@@ -2,5 +2,5 @@
 
 Node classification on a link-prediction encoder (``nodeclass``), and the replay of a
 saved run that answers questions about any time: scores, top-k and embeddings
-(``predict``, on ``replay``).
+(``predict``, on ``replay`` and on the checkpoint's node state; raw ids through ``ids``).
 """

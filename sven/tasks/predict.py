@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 from sven.errors import ConfigError, DataError
-from sven.tasks.replay import encode_events, open_run, split_stream
+from sven.tasks.ids import IdMaps
+from sven.tasks.replay import checkpoint_position, encode_events, open_run, split_stream
 
 if TYPE_CHECKING:
     from sven.models.memory import MemoryRows
@@ -130,7 +131,7 @@ class Predictor:
         self._split_of = np.array([_split_at(d.ranges, int(s)) for s in self._starts])
         self._pos = 0
         self.tr.memory.reset()
-        self._ids = _IdMaps(d.events)
+        self._ids = IdMaps(d.events)
         #: Events the checkpoint's node state has seen (its memory's position in the
         #: stream), or None where queries are all replayed.
         self.stored_events: int | None = None
@@ -595,37 +596,6 @@ def _query_keys(nodes: np.ndarray, t: np.ndarray) -> np.ndarray:
     return (k >> np.uint64(1)).astype(np.int64)
 
 
-def checkpoint_position(
-    state: dict[str, Any], ranges: dict[str, tuple[int, ...]], batch_size: int
-) -> int | None:
-    """How many events of the stream a checkpoint's node state has folded in.
-
-    The best model's state and an epoch's checkpoint are taken after validation (the
-    end of the ``val`` split); a mid-epoch checkpoint after its last trained batch. (A
-    run of ``train.max_batches`` trained on fewer events than the position says; its
-    memory has still seen nothing after it.)
-
-    Args:
-        state: The checkpoint's ``state.pt`` (its ``memory_phase`` or ``cursor``).
-        ranges: The data's split ranges, split -> (lo, hi) event indices.
-        batch_size: The run's ``train.batch_size``.
-
-    Returns:
-        The position (events before it are in the memory), or None for a state that
-        says nothing of where its memory is.
-    """
-    if state.get("memory_phase") == "val_end":
-        return int(ranges["val"][1])
-    cursor = state.get("cursor")
-    if not isinstance(cursor, dict):
-        return None
-    epoch, nb = int(cursor.get("epoch", 0)), int(cursor.get("next_batch", 0))
-    if nb == 0:
-        return int(ranges["val"][1]) if epoch > 0 else 0
-    lo, hi = ranges["train"]
-    return int(min(hi, lo + nb * batch_size))
-
-
 def _split_at(ranges: dict[str, tuple[int, ...]], i: int) -> str:
     for s, (lo, hi) in ranges.items():
         if lo <= i < hi:
@@ -641,71 +611,6 @@ def _plain(x: Any) -> Any:
 def _check_unknown(unknown: str) -> None:
     if unknown not in ("fail", "skip"):
         raise ConfigError(f"unknown must be fail or skip, got {unknown!r}")
-
-
-class _IdMaps:
-    """Raw id <-> compact id through the store's id map, per side on a bipartite store."""
-
-    def __init__(self, events: Any) -> None:
-        self.id_map = np.asarray(events.id_map)
-        n = self.id_map.size
-        u = events.num_src_nodes if events.bipartite else None
-        self.bipartite = u is not None
-        self.sides = {"all": (0, n)} if u is None else {"src": (0, int(u)), "dst": (int(u), n)}
-        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-    def _table(self, side: str) -> tuple[np.ndarray, np.ndarray, int]:
-        lo, hi = self.sides[side]
-        if side not in self._sorted:
-            part = self.id_map[lo:hi]
-            order = np.argsort(part, kind="stable")
-            self._sorted[side] = (part[order], order)
-        return (*self._sorted[side], lo)
-
-    def lookup(self, raw: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
-        if side not in ("auto", "src", "dst"):
-            raise ConfigError(f"side must be auto, src or dst, got {side!r}")
-        if not self.bipartite:
-            side = "all"
-        elif side == "auto":
-            raise ConfigError(
-                "this store is bipartite (sources and destinations number their ids "
-                "separately): say which side the ids are on (--side src or --side dst)"
-            )
-        keys, order, offset = self._table(side)
-        q = _as_keys(raw, keys.dtype)
-        known = np.zeros(raw.size, dtype=bool)
-        out = np.full(raw.size, -1, dtype=np.int64)
-        valid = np.flatnonzero(q[1])
-        if keys.size and valid.size:
-            pos = np.searchsorted(keys, q[0][valid])
-            pos_c = np.minimum(pos, keys.size - 1)
-            hit = (pos < keys.size) & (keys[pos_c] == q[0][valid])
-            known[valid[hit]] = True
-            out[valid[hit]] = offset + order[pos_c[hit]]
-        return out, known
-
-    def raw(self, compact: np.ndarray) -> np.ndarray:
-        return self.id_map[compact]
-
-
-def _as_keys(raw: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The user's ids in the id map's dtype, and which of them could be converted."""
-    raw = np.asarray(raw).reshape(-1)
-    if dtype.kind in "iu":
-        ok = np.ones(raw.size, dtype=bool)
-        if raw.dtype.kind in "iu":
-            return raw.astype(np.int64), ok
-        vals = np.zeros(raw.size, dtype=np.int64)
-        for i, x in enumerate(raw):
-            try:
-                f = float(x)
-                ok[i] = f.is_integer()
-                vals[i] = int(f) if ok[i] else 0
-            except (TypeError, ValueError):
-                ok[i] = False
-        return vals, ok
-    return raw.astype(str), np.ones(raw.size, dtype=bool)
 
 
 # --------------------------------------------------------------------- files

@@ -9,7 +9,9 @@ partition, memory and, on several ranks, the memory exchange are the run's own),
 :func:`encode_events` walks events through :meth:`MemoryModel.encode
 <sven.models.base.MemoryModel.encode>` the way evaluation walks them: in global batches,
 each rank its share, reading and committing memory through the trainer's read/commit
-path.
+path. A checkpoint also holds the memory at one point of the stream, its own;
+:func:`checkpoint_position` says which point (what predictions answer from without a
+replay).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from sven.errors import SvenError
 if TYPE_CHECKING:
     from sven.engine.trainer import Trainer
 
-__all__ = ["encode_events", "open_run", "read_checkpoint", "split_stream"]
+__all__ = [
+    "checkpoint_position",
+    "encode_events",
+    "open_run",
+    "read_checkpoint",
+    "split_stream",
+]
 
 
 def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, Any]]:
@@ -129,3 +137,34 @@ def split_stream(split: str) -> int:
     sampling is keyed by it; dropout is off), so that a replay draws what ``sven eval``
     draws."""
     return EVAL_STREAM[split]
+
+
+def checkpoint_position(
+    state: dict[str, Any], ranges: dict[str, tuple[int, ...]], batch_size: int
+) -> int | None:
+    """How many events of the stream a checkpoint's node state has folded in.
+
+    The best model's state and an epoch's checkpoint are taken after validation (the
+    end of the ``val`` split); a mid-epoch checkpoint after its last trained batch. (A
+    run of ``train.max_batches`` trained on fewer events than the position says; its
+    memory has still seen nothing after it.)
+
+    Args:
+        state: The checkpoint's ``state.pt`` (its ``memory_phase`` or ``cursor``).
+        ranges: The data's split ranges, split -> (lo, hi) event indices.
+        batch_size: The run's ``train.batch_size``.
+
+    Returns:
+        The position (events before it are in the memory), or None for a state that
+        says nothing of where its memory is.
+    """
+    if state.get("memory_phase") == "val_end":
+        return int(ranges["val"][1])
+    cursor = state.get("cursor")
+    if not isinstance(cursor, dict):
+        return None
+    epoch, nb = int(cursor.get("epoch", 0)), int(cursor.get("next_batch", 0))
+    if nb == 0:
+        return int(ranges["val"][1]) if epoch > 0 else 0
+    lo, hi = ranges["train"]
+    return int(min(hi, lo + nb * batch_size))

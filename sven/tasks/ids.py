@@ -1,0 +1,77 @@
+"""Raw ids and compact ones: the user's ids (as in the converted file) through the
+event store's id map, per side on a bipartite store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sven.errors import ConfigError
+
+__all__ = ["IdMaps"]
+
+
+class IdMaps:
+    """Raw id <-> compact id through the store's id map, per side on a bipartite store."""
+
+    def __init__(self, events: Any) -> None:
+        self.id_map = np.asarray(events.id_map)
+        n = self.id_map.size
+        u = events.num_src_nodes if events.bipartite else None
+        self.bipartite = u is not None
+        self.sides = {"all": (0, n)} if u is None else {"src": (0, int(u)), "dst": (int(u), n)}
+        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _table(self, side: str) -> tuple[np.ndarray, np.ndarray, int]:
+        lo, hi = self.sides[side]
+        if side not in self._sorted:
+            part = self.id_map[lo:hi]
+            order = np.argsort(part, kind="stable")
+            self._sorted[side] = (part[order], order)
+        return (*self._sorted[side], lo)
+
+    def lookup(self, raw: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
+        if side not in ("auto", "src", "dst"):
+            raise ConfigError(f"side must be auto, src or dst, got {side!r}")
+        if not self.bipartite:
+            side = "all"
+        elif side == "auto":
+            raise ConfigError(
+                "this store is bipartite (sources and destinations number their ids "
+                "separately): say which side the ids are on (--side src or --side dst)"
+            )
+        keys, order, offset = self._table(side)
+        q = _as_keys(raw, keys.dtype)
+        known = np.zeros(raw.size, dtype=bool)
+        out = np.full(raw.size, -1, dtype=np.int64)
+        valid = np.flatnonzero(q[1])
+        if keys.size and valid.size:
+            pos = np.searchsorted(keys, q[0][valid])
+            pos_c = np.minimum(pos, keys.size - 1)
+            hit = (pos < keys.size) & (keys[pos_c] == q[0][valid])
+            known[valid[hit]] = True
+            out[valid[hit]] = offset + order[pos_c[hit]]
+        return out, known
+
+    def raw(self, compact: np.ndarray) -> np.ndarray:
+        return self.id_map[compact]
+
+
+def _as_keys(raw: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The user's ids in the id map's dtype, and which of them could be converted."""
+    raw = np.asarray(raw).reshape(-1)
+    if dtype.kind in "iu":
+        ok = np.ones(raw.size, dtype=bool)
+        if raw.dtype.kind in "iu":
+            return raw.astype(np.int64), ok
+        vals = np.zeros(raw.size, dtype=np.int64)
+        for i, x in enumerate(raw):
+            try:
+                f = float(x)
+                ok[i] = f.is_integer()
+                vals[i] = int(f) if ok[i] else 0
+            except (TypeError, ValueError):
+                ok[i] = False
+        return vals, ok
+    return raw.astype(str), np.ones(raw.size, dtype=bool)
