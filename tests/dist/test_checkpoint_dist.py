@@ -111,7 +111,7 @@ def test_one_process_evaluates_it_to_the_two_rank_figures(two, tmp_path) -> None
 
 
 def test_sven_predict_on_one_process_gives_the_two_rank_scores(two, tmp_path) -> None:
-    store, root, _ = two
+    store, root, ranks = two
     ev = TemporalEvents.load(store)
     lo, hi = ev.split_range("test")
     raw = np.asarray(ev.id_map)
@@ -125,7 +125,7 @@ def test_sven_predict_on_one_process_gives_the_two_rank_scores(two, tmp_path) ->
     pairs.to_csv(tmp_path / "pairs.csv", index=False)
     out = tmp_path / "scored.csv"
     argv = ["predict", "--checkpoint", str(root / "run"), "--pairs", str(tmp_path / "pairs.csv")]
-    assert main([*argv, "--out", str(out), "--device", "cpu"]) == 0
+    assert main([*argv, "--out", str(out), "--device", "cpu", "--memory", "replay"]) == 0
     got = pd.read_csv(out)
     assert len(got) == hi - lo
     # What evaluation scores with the two-rank model and the memory replayed from empty
@@ -139,3 +139,12 @@ def test_sven_predict_on_one_process_gives_the_two_rank_scores(two, tmp_path) ->
     # Scores are written as float32.
     np.testing.assert_allclose(got["score"].to_numpy(), want, rtol=0, atol=2e-7)
     assert json.loads((root / "run" / "summary.json").read_text())["world_size"] == 2
+    # From the node state the two ranks saved (the default), read on one process
+    # through their owner map: the first test batch scores as the two ranks' test did.
+    b = tr.cfg.train.batch_size
+    stored = tmp_path / "stored.csv"
+    assert main([*argv, "--out", str(stored), "--device", "cpu"]) == 0
+    first = pd.read_csv(stored)["score"].to_numpy()[:b]
+    np.testing.assert_allclose(
+        first, torch.sigmoid(ranks[0]["logits"][:b]).numpy(), rtol=0, atol=2e-7
+    )
