@@ -23,7 +23,7 @@ import torch
 
 from sven.engine.body import StepInput
 from sven.pipeline.batch import Batch
-from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.dedupe import dedupe_fixed, slot_count
 from sven.pipeline.exchange import FixedExchange, LocalExchange, read_occurrences
 
 __all__ = [
@@ -257,7 +257,8 @@ class BatchSource:
             # One fetch for the whole share: each node is read once, by whichever
             # micro-batch needs it, so the bytes are those of the unsplit share.
             cat = torch.cat([mb.nodes for mb in batches])
-            nodes, inverse = dedupe_fixed(cat, self.tables.num_nodes)
+            n = self.tables.num_nodes
+            nodes, inverse = dedupe_fixed(cat, n, slot_count(cat.shape[0], n))
             at = list(torch.split(inverse, [mb.nodes.shape[0] for mb in batches]))
             occ = torch.zeros_like(nodes)
             for mb, pos in zip(batches, at):
