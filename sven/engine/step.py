@@ -52,6 +52,13 @@ if TYPE_CHECKING:
 __all__ = ["Step", "StepStatus"]
 
 
+def fixed_shapes(device: torch.device, distributed: bool) -> bool:
+    """Whether a step runs on static shapes: on CUDA, where a graph captures it, and
+    across ranks, whose collectives move buffers of fixed sizes. (On one CPU process an
+    exact-size batch computes less.)"""
+    return device.type == "cuda" or distributed
+
+
 class StepStatus:
     """A finished step's stop votes and exchange overflows, read without stalling.
 
@@ -165,7 +172,7 @@ class Step:
         self.grads, self.plan_group, self.timeline = grads, plan_group, timeline
         self.device = dev
         self.distributed = exchange.distributed
-        fixed = dev.type == "cuda" or self.distributed
+        fixed = fixed_shapes(dev, self.distributed)
         self.model: Any = model
         if tc.compile and dev.type == "cuda":
             from sven.pipeline.negatives import register_compiled_ops
