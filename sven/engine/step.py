@@ -333,8 +333,7 @@ class Step:
     def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
         npred = (g_hi - g_lo) * (1 + self.cfg.train.num_neg)
-        self.shares.name(self.inp, g_lo, g_hi, epoch)
-        self.inp.fill(npred=float(npred))
+        self.shares.name(self.inp, g_lo, g_hi, epoch, npred=float(npred))
         if self.grads is not None:
             self.status.vote.fill_(float(stop_vote))
         d = self.depth

@@ -43,6 +43,7 @@ __all__ = [
     "backend_for",
     "gru_cell",
     "hash_backend",
+    "link_decoder",
     "recurrent_update",
     "reset_backend",
     "rnn_cell",
@@ -58,7 +59,7 @@ _MODES = ("auto", "reference", "triton")
 #: step, 165,775 -> 184,645 train events/s (warm epoch 164,871 -> 184,895, test AP
 #: 0.8835 -> 0.8833). The fully fused attention (its projections in the kernel) is
 #: not among them: 152,289 events/s with everything in Triton.
-AUTO_TRITON = frozenset({"recurrent_update", "temporal_attention"})
+AUTO_TRITON = frozenset({"link_decoder", "recurrent_update", "temporal_attention"})
 # Which Triton module implements each public name.
 _TRITON_MODULE = {
     "temporal_attention": "sven.kernels.triton_attention",
@@ -66,6 +67,7 @@ _TRITON_MODULE = {
     "gru_cell": "sven.kernels.triton_rnn",
     "rnn_cell": "sven.kernels.triton_rnn",
     "recurrent_update": "sven.kernels.triton_rnn",
+    "link_decoder": "sven.kernels.triton_decoder",
 }
 # The cached choice: (mode, interpreter on, triton importable, per-function backends);
 # None until first read.
@@ -193,6 +195,11 @@ temporal_attention_fused = _dispatch("temporal_attention_fused", attention=tempo
 temporal_attention_factored = reference.temporal_attention_factored
 gru_cell = _dispatch("gru_cell")
 rnn_cell = _dispatch("rnn_cell")
+
+# The link scorer of every model: the reference runs three linear layers per pair
+# column; Triton the source projection once per event and the rest as one kernel each
+# way (docs/kernels.md).
+link_decoder = _dispatch("link_decoder")
 
 # The memory updater: the reference composes the reference cells; Triton fuses it
 # (four kernels forward, docs/kernels.md).
