@@ -28,7 +28,10 @@ import triton.language as tl
 
 __all__ = ["link_decoder"]
 
-_BLOCK_M = 32
+# Rows (pairs) per program and the tiles of the products: 16 x 32 blocks keep a program
+# in registers and give a batch of 200 events and one negative 25 programs.
+_BLOCK_M = 16
+_BLOCK_K = 32
 _BLOCK_O = 32
 
 
@@ -36,28 +39,34 @@ _BLOCK_O = 32
 def _decoder_fwd_kernel(
     x_ptr, a_ptr, wd_ptr, bd_ptr, wo_ptr, bo_ptr, z_ptr, out_ptr,
     M, B, D, D2,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_O: tl.constexpr,
+    KEEP_Z: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rm = rows < M
-    kd = tl.arange(0, BLOCK_D)
-    km = kd < D
-    x = tl.load(x_ptr + rows[:, None] * D + kd[None, :], mask=rm[:, None] & km[None, :], other=0.0)
-    x = x.to(tl.float32)
     src = rows % B
     acc = tl.zeros([BLOCK_M], dtype=tl.float32)
     for o0 in range(0, D2, BLOCK_O):
         oc = o0 + tl.arange(0, BLOCK_O)
         om = oc < D2
-        # W_dst^T chunk: (BLOCK_D, BLOCK_O).
-        wmask = km[:, None] & om[None, :]
-        w = tl.load(wd_ptr + oc[None, :] * D + kd[:, None], mask=wmask, other=0.0)
-        c = tl.dot(x, w.to(tl.float32), input_precision="ieee")
+        # c = x W_dst^T over the output chunk, in blocks of the input dimension (small
+        # tiles: the whole row block and weight chunk would not fit in registers).
+        c = tl.zeros([BLOCK_M, BLOCK_O], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            kd = k0 + tl.arange(0, BLOCK_K)
+            km = kd < D
+            xm = rm[:, None] & km[None, :]
+            x = tl.load(x_ptr + rows[:, None] * D + kd[None, :], mask=xm, other=0.0)
+            wmask = km[:, None] & om[None, :]
+            w = tl.load(wd_ptr + oc[None, :] * D + kd[:, None], mask=wmask, other=0.0)
+            c += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         tile = rm[:, None] & om[None, :]
         a = tl.load(a_ptr + src[:, None] * D2 + oc[None, :], mask=tile, other=0.0).to(tl.float32)
         bd = tl.load(bd_ptr + oc, mask=om, other=0.0).to(tl.float32)
         z = tl.maximum(a + c + bd[None, :], 0.0)
-        tl.store(z_ptr + rows[:, None] * D2 + oc[None, :], z.to(z_ptr.dtype.element_ty), mask=tile)
+        if KEEP_Z:
+            z_at = z_ptr + rows[:, None] * D2 + oc[None, :]
+            tl.store(z_at, z.to(z_ptr.dtype.element_ty), mask=tile)
         wo = tl.load(wo_ptr + oc, mask=om, other=0.0).to(tl.float32)
         acc += tl.sum(z * wo[None, :], axis=1)
     out = acc + tl.load(bo_ptr).to(tl.float32)
@@ -115,13 +124,15 @@ class _LinkDecoder(torch.autograd.Function):
         h_src, x = h[:b], h[b:]
         m = x.shape[0]
         a = torch.addmm(b_src, h_src, w_src.t())
-        z = torch.empty(m, d2, dtype=h.dtype, device=h.device)
+        # The activations are kept for a backward only (evaluation scores without them).
+        keep = any(ctx.needs_input_grad)
+        z = torch.empty(m if keep else 0, d2, dtype=h.dtype, device=h.device)
         out = torch.empty(m, dtype=h.dtype, device=h.device)
         grid = (triton.cdiv(m, _BLOCK_M),)
         _decoder_fwd_kernel[grid](
             x, a, w_dst.contiguous(), b_dst, w_out.contiguous(), b_out, z, out,
             m, b, d, d2,
-            BLOCK_M=_BLOCK_M, BLOCK_D=_block_d(d), BLOCK_O=_BLOCK_O,
+            BLOCK_M=_BLOCK_M, BLOCK_K=_BLOCK_K, BLOCK_O=_BLOCK_O, KEEP_Z=keep,
         )  # fmt: skip
         ctx.save_for_backward(h, z, w_src, w_dst, w_out)
         ctx.b = b

@@ -70,3 +70,16 @@ def test_link_decoder_reference_is_the_module(device: str) -> None:
     else:
         torch.testing.assert_close(pos, want_pos)
         torch.testing.assert_close(neg, want_neg)
+
+
+def test_link_decoder_without_gradients(device: str) -> None:
+    """Scored without a backward (evaluation), the kernel keeps no activations and
+    gives the same logits."""
+    from sven.kernels import triton_decoder
+
+    xs = [x.detach() for x in _inputs(7, 3, 17, device)]
+    with torch.no_grad():
+        got = triton_decoder.link_decoder(xs[0], 7, *xs[1:])
+        want = reference.link_decoder(xs[0], 7, *xs[1:])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
