@@ -186,11 +186,14 @@ def _eval(args: argparse.Namespace) -> int:
     fixed = checkpoint_fixed(cfg, current)
     if fixed:
         keys = ", ".join(k.split(" ")[0] for k in fixed)
-        raise ConfigError(
+        err = ConfigError(
             f"{keys} cannot change at evaluation: the saved model {folder} has its own "
             f"({'; '.join(fixed)}); drop the override"
         )
-    _say_fallback(Path(args.checkpoint), folder)
+        err.quiet = detect_launcher().rank != 0  # every rank finds it; one says it
+        raise err
+    if detect_launcher().rank == 0:
+        _say_fallback(Path(args.checkpoint), folder)
     # The store before any work (the trainer loads, verifies and tabulates it).
     check_store_first(st, current, folder, other_store=args.other_store)
     trainer = Trainer(cfg, overrides, purpose="eval")

@@ -168,7 +168,8 @@ def recorded_config(
     checkpoint does not name: ``data.path`` becomes the store's absolute path that the
     checkpoint records (its identity, :func:`sven.datasets.identity.store_identity`),
     where that store is there; any other relative path is taken relative to the run
-    folder (the ``step-N`` folder's grand-parent).
+    folder (the ``step-N`` folder's grand-parent), or to the current folder where
+    only there it exists (an older run reused from where it was started).
 
     Args:
         state: The checkpoint's ``state.pt`` (its ``config`` and ``data``).
@@ -195,7 +196,12 @@ def recorded_config(
         changed["data.path"] = recorded
     if world_size == 1 and cfg.dist.partition:
         changed["dist.partition"] = ""
-    if changed:
-        cfg = _with(cfg, changed)
     run = Path(os.path.abspath(folder)).parent.parent
-    return absolute_paths(cfg, run)
+    for key in PATH_KEYS:
+        value = changed.get(key, _get(cfg, key))
+        if value and not os.path.isabs(value):
+            # The run's folder first; the current one where only it has the path (a
+            # run reused from where it was started, as before paths were recorded).
+            there, here = os.path.normpath(run / value), os.path.abspath(value)
+            changed[key] = here if not os.path.exists(there) and os.path.exists(here) else there
+    return _with(cfg, changed) if changed else cfg
