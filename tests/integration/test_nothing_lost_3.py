@@ -424,3 +424,21 @@ def test_also_eval_of_a_run_with_an_empty_best_says_which_model_it_scores(
     assert json.loads(out)["checkpoint"] == str(latest)
     note = next(x for x in err.splitlines() if x.startswith("sven: note:"))
     assert "holds no model" in note and str(latest) in note
+
+
+def test_12_the_folders_sven_owns_are_named(trained, tmp_path) -> None:
+    from sven.ownership import sven_folder
+
+    store, run = trained
+    best = next((run / "best").iterdir())
+    (tmp_path / "state" / "rank0").mkdir(parents=True)
+    (tmp_path / "state" / ".sven-state").touch()
+    assert sven_folder(store / "sub" / "x.csv") == f"the event store {store}"
+    assert sven_folder(best / "nodes") == f"the checkpoint {best}"
+    assert sven_folder(run / "checkpoints") == f"checkpoints/ of the run {run}"
+    assert (
+        sven_folder(tmp_path / "state" / "rank0") == f"the node-state folder {tmp_path / 'state'}"
+    )
+    # A run's own top, its plots (a manifest of their own) and a folder of the user's.
+    for free in (run, run / "plots", run / "preds", tmp_path / "mine"):
+        assert sven_folder(free) is None, free
