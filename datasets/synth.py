@@ -55,7 +55,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -400,3 +400,36 @@ def default_dataset(cache_dir: str | os.PathLike[str] | None = None) -> Path:
         Path of the event store.
     """
     return cached_dataset(SynthParams(), cache_dir)[0]
+
+
+@dataclass(frozen=True)
+class StoreShape:
+    """What a run's plan reads of a store (counts and feature tables), for a store
+    not generated yet.
+
+    Attributes:
+        path: Where the store would be.
+        num_events, num_nodes: Its counts.
+        edge_feat: None, or an empty (0, d_e) array: the width of its features.
+        node_feat: None (the generator writes no node features).
+        meta: Its ``name``.
+    """
+
+    path: Path
+    num_events: int
+    num_nodes: int
+    edge_feat: np.ndarray | None = None
+    node_feat: None = None
+    meta: dict[str, Any] = field(default_factory=lambda: {"name": "synth"})
+
+
+def default_dataset_shape(cache_dir: str | os.PathLike[str] | None = None) -> StoreShape | None:
+    """The default dataset's shape where it is not in the cache yet (None where it is):
+    what ``sven train --dry-run`` plans with, generating nothing."""
+    params = SynthParams()
+    final = cache_root(cache_dir) / cached_name(params)
+    if (final / "meta.json").is_file():
+        return None
+    d = params.edge_feat_dim
+    feat = np.empty((0, d), dtype=np.float32) if d else None
+    return StoreShape(final, params.events, params.nodes, edge_feat=feat)

@@ -6,11 +6,12 @@ import argparse
 import contextlib
 import json
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sven.cli.config import KeysHelpFormatter, config_help
-from sven.errors import Stopped, SvenError
+from sven.errors import ConfigError, Stopped, SvenError
 
 if TYPE_CHECKING:
     from sven.config import Config
@@ -58,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from sven.config import load_config
+    from sven.config.paths import command_config
     from sven.distributed.collectives import DistError
     from sven.distributed.launcher import detect_launcher
     from sven.distributed.liveness import node_name
@@ -68,7 +70,8 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append("quiet=true")
     info = detect_launcher()
     try:
-        cfg = load_config(args.config, overrides)
+        # Every path the user gave resolved and checked first (nothing read or written).
+        cfg = command_config(load_config(args.config, overrides), writes=not args.dry_run)
     except SvenError as err:
         # Every rank reads the same command line: one rank says it, once.
         err.quiet = info.rank != 0
@@ -145,8 +148,23 @@ def _fit(cfg: Config) -> int:
     return 0
 
 
+def _say_fallback(given: Path, folder: Path) -> None:
+    """A run folder whose ``best/`` holds no model stands for its latest checkpoint;
+    a note says so before any score (the scores are not the best model's)."""
+    best = given / "best"
+    if best.is_dir() and best not in folder.parents:
+        print(
+            f"sven: note: {best} holds no model (the run stopped before its first "
+            f"validation); evaluating its latest checkpoint, {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from sven.config import Config, load_config
+    from sven.config import checkpoint_fixed, load_config
+    from sven.config.paths import recorded_config
+    from sven.distributed.launcher import detect_launcher
     from sven.engine.checkpoint import find_checkpoint, load_file
     from sven.engine.run_folder import finite_or_none
     from sven.engine.store_check import check_store_first
@@ -156,17 +174,34 @@ def _eval(args: argparse.Namespace) -> int:
     st = load_file(folder / "state.pt")
     if not isinstance(st, dict) or not isinstance(st.get("config"), dict):
         raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
-    cfg = Config.from_dict(st["config"])
+    # The run's paths as its run meant them, from wherever this command runs.
+    cfg = recorded_config(st, folder, detect_launcher().world_size)
     if cfg.task == "node_classification":
         raise SvenError(
             f"{folder} is a node-classification run: its AUCs are in its summary.json; "
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
     overrides = [*_config_overrides(cfg, []), "train.resume=false", *args.overrides]
+    current = load_config(None, overrides)
+    fixed = checkpoint_fixed(cfg, current)
+    if fixed:
+        keys = ", ".join(k.split(" ")[0] for k in fixed)
+        err = ConfigError(
+            f"{keys} cannot change at evaluation: the saved model {folder} has its own "
+            f"({'; '.join(fixed)}); drop the override"
+        )
+        err.quiet = detect_launcher().rank != 0  # every rank finds it; one says it
+        raise err
+    if detect_launcher().rank == 0:
+        _say_fallback(Path(args.checkpoint), folder)
     # The store before any work (the trainer loads, verifies and tabulates it).
-    check_store_first(st, load_config(None, overrides), folder, other_store=args.other_store)
+    check_store_first(st, current, folder, other_store=args.other_store)
     trainer = Trainer(cfg, overrides, purpose="eval")
-    res = finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
+    try:
+        res = finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
+    finally:
+        # The node state's scratch (the disk tier's temporary folder) goes now.
+        trainer.memory.close()
     if args.json:
         print(json.dumps(res, indent=2))
     else:
