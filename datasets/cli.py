@@ -396,6 +396,14 @@ def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.Ar
         "--communities", type=int, default=0, help="number of communities (default: nodes // 100)"
     )
     p.add_argument(
+        "--labels",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="write per-event 0/1 labels (for task=node_classification): an event is 1 when "
+        "its source is in one of SHARE of the communities (default 0: no labels)",
+    )
+    p.add_argument(
         "--chunk-size",
         type=int,
         default=DEFAULT_CHUNK_SIZE,
@@ -421,6 +429,7 @@ def run_synth(args: argparse.Namespace) -> int:
         edge_feat_dim=args.edge_feat_dim,
         bipartite=args.bipartite,
         communities=args.communities,
+        label_share=args.labels,
     )
     start = time.perf_counter()
     if args.out is None:
