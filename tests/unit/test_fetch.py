@@ -1,7 +1,7 @@
 """``sven data fetch``: the registry, and downloads from a local mirror on 127.0.0.1.
 
 No test reaches the internet: the mirror is an HTTP server in this process serving a
-folder, plus two broken routes (a truncated transfer and a stalled one). The real
+folder, plus a broken route (a truncated transfer; ``tests/mirror.py``). The real
 registry entries of CollegeMsg and bitcoin-otc are checked end to end where the shared
 copies of their published files are present.
 """
@@ -11,10 +11,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,36 +22,11 @@ from sven.datasets import FORMATS
 from sven.datasets.fetch import fetch
 from sven.datasets.registry import REGISTRY, Dataset, lookup, registry_table
 from sven.errors import ConfigError, DataError, SvenError
+from tests.mirror import serve
 
 REPO = Path(__file__).resolve().parents[2]
 # 6 events on 4 nodes, one out of time order.
 TINY = b"1 2 100\n2 3 105\n3 1 110\n1 4 120\n4 2 115\n2 1 130\n"
-
-
-class _Mirror(SimpleHTTPRequestHandler):
-    """Serves ``root``; ``/truncated/F`` promises F's length and sends half of it."""
-
-    root: Path
-    hits: list[str]
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, directory=str(self.root), **kwargs)
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        if self.path.startswith("/truncated/"):
-            body = (self.root / self.path.removeprefix("/truncated/")).read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        super().do_GET()
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
 
 
 @pytest.fixture
@@ -61,21 +34,12 @@ def mirror(tmp_path, monkeypatch) -> Iterator[tuple[str, Path, list[str]]]:
     """(base URL, served folder, requested paths) of a server on 127.0.0.1."""
     root = tmp_path / "mirror"
     root.mkdir()
-    hits: list[str] = []
-    handler = type("Handler", (_Mirror,), {"root": root, "hits": hits})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     monkeypatch.delenv("SVEN_DATA_MIRROR", raising=False)
     monkeypatch.setenv("SVEN_CACHE", str(tmp_path / "cache"))
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root, hits
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve(root) as (base, hits):
+        yield base, root, hits
 
 
 def _entry(data: bytes, *, known: bool = True, **changes) -> Dataset:
