@@ -167,7 +167,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
     entry = lookup(args.name)
     start = time.perf_counter()
-    with stop_on_sigterm(args.out or entry.name):
+    with stop_on_sigterm(args.out or f"the cache's {entry.name}"):
         done = fetch(
             entry,
             args.out,
