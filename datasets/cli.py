@@ -161,7 +161,7 @@ def _fetch(args: argparse.Namespace) -> int:
             print(f"{d.name:14} {d.events:>10,} events {d.nodes:>7,} nodes  {d.format:11} {d.url}")
             print(f"{'':14} {d.about}; sha256 {sha}")
             print(f"{'':14} licence: {d.licence}; cite: {d.citation}")
-        return 0 if args.list else 2
+        return 0
     from sven.datasets.fetch import fetch
     from sven.ownership import stop_on_sigterm
 
