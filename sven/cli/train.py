@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,13 +60,51 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=_eval)
 
 
+#: Seconds of silent start-up after which ``sven train`` says what it is doing.
+SLOW_START_S = 3.0
+#: Rank variables of the launchers: a rank other than 0 keeps quiet.
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+@contextlib.contextmanager
+def slow_start_notice(quiet: bool, after_s: float = SLOW_START_S) -> Iterator[threading.Timer]:
+    """Within the block, a line on stderr once ``after_s`` seconds have passed.
+
+    The first ``import torch`` of a fresh environment compiles thousands of modules
+    (a minute on a small machine) before the run prints anything; a user should not
+    mistake that for a hang. Said by rank 0 only, and not with ``quiet``.
+    """
+    rank = next((os.environ[v] for v in _RANK_VARS if v in os.environ), "0")
+
+    def say() -> None:
+        print(
+            "sven train: loading torch and the models (a first start in a fresh "
+            "environment compiles them: up to a minute)...",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    timer = threading.Timer(after_s, say)
+    timer.daemon = True
+    if not quiet and rank == "0":
+        timer.start()
+    try:
+        yield timer
+    finally:
+        timer.cancel()
+
+
 def _train(args: argparse.Namespace) -> int:
     from sven.config import load_config
     from sven.config.paths import command_config
-    from sven.distributed.collectives import DistError
-    from sven.distributed.launcher import detect_launcher
-    from sven.distributed.liveness import node_name
-    from sven.distributed.native_log import native_stderr_to
+
+    quiet = args.quiet or "quiet=true" in args.overrides
+    with slow_start_notice(quiet):
+        from sven.distributed.collectives import DistError
+        from sven.distributed.launcher import detect_launcher
+        from sven.distributed.liveness import node_name
+        from sven.distributed.native_log import native_stderr_to
+        from sven.engine.trainer import Trainer  # noqa: F401 - the rest of the long import
 
     overrides = list(args.overrides)
     if args.quiet:
