@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train a model (defaults: TGN on the built-in synthetic dataset)",
         description="Train a memory-based TGNN. Overrides are dotted key=value pairs, e.g. "
         "data.path=stores/uci model.name=jodie train.epochs=10 out=runs/uci-jodie.",
-        epilog=config_help(),
+        epilog=config_help,  # type: ignore[arg-type]  # built when shown (KeysHelpFormatter)
         formatter_class=KeysHelpFormatter,
     )
     p.add_argument("--config", help="YAML preset (e.g. configs/tgn.yaml)")
