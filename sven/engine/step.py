@@ -52,6 +52,13 @@ if TYPE_CHECKING:
 __all__ = ["Step", "StepStatus"]
 
 
+def fixed_shapes(device: torch.device, distributed: bool) -> bool:
+    """Whether a step runs on static shapes: on CUDA, where a graph captures it, and
+    across ranks, whose collectives move buffers of fixed sizes. (On one CPU process an
+    exact-size batch computes less.)"""
+    return device.type == "cuda" or distributed
+
+
 class StepStatus:
     """A finished step's stop votes and exchange overflows, read without stalling.
 
@@ -165,7 +172,7 @@ class Step:
         self.grads, self.plan_group, self.timeline = grads, plan_group, timeline
         self.device = dev
         self.distributed = exchange.distributed
-        fixed = dev.type == "cuda" or self.distributed
+        fixed = fixed_shapes(dev, self.distributed)
         self.model: Any = model
         if tc.compile and dev.type == "cuda":
             from sven.pipeline.negatives import register_compiled_ops
@@ -326,8 +333,7 @@ class Step:
     def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
         npred = (g_hi - g_lo) * (1 + self.cfg.train.num_neg)
-        self.shares.name(self.inp, g_lo, g_hi, epoch)
-        self.inp.fill(npred=float(npred))
+        self.shares.name(self.inp, g_lo, g_hi, epoch, npred=float(npred))
         if self.grads is not None:
             self.status.vote.fill_(float(stop_vote))
         d = self.depth
