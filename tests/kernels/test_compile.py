@@ -19,7 +19,7 @@ COMPILE_ALL = r"""
 import json
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from sven.kernels import triton_attention as ta, triton_rnn as tr
+from sven.kernels import triton_attention as ta, triton_decoder as td, triton_rnn as tr
 
 POINTEE = {"m_ptr": "*u8", "pos_ptr": "*i64", "dt_ptr": "*fp32", "tw_ptr": "*fp32",
            "tb_ptr": "*fp32", "dkv_ptr": "*fp32", "has_ptr": "*u8", "ts_ptr": "*fp64",
@@ -34,11 +34,18 @@ for dt in ("fp32", "bf16"):
         for edge, bd, bt in ((True, 64, 32), (False, 16, 16)):
             cases.append((fn, dt, {"HAS_EDGE": edge, "BF16_DOT": dt == "bf16",
                                    "BLOCK_K": 16, "BLOCK_D": bd, "BLOCK_T": bt}))
-    cases.append((tr._encode_kernel, dt, {"BLOCK": 1024}))
-    for fn in (tr._cell_fwd_kernel, tr._cell_bwd_kernel):
-        for gru in (True, False):
-            for masked in (True, False):
-                cases.append((fn, dt, {"GRU": gru, "MASKED": masked, "BLOCK": 1024}))
+    for wide in (False, True):
+        cases.append((tr._encode_kernel, dt, {"BLOCK": 1024, "WIDE": wide}))
+        for fn in (tr._cell_fwd_kernel, tr._cell_bwd_kernel):
+            for gru in (True, False):
+                for masked in (True, False):
+                    cases.append(
+                        (fn, dt, {"GRU": gru, "MASKED": masked, "BLOCK": 1024, "WIDE": wide})
+                    )
+    for keep in (True, False):
+        cases.append((td._decoder_fwd_kernel, dt,
+                      {"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_O": 32, "KEEP_Z": keep}))
+    cases.append((td._decoder_bwd_kernel, dt, {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32}))
 failures = []
 for fn, dt, consts in cases:
     sig = {}
@@ -71,5 +78,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 34
+    assert report["cases"] == 58
     assert report["failures"] == []
