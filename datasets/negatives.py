@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from sven.datasets.checksums import sha256_file
 from sven.datasets.layout import NEG_SPLITS, load_meta
+from sven.digest import sha256_file
 from sven.errors import DataError, SvenError
 from sven.ownership import lock_folder
 
