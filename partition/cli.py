@@ -11,7 +11,7 @@
                            [--inter-latency-us L] [--ranks-per-node R] [--grad-bytes G]
                            [--hidden H]]
 
-``--model`` (tgn, jodie, dyrep, apan) sets which nodes a batch reads and writes in the
+``--model`` (one of ``sven.models.MODEL_NAMES``) sets which nodes a batch reads and writes in the
 cost model: TGN samples neighbours of every root and reads them, JODIE none, DyRep
 only those of src and dst, APAN samples src's and dst's neighbours and writes mail to
 them without reading them.
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError, DataError, SvenError
+from sven.models import MODEL_NAMES
 
 __all__ = ["add_parser"]
 
@@ -70,7 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--model",
-        choices=("tgn", "jodie", "dyrep", "apan"),
+        choices=MODEL_NAMES,
         help="model whose reads and writes the cost model replays (tgn; report: as built)",
     )
     p.add_argument("--k", type=int, help="neighbours per root (10; report: as built)")

@@ -33,10 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["MARKER", "TIERS", "Storage", "claim_state_folder", "is_state_folder", "uva_view"]
+from sven.models.tiers import TIERS
 
-#: The tiers of ``state.device`` (``auto`` picks one of them).
-TIERS = ("gpu", "host", "disk")
+__all__ = ["MARKER", "TIERS", "Storage", "claim_state_folder", "is_state_folder", "uva_view"]
 
 
 class _CudaArray:
