@@ -354,10 +354,6 @@ class Trainer:
 
         return broadcast_object(value)
 
-    # The data component's batch builders, under the names benchmarks use.
-    _event_index = property(lambda self: self.data.event_index, doc="Data.event_index")
-    _batch = property(lambda self: self.data.batch, doc="Data.batch")
-
     def num_batches(self, split: str) -> int:
         """Number of global batches of a split at the configured batch size."""
         return self.data.num_batches(split)
@@ -614,7 +610,6 @@ def _data_state(state: dict[str, Any]) -> dict[str, Any]:
     return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
 
 
-# Kept under its old name (it moved to sven.engine.checkpoint with the checkpointer).
 def _is_comm_failure(exc: BaseException) -> bool:
     """Whether a RuntimeError comes from a broken or timed-out collective."""
     if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
