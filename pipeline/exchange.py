@@ -21,6 +21,9 @@ are read once per epoch. A batch that needs more than a capacity is recorded in
 :attr:`FixedExchange.overflow` (the step stops the run, naming the capacity).
 
 :class:`LocalExchange` is the trivial exchange of one process without a process group.
+Both are an :class:`~sven.pipeline.exchange_api.Exchange` (defined, with
+:class:`LocalExchange`, in :mod:`sven.pipeline.exchange_api` and importable from here):
+the step is built with one and never asks which.
 """
 
 from __future__ import annotations
@@ -30,98 +33,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryState, winner_rows
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.exchange_api import (
+    Exchange,
+    FetchPlan,
+    Group,
+    LocalExchange,
+    read_occurrences,
+)
 from sven.pipeline.wire import COUNTERS, ID_BYTES, Capacities, CapacityError, CommCounter, RowCodec
 
-__all__ = ["FetchPlan", "FixedExchange", "LocalExchange", "read_occurrences"]
-
-
-def read_occurrences(batch: Batch) -> torch.Tensor:
-    """(U,) how often each of ``batch.nodes`` is read by the batch's real events.
-
-    Roots of padded events (``batch.valid`` False) and masked neighbour slots count
-    nothing, so a node read only by padding is not needed: on several ranks it is not
-    fetched (its row is zero; the padded event's results are masked anyway).
-    """
-    u = batch.nodes.shape[0]
-    width = batch.root_pos.shape[0] // max(batch.size, 1)
-    if batch.valid is None:
-        root_w = torch.ones_like(batch.root_pos)
-    else:
-        root_w = batch.valid.to(torch.int64).repeat(width)
-    occ = torch.zeros(u, dtype=torch.int64, device=batch.nodes.device)
-    occ.index_add_(0, batch.root_pos, root_w)
-    if batch.nbr_pos is not None:
-        nb = batch.nbr_pos.shape[0]
-        w = batch.block.mask[:nb].to(torch.int64) * root_w[:nb, None]
-        occ.index_add_(0, batch.nbr_pos.reshape(-1), w.reshape(-1))
-    return occ
-
-
-class LocalExchange:
-    """The exchange of one process without a process group: every row is local.
-
-    Args:
-        memory: The whole memory.
-    """
-
-    distributed = False
-
-    def __init__(self, memory: MemoryState) -> None:
-        self.shard = memory
-        self.counter = CommCounter(memory.device)
-        self.overflow = torch.zeros(2, dtype=torch.int64, device=memory.device)
-
-    def fetch(self, batch: Batch | torch.Tensor, mode: str = "train") -> MemoryRows:
-        """The rows of ``batch.nodes`` (or of the (U,) ids given), the scratch row for
-        padding slots."""
-        return self.shard.gather(batch if isinstance(batch, torch.Tensor) else batch.nodes)
-
-    def push(self, update: DenseUpdate, mode: str = "train") -> None:
-        """Commits the batch's write-back (fixed shapes: :meth:`MemoryState.commit_dense`)."""
-        self.shard.commit_dense(update)
-
-    def wait(self) -> None:
-        """Nothing is in flight."""
-
-    def check(self) -> None:
-        """No capacity to overflow."""
-
-    def flush(self) -> None:
-        """Nothing is held."""
-
-    drop_held = flush
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        """Nothing besides the memory changes."""
-        return []
-
-
-@dataclass
-class FetchPlan:
-    """Where a batch's rows come from: the outcome of the id exchange.
-
-    Attributes:
-        nodes: (U,) the batch's node slots.
-        mine: (U,) bool, read from this rank's shard.
-        ok: (U,) bool, requested from another rank (within capacity).
-        dest: (U,) slot of each request in the send buffer (the dump slot otherwise).
-        req: (sum of received sizes,) int64 ids other ranks request from this one, -1
-            in padding.
-        naive: () remote reads a scheme without de-duplication would make.
-        excess: () largest count over a capacity (<= 0 when everything fits).
-    """
-
-    nodes: torch.Tensor
-    mine: torch.Tensor
-    ok: torch.Tensor
-    dest: torch.Tensor
-    req: torch.Tensor
-    naive: torch.Tensor
-    excess: torch.Tensor
+__all__ = ["Exchange", "FetchPlan", "FixedExchange", "LocalExchange", "read_occurrences"]
 
 
 @dataclass
@@ -138,7 +64,7 @@ class _Splits:
     push_off: torch.Tensor
 
 
-class FixedExchange:
+class FixedExchange(Exchange):
     """Fetches and pushes memory rows between owners over fixed-size buffers.
 
     Args:
@@ -245,6 +171,10 @@ class FixedExchange:
         self._side: Any = None
         self._push_done: Any = None
 
+    def owners(self) -> torch.Tensor:
+        """(N + 1,) int64 owner rank of every vertex, then P for the padding id N."""
+        return self._owner_ext
+
     # ----------------------------------------------------------------- sizes
     def set_capacities(self, mode: str, caps: Capacities) -> None:
         """Fixes the split sizes of one kind of step ("train" or "eval")."""
@@ -332,11 +262,7 @@ class FixedExchange:
 
     # --------------------------------------------------------------- fetch
     def plan(
-        self,
-        nodes: torch.Tensor,
-        occurrences: torch.Tensor,
-        mode: str = "train",
-        group: dist.ProcessGroup | None = None,
+        self, nodes: Tensor, occurrences: Tensor, mode: str = "train", group: Group = None
     ) -> FetchPlan:
         """Sends the ids of the remote nodes a batch reads to their owners, each once.
 
@@ -372,7 +298,7 @@ class FixedExchange:
         naive = (occurrences * remote).sum()
         return FetchPlan(nodes, mine, ok, dest, req, naive, excess)
 
-    def fetch(self, batch: Batch | FetchPlan, mode: str = "train") -> MemoryRows:
+    def fetch(self, batch: Batch | FetchPlan | torch.Tensor, mode: str = "train") -> MemoryRows:
         """The rows of a batch's nodes: local ones from the shard, remote ones from their
         owners, each node once; slots no real event reads get zero rows.
 
@@ -392,13 +318,15 @@ class FixedExchange:
             # A group of one: the trivial exchange (one owner, local rows = global ids),
             # so that a launched single rank runs the one-process step plus its
             # gradient all-reduce.
-            nodes = batch.nodes
+            nodes = batch if isinstance(batch, torch.Tensor) else batch.nodes
             rows = self.shard.gather(nodes)
             if self._feat_ext is not None:
                 rows.node_feat = self._feat_ext[nodes]
             if self.staleness == 1 and mode == "train":
                 self._commit_held()
             return rows
+        if isinstance(batch, torch.Tensor):
+            raise TypeError("across ranks a fetch takes the batch or its plan, not bare ids")
         plan = (
             batch
             if isinstance(batch, FetchPlan)

@@ -132,7 +132,7 @@ class StepGraph:
             self.fn()
             return
         try:
-            self._capture()
+            graph = self._capture()
         except Exception as exc:
             if self.mode == "on":
                 raise
@@ -141,9 +141,10 @@ class StepGraph:
             self.graph = None
             self.fn()
             return
-        self.graph.replay()  # type: ignore[union-attr]
+        graph.replay()
 
-    def _capture(self) -> None:
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Warms up, captures the graph and keeps it (the state put back as it was)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         # The warm-up runs real steps (and a failed capture may run part of one): the
@@ -164,6 +165,7 @@ class StepGraph:
             self.capture_s = time.perf_counter() - t0 - self.warmup_s
         self.graph = graph
         self.captured = True
+        return graph
 
     def rehearse(self) -> None:
         """The warm-up of a capture without the capture: ``warmup`` eager runs, then the

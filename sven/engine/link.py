@@ -489,7 +489,7 @@ class LinkPrediction:
         if tr.device.type == "cuda":
             summary["triton_cache_dir"] = triton_cache_dir()
         if tr.distributed:
-            caps = tr.exchange.capacities.get("train")  # type: ignore[union-attr]
+            caps = tr.exchange.capacities.get("train")
             if caps is not None:
                 summary["exchange_capacities"] = {
                     "events": caps.events,

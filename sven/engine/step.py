@@ -43,11 +43,11 @@ from sven.engine.capacities import CapacityPlanner
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.models import MemoryModel, MemoryState
-from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.pipeline.exchange_api import Exchange
 from sven.pipeline.wire import Capacities
 
 if TYPE_CHECKING:
-    from sven.distributed.grads import GradBucket
+    from sven.distributed.grads import Gradients
 
 __all__ = ["Step", "StepStatus"]
 
@@ -62,31 +62,20 @@ class StepStatus:
 
     Args:
         device: Where the step runs.
-        dtype: Floating type of the vote (the gradients').
-        active: Whether there is a gradient bucket (several ranks or a launcher); else
-            the status is always (0, 0, 0).
+        active: Whether gradients cross ranks (several ranks or a launcher); else the
+            status is always (0, 0, 0).
     """
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, active: bool) -> None:
+    def __init__(self, device: torch.device, active: bool) -> None:
         self.device, self.active = device, active
-        #: () this rank's stop vote, summed with the gradients.
-        self.vote = torch.zeros((), dtype=dtype, device=device)
-        #: [summed stop votes, fetch overflow, push overflow] of the last step.
+        #: [summed stop votes, fetch overflow, push overflow] of the last step, written
+        #: by the gradients (:meth:`~sven.distributed.grads.Gradients.record`).
         self.value = torch.zeros(3, dtype=torch.float64, device=device)
         pin = device.type == "cuda"
         # Two host copies on CUDA: step i's lands while step i - 1's is read.
         self._host = [torch.zeros(3, dtype=torch.float64, pin_memory=pin) for _ in "ab"]
         self._events: list[Any] = [None, None]
         self.steps = 0
-
-    def record(self, grads: GradBucket | None, exchange: LocalExchange | FixedExchange) -> None:
-        """Inside the step: the summed vote (the bucket's slot after the loss) and the
-        exchange's overflow flags."""
-        if grads is None:
-            return
-        n = grads.numel
-        ov = exchange.overflow.to(torch.float64)
-        self.value.copy_(torch.cat([grads.flat[n + 1 : n + 2].double(), ov]))
 
     def after_step(self) -> None:
         """After a step was queued: on CUDA its status starts on its way to the host."""
@@ -135,7 +124,8 @@ class Step:
         optimizer: Its optimizer.
         memory: This rank's node state (the whole state on one process).
         exchange: The exchange (trivial on one process without a process group).
-        grads: The gradient bucket (several ranks or a launcher), or None.
+        grads: How gradients are zeroed and summed (the bucket on several ranks or
+            under a launcher).
         plan_group: Process group of prefetched id exchanges (its own communicator:
             they run on a side stream beside the step's collectives), or None.
         timeline: The rank's :class:`~sven.engine.timeline.Timeline`.
@@ -152,8 +142,8 @@ class Step:
         model: MemoryModel,
         optimizer: torch.optim.Optimizer,
         memory: MemoryState,
-        exchange: LocalExchange | FixedExchange,
-        grads: GradBucket | None,
+        exchange: Exchange,
+        grads: Gradients,
         plan_group: Any,
         timeline: Any,
         log: Callable[[str], None],
@@ -219,7 +209,7 @@ class Step:
         self.source = BatchSource(data.tables, model, tc.seed, self.shares, exchange)
         self.ring = ring(self.depth, dev, lambda: determinism(dev))
         self.planner = CapacityPlanner(self.source, self.ahead, model, memory.dtype, tc.batch_size)
-        self.status = StepStatus(dev, memory.dtype, grads is not None)
+        self.status = StepStatus(dev, grads.crosses_ranks)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         self.evaluation = Evaluation(
             cfg=cfg,
@@ -241,7 +231,7 @@ class Step:
                 [p.data for p in model.parameters()]
                 + self._node_state()
                 + [self.loss_sum, self.status.value, *self.ring.tensors()]
-                + ([grads.flat] if grads is not None else [])
+                + grads.tensors()
             )
 
         self.train_graphs = [
@@ -296,14 +286,11 @@ class Step:
                     self.inp["npred"],
                     lap=lap,
                     grads=self.grads,
-                    vote=self.status.vote,
                 )
                 self.loss_sum += loss
-                if self.grads is not None:
-                    # What the gradient all-reduce sent (the exchange counts every byte
-                    # that crosses ranks, on the device).
-                    self.exchange.counter.value[3] += self.grads.bytes_per_step
-                self.status.record(self.grads, self.exchange)
+                self.grads.record(
+                    self.exchange.counter.value, self.status.value, self.exchange.overflow
+                )
                 self.ring.join()
 
         return fn
@@ -328,8 +315,7 @@ class Step:
         npred = (g_hi - g_lo) * (1 + self.cfg.train.num_neg)
         self.shares.name(self.inp, g_lo, g_hi, epoch)
         self.inp.fill(npred=float(npred))
-        if self.grads is not None:
-            self.status.vote.fill_(float(stop_vote))
+        self.grads.set_vote(stop_vote)
         d = self.depth
         if d:
             self.shares.name(self.ahead, *self._global(i + d), epoch)
@@ -377,7 +363,7 @@ class Step:
             their sources at their times, from the memory before the batch.
         """
         mode = f"encode{lo}-{hi}-{stream}"
-        if self.distributed and mode not in self.exchange.capacities:  # type: ignore[union-attr]
+        if self.distributed and mode not in self.exchange.capacities:
             self.planner.plan_passes(mode, [lambda: (lo, hi, stream, 0, None)])
         model = self.model_ref
         model.eval()

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from sven.config import Config, load_config
+from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
@@ -53,7 +54,8 @@ from sven.engine.timeline import StepProfiler, Timeline
 from sven.errors import ConfigError, first_line
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.models.storage import Storage
-from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.pipeline.exchange import FixedExchange
+from sven.pipeline.exchange_api import Exchange, LocalExchange
 
 
 class Trainer:
@@ -197,12 +199,10 @@ class Trainer:
         clock.add("model", time.perf_counter() - t_model)
         t_tables = time.perf_counter()
         self.distributed = self.ctx.backend != "none"
-        self.exchange: LocalExchange | FixedExchange
-        grads = plan_group = None
+        self.exchange: Exchange
+        plan_group = None
         if self.distributed:
             from datetime import timedelta
-
-            from sven.distributed.grads import GradBucket
 
             # Made here, in the same order on every rank: the write-back runs on a side
             # stream beside the gradient all-reduce, and prefetched id plans beside the
@@ -230,9 +230,11 @@ class Trainer:
         self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not compiles)
         dt_opt = time.perf_counter() - t_opt
         clock.add("optimizer", dt_opt)
-        if self.distributed:
-            grads = GradBucket(self.model.parameters(), None, self.world_size)
-        self.grads = grads
+        self.grads: Gradients = (
+            GradBucket(self.model.parameters(), None, self.world_size)
+            if self.distributed
+            else LocalGrads(self.optimizer)
+        )
         self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
@@ -252,7 +254,7 @@ class Trainer:
             optimizer=self.optimizer,
             memory=self.memory,
             exchange=self.exchange,
-            grads=grads,
+            grads=self.grads,
             plan_group=plan_group,
             timeline=self.timeline,
             log=lambda msg: self._log(msg, force=True),
