@@ -354,10 +354,11 @@ class StateConfig:
     (docs/scale.md). The math is the same in every tier."""
 
     device: str = "auto"
-    """auto, gpu, host or disk. gpu: beside the compute (on a CPU run, host memory).
-    host: pinned host memory, read and written by the step's kernels over the host
-    link (the step stays captured). disk: memory-mapped files under ``state.path``, for
-    state larger than host memory (on CUDA rows are staged through host copies and the
+    """auto, gpu, host or disk: where node state lives. gpu: GPU memory (on a run
+    without a GPU an alias of host, shown as host). host: host memory; on CUDA pinned,
+    read and written by the step's kernels over the host link (the step stays
+    captured). disk: memory-mapped files under ``state.path``, for state larger than
+    host memory (on CUDA rows are staged through host copies and the
     step runs uncaptured). auto: gpu when the run fits ``state.gpu_budget_gb``, else
     host when it fits ``state.host_budget_gb``, else disk."""
     gpu_budget_gb: float = 0.0

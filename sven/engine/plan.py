@@ -5,7 +5,8 @@ work.
 bytes each part of a run holds at its peak (node state, event tables, the sampler's
 index, per-node indexes, evaluation tables, the model, checkpoints kept on disk),
 picks the node-state tier (``state.device=auto``: the GPU when the run fits its budget,
-else host memory, else files), and :meth:`Plan.check` refuses a run that does not fit,
+else host memory, else files; named where the state lives: ``host`` on a CPU run,
+:func:`~sven.models.tiers.resolve_tier`), and :meth:`Plan.check` refuses a run that does not fit,
 in one line naming the numbers and the setting to change. ``sven train --dry-run``
 prints the plan (:meth:`Plan.describe`) and stops.
 
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from sven.errors import ConfigError
+from sven.models.tiers import resolve_tier
 
 __all__ = ["Plan", "node_row_bytes", "plan_run"]
 
@@ -255,13 +257,14 @@ def plan_run(
         fixed_host = sum(i.host for i in items)
         if cuda and fixed_gpu + state <= budgets["gpu"]:  # type: ignore[operator]
             tier = "gpu"
-        elif not cuda and fixed_host + state <= budgets["host"]:  # type: ignore[operator]
-            tier = "gpu"
-        elif cuda and fixed_host + state <= budgets["host"]:  # type: ignore[operator]
+        elif fixed_host + state <= budgets["host"]:  # type: ignore[operator]
             tier = "host"
         else:
             tier = "disk"
         notes.append(f"state.device=auto chose {tier}")
+    elif resolve_tier(tier, device.type) != tier:
+        notes.append(f"state.device={tier} is host memory on a run without a GPU: tier host")
+    tier = resolve_tier(tier, device.type)
     if tier == "gpu":
         items.append(on(compute, "node state", state))
     elif tier == "host":
