@@ -18,7 +18,6 @@ gradient is the one-process gradient ("Distributed semantics" in docs/design.md)
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -30,7 +29,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sven.config import Config, load_config
+from sven.config import Config
+from sven.config.load import as_config, config_overrides, load_config
 from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine.checkpoint import (
     Checkpointer,
@@ -56,6 +56,9 @@ from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.models.storage import Storage
 from sven.pipeline.exchange import FixedExchange
 from sven.pipeline.exchange_api import Exchange, LocalExchange
+
+# Under its old name for the callers that import it from here (sven.cli.train, replay).
+_config_overrides = config_overrides
 
 
 class Trainer:
@@ -104,22 +107,67 @@ class Trainer:
         startup: StartupClock | None,
         purpose: str,
     ) -> None:
-        if isinstance(config, Config):
-            cfg = (
-                config if not overrides else load_config(None, _config_overrides(config, overrides))
-            )
-        elif isinstance(config, dict):
-            cfg = Config.from_dict(config)
-            if overrides:
-                cfg = load_config(None, _config_overrides(cfg, overrides))
-        else:
-            cfg = load_config(config, overrides)
-        self.cfg = cfg
+        """Builds the run's parts, in an order every rank keeps (collectives, seeds)."""
+        self.cfg = cfg = as_config(config, overrides)
         self._purpose = purpose
         # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
         # counts from process start.
         self.startup = clock = startup or StartupClock()
-        tc, mc = cfg.train, cfg.model
+        self._start_process(cfg, clock)
+        self.dtype = torch.float64 if cfg.train.dtype == "float64" else torch.float32
+        self.out = Path(cfg.out)
+        self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
+        # The run's parts, each owning its part of the run's state: the store first
+        # (its shape), then the plan, before any work.
+        self.data = Data(
+            cfg,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            dtype=self.dtype,
+            agree=self._agree,
+            clock=clock,
+            load=False,
+        )
+        #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
+        self.plan = plan_for(
+            cfg, self.data.events, self.world_size, self.device, writes=purpose == "train"
+        )
+        self.plan.check()
+        self.data.load()
+        t_model = time.perf_counter()
+        self._build_model_and_state(cfg)
+        clock.add("model", time.perf_counter() - t_model)
+        t_tables = time.perf_counter()
+        self.distributed = self.ctx.backend != "none"
+        plan_group = self._build_exchange(cfg)
+        self.data.attach(self.model)
+        t_opt = time.perf_counter()
+        # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
+        # unless the run compiles anyway.
+        compiles = cfg.train.compile and self.device.type == "cuda"
+        self.optimizer = Optimizer(
+            self.model.parameters(), cfg.train.lr, self.device, lean=not compiles
+        )
+        dt_opt = time.perf_counter() - t_opt
+        clock.add("optimizer", dt_opt)
+        self.grads: Gradients = (
+            GradBucket(self.model.parameters(), None, self.world_size)
+            if self.distributed
+            else LocalGrads(self.optimizer)
+        )
+        self._build_step(cfg, plan_group)
+        self._log(self._describe_run())
+        if self.distributed:
+            self._log(self.ctx.describe())
+        self.predicted_comm = (
+            predict_comm(cfg, self.data, self.model, self.exchange) if self.distributed else None
+        )
+        clock.add("tables", time.perf_counter() - t_tables - dt_opt)
+
+    def _start_process(self, cfg: Config, clock: StartupClock) -> None:
+        """Threads, determinism, the process group and the device (its CUDA context)."""
+        tc = cfg.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
         if tc.deterministic:
@@ -153,30 +201,11 @@ class Trainer:
         clock.add(
             "cuda_init" if self.device.type == "cuda" else "init", time.perf_counter() - t_init
         )
-        self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
-        self.out = Path(cfg.out)
-        self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
-        # The run's parts, each owning its part of the run's state: the store first
-        # (its shape), then the plan, before any work.
-        self.data = Data(
-            cfg,
-            rank=self.rank,
-            world_size=self.world_size,
-            device=self.device,
-            dtype=self.dtype,
-            agree=self._agree,
-            clock=clock,
-            load=False,
-        )
-        #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
-        self.plan = plan_for(
-            cfg, self.data.events, self.world_size, self.device, writes=purpose == "train"
-        )
-        self.plan.check()
-        self.data.load()
-        t_model = time.perf_counter()
-        torch.manual_seed(tc.seed)
-        d = self.data
+
+    def _build_model_and_state(self, cfg: Config) -> None:
+        """The model (seeded) and this rank's node state in the plan's tier."""
+        mc, d = cfg.model, self.data
+        torch.manual_seed(cfg.train.seed)
         lo, hi = d.ranges["train"]
         self.model: MemoryModel = model_from_config(
             mc,
@@ -196,45 +225,37 @@ class Trainer:
             time_origin=float(d.t[0]) if d.t.numel() else 0.0,
             storage=storage,
         )
-        clock.add("model", time.perf_counter() - t_model)
-        t_tables = time.perf_counter()
-        self.distributed = self.ctx.backend != "none"
-        self.exchange: Exchange
-        plan_group = None
-        if self.distributed:
-            from datetime import timedelta
 
-            # Made here, in the same order on every rank: the write-back runs on a side
-            # stream beside the gradient all-reduce, and prefetched id plans beside the
-            # step, each on a communicator of its own (two streams must never drive one).
-            timeout = timedelta(seconds=cfg.dist.timeout_s)
-            ranks = list(range(self.world_size))
-            push_group = dist.new_group(ranks, timeout=timeout)
-            plan_group = dist.new_group(ranks, timeout=timeout)
-            self.exchange = FixedExchange(
-                d.owner,
-                self.rank,
-                self.world_size,
-                self.memory,
-                node_feat=d.owned_node_feat(),
-                push_group=push_group,
-                staleness=cfg.pipeline.staleness,
-            )
-        else:
-            self.exchange = LocalExchange(self.memory)
-        d.attach(self.model)
-        t_opt = time.perf_counter()
-        # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
-        # unless the run compiles anyway.
-        compiles = tc.compile and self.device.type == "cuda"
-        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not compiles)
-        dt_opt = time.perf_counter() - t_opt
-        clock.add("optimizer", dt_opt)
-        self.grads: Gradients = (
-            GradBucket(self.model.parameters(), None, self.world_size)
-            if self.distributed
-            else LocalGrads(self.optimizer)
+    def _build_exchange(self, cfg: Config) -> Any:
+        """The exchange (local, or across the ranks); returns the process group of
+        prefetched id plans (None on one process)."""
+        if not self.distributed:
+            self.exchange: Exchange = LocalExchange(self.memory)
+            return None
+        from datetime import timedelta
+
+        # Made here, in the same order on every rank: the write-back runs on a side
+        # stream beside the gradient all-reduce, and prefetched id plans beside the
+        # step, each on a communicator of its own (two streams must never drive one).
+        timeout = timedelta(seconds=cfg.dist.timeout_s)
+        ranks = list(range(self.world_size))
+        push_group = dist.new_group(ranks, timeout=timeout)
+        plan_group = dist.new_group(ranks, timeout=timeout)
+        self.exchange = FixedExchange(
+            self.data.owner,
+            self.rank,
+            self.world_size,
+            self.memory,
+            node_feat=self.data.owned_node_feat(),
+            push_group=push_group,
+            staleness=cfg.pipeline.staleness,
         )
+        return plan_group
+
+    def _build_step(self, cfg: Config, plan_group: Any) -> None:
+        """The hooks, the timeline and profiler, the step, the stop signals and the
+        checkpoints."""
+        tc = cfg.train
         self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
@@ -249,7 +270,7 @@ class Trainer:
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
         self.step = Step(
             cfg=cfg,
-            data=d,
+            data=self.data,
             model=self.model,
             optimizer=self.optimizer,
             memory=self.memory,
@@ -276,13 +297,6 @@ class Trainer:
             threads=tc.checkpoint_threads,
             timeout_s=cfg.dist.timeout_s,
         )
-        self._log(self._describe_run())
-        if self.distributed:
-            self._log(self.ctx.describe())
-        self.predicted_comm = (
-            predict_comm(cfg, d, self.model, self.exchange) if self.distributed else None
-        )
-        clock.add("tables", time.perf_counter() - t_tables - dt_opt)
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
         """Calls ``fn(trainer)`` before or after every training step, on every rank.
@@ -621,21 +635,6 @@ def _is_comm_failure(exc: BaseException) -> bool:
     # connection, a hung one trips the application timeout ("... caused pair closure").
     marks = ("gloo", "nccl", "connection", "timed out", "timeout", "broken pipe", "closure")
     return any(s in text for s in marks)
-
-
-def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
-    """Flattens a config into dotted overrides, followed by ``overrides``."""
-    flat: list[str] = []
-
-    def walk(d: dict[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat.append(f"{prefix}{k}={json.dumps(v)}")
-
-    walk(cfg.to_dict(), "")
-    return flat + list(overrides)
 
 
 def plan_for(

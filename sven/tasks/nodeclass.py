@@ -214,12 +214,13 @@ class NodeClassification:
         if (sub / "summary.json").is_file():
             self._log(f"encoder: the link-prediction run in {sub}")
             return str(sub)
-        from sven.engine.trainer import Trainer, _config_overrides
+        from sven.config.load import config_overrides
+        from sven.engine.trainer import Trainer
 
         self._log(f"encoder: training link prediction first, into {sub}")
         lp = load_config(
             None,
-            _config_overrides(
+            config_overrides(
                 self.cfg, ["task=link_prediction", f"out={sub}", "train.overwrite=false"]
             ),
         )
