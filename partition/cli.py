@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError, DataError, SvenError
-from sven.models import MODEL_NAMES
+from sven.models.names import MODEL_NAMES
 
 __all__ = ["add_parser"]
 

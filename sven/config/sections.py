@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from sven.errors import ConfigError
-from sven.models import MODEL_NAMES
-from sven.models.tiers import STATE_DEVICES
+from sven.models.names import MODEL_NAMES, STATE_DEVICES
 
 _INT64 = 2**63
 

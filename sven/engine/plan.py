@@ -6,7 +6,7 @@ bytes each part of a run holds at its peak (node state, event tables, the sample
 index, per-node indexes, evaluation tables, the model, checkpoints kept on disk),
 picks the node-state tier (``state.device=auto``: the GPU when the run fits its budget,
 else host memory, else files; named where the state lives: ``host`` on a CPU run,
-:func:`~sven.models.tiers.resolve_tier`), and :meth:`Plan.check` refuses a run that does not fit,
+:func:`~sven.models.names.resolve_tier`), and :meth:`Plan.check` refuses a run that does not fit,
 in one line naming the numbers and the setting to change. ``sven train --dry-run``
 prints the plan (:meth:`Plan.describe`) and stops.
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from sven.errors import ConfigError
-from sven.models.tiers import resolve_tier
+from sven.models.names import resolve_tier
 
 __all__ = ["Plan", "node_row_bytes", "plan_run"]
 

@@ -1,9 +1,10 @@
 """Memory-based temporal GNN models (TGN, JODIE, APAN, DyRep) and their building blocks.
 
-:data:`MODEL_NAMES` is the one list of model names (the config's ``model.name`` and
-``sven partition --model`` read it); :func:`model_class` maps a name to its class,
-:func:`build_model` builds one from constructor arguments, :func:`model_from_config` from
-the ``model`` config section and the data's facts (:meth:`MemoryModel.from_config`).
+:data:`MODEL_NAMES` is the one list of model names (from :mod:`sven.models.names`,
+which the config's ``model.name`` and ``sven partition --model`` read);
+:func:`model_class` maps a name to its class, :func:`build_model` builds one from
+constructor arguments, :func:`model_from_config` from the ``model`` config section and
+the data's facts (:meth:`MemoryModel.from_config`).
 
 The classes load on first use (PEP 562), so that reading the names, as the config and
 ``sven --help`` do, imports no torch.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from sven.models.names import MODEL_CLASSES, MODEL_NAMES
+
 if TYPE_CHECKING:
     from sven.config import ModelConfig
     from sven.models.apan import APAN
@@ -23,20 +26,12 @@ if TYPE_CHECKING:
     from sven.models.memory import MemoryRows, MemoryState, MemoryUpdate
     from sven.models.tgn import TGN
 
-#: Model name -> the module and class that implement it.
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "tgn": ("sven.models.tgn", "TGN"),
-    "jodie": ("sven.models.jodie", "JODIE"),
-    "apan": ("sven.models.apan", "APAN"),
-    "dyrep": ("sven.models.dyrep", "DyRep"),
-}
-
-#: The model names, in the order the docs list them.
-MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-
-#: The package's other public names -> the module that defines each.
+#: The package's public names -> the module that defines each.
 _EXPORTS: dict[str, str] = {
-    **{cls: module for module, cls in _REGISTRY.values()},
+    "TGN": "sven.models.tgn",
+    "JODIE": "sven.models.jodie",
+    "APAN": "sven.models.apan",
+    "DyRep": "sven.models.dyrep",
     "LinkDecoder": "sven.models.base",
     "MemoryModel": "sven.models.base",
     "ModelOutput": "sven.models.base",
@@ -81,10 +76,10 @@ def __getattr__(name: str) -> Any:
 def model_class(name: str) -> type[MemoryModel]:
     """The class of a model name (one of :data:`MODEL_NAMES`; any case)."""
     try:
-        module, cls = _REGISTRY[name.lower()]
+        cls = MODEL_CLASSES[name.lower()]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODEL_NAMES)}") from None
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    return __getattr__(cls)  # type: ignore[no-any-return]
 
 
 def build_model(name: str, **kwargs: Any) -> MemoryModel:

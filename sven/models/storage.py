@@ -5,7 +5,7 @@ Everything sized by the number of nodes (memory, mailbox, last-update times: a
 tier (``state.device``):
 
 * ``gpu``: tensors in GPU memory (on a run without a GPU the name is an alias of
-  ``host``: :func:`~sven.models.tiers.resolve_tier`).
+  ``host``: :func:`~sven.models.names.resolve_tier`).
 * ``host``: host memory; on a CPU run plain host tensors. On CUDA page-locked
   ("pinned") host memory: each table is registered with
   the driver and read and written by the step's own kernels through a CUDA view of
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sven.models.tiers import TIERS, resolve_tier
+from sven.models.names import TIERS, resolve_tier
 
 __all__ = ["MARKER", "TIERS", "Storage", "claim_state_folder", "is_state_folder", "uva_view"]
 

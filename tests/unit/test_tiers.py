@@ -1,12 +1,12 @@
-"""Node-state tier names (``sven.models.tiers``): where state lives, on every machine."""
+"""Node-state tier names (``sven.models.names``): where state lives, on every machine."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from sven.models.names import STATE_DEVICES, TIERS, resolve_tier
 from sven.models.storage import Storage
-from sven.models.tiers import STATE_DEVICES, TIERS, resolve_tier
 
 
 def test_gpu_without_a_gpu_is_host_and_every_other_name_is_itself() -> None:

@@ -1,5 +1,9 @@
-"""The one list of node-state tier names (``state.device``), apart from the storage
-code so that the config reads it without importing torch.
+"""The lists of names of the models and of the node-state tiers, in a module that
+imports nothing: the config, ``sven partition`` and ``sven --help`` read them without
+importing torch or the models (nor their types).
+
+:data:`MODEL_CLASSES` maps each model name to its class's name; :mod:`sven.models`
+loads the class (:func:`~sven.models.model_class`).
 
 A tier's name says where node state lives on every machine: ``gpu`` in GPU memory,
 ``host`` in host memory, ``disk`` in memory-mapped files. On a run without a GPU the
@@ -11,7 +15,13 @@ each tier; the run's plan (``sven.engine.plan``) picks one when ``state.device=a
 
 from __future__ import annotations
 
-__all__ = ["STATE_DEVICES", "TIERS", "resolve_tier"]
+__all__ = ["MODEL_CLASSES", "MODEL_NAMES", "STATE_DEVICES", "TIERS", "resolve_tier"]
+
+#: Model name -> the name of its class in :mod:`sven.models`.
+MODEL_CLASSES: dict[str, str] = {"tgn": "TGN", "jodie": "JODIE", "apan": "APAN", "dyrep": "DyRep"}
+
+#: The model names, in the order the docs list them.
+MODEL_NAMES: tuple[str, ...] = tuple(MODEL_CLASSES)
 
 #: The tiers node state can live in: GPU memory, host memory (on CUDA pinned and read
 #: by the step's kernels over the host link), memory-mapped files.
