@@ -58,16 +58,16 @@ def _is_type_checking(test: ast.expr) -> bool:
     return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
 
 
-def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def _import_nodes(tree: ast.AST, types: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
     """Every import statement, inside functions too, except under ``if TYPE_CHECKING:``
-    (its ``else:`` branch runs, so it counts)."""
+    (its ``else:`` branch runs, so it counts) unless ``types``."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
             continue
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not types and isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
@@ -100,13 +100,13 @@ def _by_name(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
     } & set(modules)
 
 
-def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def _imports(module: str, path: Path, modules: dict[str, Path], types: bool = False) -> set[str]:
     """The modules of the package that ``module`` imports (itself excluded), by import
-    statements and by name (:func:`_by_name`)."""
+    statements and by name (:func:`_by_name`); with ``types``, for type checking too."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(), str(path))
     found = _by_name(tree, modules) - {module}
-    for node in _import_nodes(tree):
+    for node in _import_nodes(tree, types):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -129,10 +129,11 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 @functools.cache
-def _graph() -> dict[str, set[str]]:
-    """Module -> the modules of the package it imports."""
+def _graph(types: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (with ``types``, for type
+    checking too)."""
     modules = _modules()
-    return {m: _imports(m, p, modules) for m, p in modules.items()}
+    return {m: _imports(m, p, modules, types) for m, p in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -280,6 +281,22 @@ def test_no_module_is_longer_than_700_lines() -> None:
 def test_no_import_circle() -> None:
     circles = [" -> ".join(c) for c in _cycles(_graph())]
     assert not circles, "import circles (imports inside functions count): " + "; ".join(circles)
+
+
+#: Circles through imports for type checking only, left when the rule came (issue 38):
+#: link prediction and the trainer (link prediction moves to sven/tasks/ on a public
+#: run), the synthetic generator and its stream. None may join.
+TYPE_CIRCLES = {
+    "sven.datasets.synth -> sven.datasets.synth_stream -> sven.datasets.synth",
+    "sven.engine.link -> sven.engine.trainer -> sven.engine.link",
+}
+
+
+def test_no_new_import_circle_through_types() -> None:
+    circles = {" -> ".join(c) for c in _cycles(_graph(types=True))}
+    assert not circles - TYPE_CIRCLES, f"import circles through types: {circles - TYPE_CIRCLES}"
+    gone = TYPE_CIRCLES - circles
+    assert not gone, f"circles broken, take them off TYPE_CIRCLES: {gone}"
 
 
 def test_every_module_is_imported_or_an_entry_point() -> None:
