@@ -79,7 +79,7 @@ class Trainer:
     """
 
     # Where training is, for failure messages.
-    _where: str = "start"
+    where: str = "start"
 
     def __init__(
         self,
@@ -125,7 +125,7 @@ class Trainer:
             world_size=self.world_size,
             device=self.device,
             dtype=self.dtype,
-            agree=self._agree,
+            agree=self.agree,
             clock=clock,
             load=False,
         )
@@ -157,9 +157,9 @@ class Trainer:
             else LocalGrads(self.optimizer)
         )
         self._build_step(cfg, plan_group)
-        self._log(self._describe_run())
+        self.log(self._describe_run())
         if self.distributed:
-            self._log(self.ctx.describe())
+            self.log(self.ctx.describe())
         self.predicted_comm = (
             predict_comm(cfg, self.data, self.model, self.exchange) if self.distributed else None
         )
@@ -256,7 +256,7 @@ class Trainer:
         """The hooks, the timeline and profiler, the step, the stop signals and the
         checkpoints."""
         tc = cfg.train
-        self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
+        self.hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
         }
@@ -278,7 +278,7 @@ class Trainer:
             grads=self.grads,
             plan_group=plan_group,
             timeline=self.timeline,
-            log=lambda msg: self._log(msg, force=True),
+            log=lambda msg: self.log(msg, force=True),
             progress=self.progress_bar,
         )
         #: Evaluation passes and their metrics, on the step's parts.
@@ -291,8 +291,8 @@ class Trainer:
             config=cfg,
             rank=self.rank,
             world_size=self.world_size,
-            barrier=self._barrier,
-            agree=self._agree,
+            barrier=self.barrier,
+            agree=self.agree,
             asynchronous=tc.checkpoint_async,
             threads=tc.checkpoint_threads,
             timeout_s=cfg.dist.timeout_s,
@@ -309,9 +309,9 @@ class Trainer:
             when: "before_step" or "after_step".
             fn: The hook; exceptions propagate out of ``fit``.
         """
-        if when not in self._hooks:
-            raise ValueError(f"when must be one of {sorted(self._hooks)}, got {when!r}")
-        self._hooks[when].append(fn)
+        if when not in self.hooks:
+            raise ValueError(f"when must be one of {sorted(self.hooks)}, got {when!r}")
+        self.hooks[when].append(fn)
 
     def _describe_run(self) -> str:
         """The first line a run prints: what is trained, on what, where it goes."""
@@ -335,7 +335,7 @@ class Trainer:
     # ------------------------------------------------------------------ out
     _out_lock: Any = None
 
-    def _claim_out(self) -> None:
+    def claim_out(self) -> None:
         """Rank 0 locks ``out`` for this run (:func:`sven.ownership.lock_folder`) and
         checks it (see :func:`prepare_out`); every rank learns its verdict before
         anything is written, and all stop together on a refusal. The lock is held
@@ -347,11 +347,11 @@ class Trainer:
         if self.rank == 0:
             try:
                 self._out_lock = lock_folder(self.out, "sven train")
-                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
+                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self.log)
             except (ConfigError, FolderBusy) as exc:
                 self._release_out()
                 problem = (isinstance(exc, FolderBusy), str(exc))
-        problem = self._agree(problem)
+        problem = self.agree(problem)
         if problem is not None:
             err = (FolderBusy if problem[0] else ConfigError)(problem[1])
             err.quiet = self.rank != 0
@@ -362,7 +362,7 @@ class Trainer:
             self._out_lock.release()
             self._out_lock = None
 
-    def _agree(self, value: Any) -> Any:
+    def agree(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (a no-op on one process)."""
         if self.world_size == 1:
             return value
@@ -401,7 +401,9 @@ class Trainer:
     )
 
     # ----------------------------------------------------------- checkpoints
-    def _barrier(self, what: str) -> None:
+    def barrier(self, what: str) -> None:
+        """Waits for every rank (a no-op on one process); a rank that does not come is
+        named in a DistError (``what``: where the run is, for the message)."""
         if self.world_size > 1:
             from sven.distributed.collectives import barrier_or_die
 
@@ -471,7 +473,7 @@ class Trainer:
         if "rng" in shard:
             self._set_rng_state(shard["rng"])
 
-    def _load(self, ck: Checkpointer, step: int) -> dict[str, Any]:
+    def load_checkpoint(self, ck: Checkpointer, step: int) -> dict[str, Any]:
         """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
         cks, where = self.checkpoints, f"checkpoint {ck.path(step)}"
         state, shard = cks.load(ck, step, self.device, node_state=False)
@@ -520,15 +522,15 @@ class Trainer:
             else:
                 who = f"another rank died or did not answer within {timeout:.0f} s, see the logs"
             raise DistError(
-                f"rank {self.rank}: a collective failed at {self._where} ({first}); {who}. "
+                f"rank {self.rank}: a collective failed at {self.where} ({first}); {who}. "
                 "The last complete checkpoint is intact: rerun with train.resume=true",
                 ranks=peers,
-                what=self._where,
+                what=self.where,
             ) from exc
         finally:
-            if getattr(self, "_bar", None) is not None:
+            if getattr(self, "bar", None) is not None:
                 # A bar left open by an error would run into the error's one line.
-                self._bar.close()
+                self.bar.close()
             # A commit still in flight (the run ends on an error) finishes or is
             # removed before the process group goes.
             self.checkpoints.close()
@@ -555,7 +557,7 @@ class Trainer:
             dynamic_ncols=True,
         )
 
-    def _first_step_done(self, t_step: float, bar: tqdm) -> None:
+    def first_step_done(self, t_step: float, bar: tqdm) -> None:
         """Ends the start-up clock at the end of the first training step (waited for)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -591,7 +593,7 @@ class Trainer:
         note = check_same_data(state, self.data, p, other_store=other_store)
         self.model.load_state_dict(state["model"])
         if note is not None:
-            self._log(f"sven: note: {note}", force=True)
+            self.log(f"sven: note: {note}", force=True)
             # The saved memory is another store's: every split is re-played from here.
             state = {**state, "memory_phase": None}
         elif state.get("memory_phase") == "val_end":
@@ -613,7 +615,8 @@ class Trainer:
             out.update(trained_on=trained_on, note=note)
         return {**out, **res}
 
-    def _log(self, msg: str, force: bool = False) -> None:
+    def log(self, msg: str, force: bool = False) -> None:
+        """A line on rank 0's stderr, unless ``quiet`` (``force``: regardless)."""
         if self.rank == 0 and (force or not self.cfg.quiet):
             print(msg, file=sys.stderr, flush=True)
 

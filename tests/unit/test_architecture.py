@@ -299,6 +299,44 @@ def test_no_new_import_circle_through_types() -> None:
     assert not gone, f"circles broken, take them off TYPE_CIRCLES: {gone}"
 
 
+#: The tasks: what a trained or training run is used for. They use the trainer through
+#: its public members only.
+TASKS = ("sven.engine.link", "sven.tasks")
+
+
+def _private_trainer_uses(tree: ast.AST) -> list[str]:
+    """``tr._x`` / ``trainer._x`` / ``self.tr._x`` reads and calls (not dunders)."""
+
+    def is_trainer(node: ast.expr) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in ("tr", "trainer")
+        return isinstance(node, ast.Attribute) and node.attr in ("tr", "trainer")
+
+    return sorted(
+        f"{node.lineno}: .{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and is_trainer(node.value)
+    )
+
+
+def test_private_trainer_uses_are_found() -> None:
+    tree = ast.parse("tr._log('x')\nself.tr._load(1)\ntr.log('y')\nx._bar\ntr.__class__\n")
+    assert _private_trainer_uses(tree) == ["1: ._log", "2: ._load"]
+
+
+def test_no_task_calls_a_private_trainer_member() -> None:
+    found = [
+        f"{m} {use}"
+        for m, path in _modules().items()
+        if m.startswith(TASKS)
+        for use in _private_trainer_uses(ast.parse(path.read_text()))
+    ]
+    assert not found, f"tasks reaching into the trainer's private members: {found}"
+
+
 def test_every_module_is_imported_or_an_entry_point() -> None:
     unused = _unused(_graph(), _entry_points(_modules()))
     assert not unused, f"modules that no module of the package imports: {unused}"
