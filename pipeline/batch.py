@@ -210,8 +210,8 @@ def make_batch(
         if block is not None and read_neighbors:
             # A masked slot may read any row: each reads its own (its position among
             # the ids), not the one padding row, so that the zero gradients of the
-            # masked slots are not atomic adds piled on one row (101 us of a 1.0 ms
-            # compiled step at batch 600 on an H200, docs/performance.md).
+            # masked slots are not atomic adds piled on one row (a tenth of a compiled
+            # step: docs/performance.md).
             own = torch.arange(r, ids.shape[0], device=ids.device).view_as(block.nbr)
             nbr_pos = torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
     elif block is not None and read_neighbors:

@@ -37,8 +37,8 @@ def torch_determinism_off(active: bool = True) -> Iterator[None]:
     to distinct rows (losers to a scratch row), winners are chosen by max-scatters, and
     duplicate slot writes store equal values. Torch's deterministic mode would add
     nothing to that but a fill of every new tensor and sort-based ``index_put_`` for
-    every scatter (0.7 ms of a 2.0 ms TGN step on an H200). A GPU test checks that two
-    runs give bitwise equal parameters.
+    every scatter (a third of a TGN step on CUDA: docs/performance.md). A GPU test
+    checks that two runs give bitwise equal parameters.
     """
     if not active:
         yield
