@@ -132,33 +132,7 @@ class FixedExchange(Exchange):
         if node_feat is not None:
             # With a zero row for the scratch slot.
             self._feat_ext = torch.cat([node_feat, node_feat.new_zeros(1, node_feat.shape[1])])
-        m, d, dm = shard.mailbox_size, shard.memory_dim, shard.mail_dim
-        fdt = shard.dtype
-        read_specs = [
-            ((d,), fdt),
-            ((), torch.float64),
-            ((m, dm), fdt),
-            ((m,), torch.float64),
-            ((m,), torch.bool),
-        ]
-        if node_feat is not None:
-            read_specs.append(((node_feat.shape[1],), node_feat.dtype))
-        self.read_codec = RowCodec(read_specs)
-        # Write rows: memory, last update, its event key, mail, mail time, its event
-        # key, and which of the two the row carries.
-        write_specs = [
-            ((d,), fdt),
-            ((), torch.float64),
-            ((), torch.int64),
-            ((dm,), fdt),
-            ((), torch.float64),
-            ((), torch.int64),
-            ((), torch.bool),
-            ((), torch.bool),
-        ]
-        self.write_codec = RowCodec(write_specs)
-        # On the wire a write row carries its node id in front (counted as ID_BYTES).
-        self._wire = RowCodec([((), torch.int64), *write_specs])
+        self.read_codec, self.write_codec, self._wire = _codecs(shard, node_feat)
         self.counter = CommCounter(dev)
         #: Largest excess over a capacity seen (fetch, push); > 0 means rows were
         #: dropped and the run must stop (:meth:`check`).
@@ -461,10 +435,20 @@ class FixedExchange(Exchange):
             ]
         )
         self.overflow[1] = torch.maximum(self.overflow[1], excess)
-        nodes, memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = both
-        loc = self._local_ext[torch.where(has_mem | has_mail, nodes, n)]
+        held = self._owned_update(both)
+        if self.staleness == 0 or mode != "train":
+            self.shard.commit_dense(held)
+        else:
+            self._held = _copy_into(self._held, held)
+
+    def _owned_update(self, cols: list[torch.Tensor]) -> DenseUpdate:
+        """The write-back of this rank's shard from the rows it received and its own
+        (node id, memory, last update, key, mail, mail time, mail key, has memory, has
+        mail): rows in shard order, a flag-less row to the scratch row with key -1."""
+        nodes, memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = cols
+        loc = self._local_ext[torch.where(has_mem | has_mail, nodes, self.num_nodes)]
         scratch = self.shard.scratch
-        held = DenseUpdate(
+        return DenseUpdate(
             nodes=torch.where(has_mem, loc, scratch),
             memory=memory,
             last_update=last_update,
@@ -474,10 +458,6 @@ class FixedExchange(Exchange):
             mail_ts=mail_ts,
             mail_key=torch.where(has_mail, mail_key, -1),
         )
-        if self.staleness == 0 or mode != "train":
-            self.shard.commit_dense(held)
-        else:
-            self._held = _copy_into(self._held, held)
 
     def _commit_held(self) -> None:
         if self._held is not None:
@@ -541,6 +521,38 @@ class FixedExchange(Exchange):
         self.counter.value.copy_(
             torch.tensor([int(state.get(k, 0)) for k in COUNTERS], dtype=torch.int64)
         )
+
+
+def _codecs(
+    shard: MemoryState, node_feat: torch.Tensor | None
+) -> tuple[RowCodec, RowCodec, RowCodec]:
+    """The row formats of the exchange: a read row (memory, last update, mail, mail
+    times, mail validity, and the node's features where there are some), a write row
+    and a write row on the wire (its node id in front, counted as ID_BYTES)."""
+    m, d, dm = shard.mailbox_size, shard.memory_dim, shard.mail_dim
+    fdt = shard.dtype
+    read_specs = [
+        ((d,), fdt),
+        ((), torch.float64),
+        ((m, dm), fdt),
+        ((m,), torch.float64),
+        ((m,), torch.bool),
+    ]
+    if node_feat is not None:
+        read_specs.append(((node_feat.shape[1],), node_feat.dtype))
+    # Write rows: memory, last update, its event key, mail, mail time, its event key,
+    # and which of the two the row carries.
+    write_specs = [
+        ((d,), fdt),
+        ((), torch.float64),
+        ((), torch.int64),
+        ((dm,), fdt),
+        ((), torch.float64),
+        ((), torch.int64),
+        ((), torch.bool),
+        ((), torch.bool),
+    ]
+    return RowCodec(read_specs), RowCodec(write_specs), RowCodec([((), torch.int64), *write_specs])
 
 
 def _copy_into(held: DenseUpdate | None, new: DenseUpdate) -> DenseUpdate:

@@ -106,6 +106,37 @@ class StepStatus:
         return round(vals[0]), int(vals[1]), int(vals[2])
 
 
+def _compiled(
+    model: MemoryModel, compiles: bool, dev: torch.device, log: Callable[[str], None]
+) -> Any:
+    """The model the step calls: ``torch.compile``'d on CUDA where ``train.compile``."""
+    if compiles and dev.type == "cuda":
+        from sven.pipeline.negatives import register_compiled_ops
+
+        register_compiled_ops()
+        # Fixed shapes: one compilation per mode (train, eval) serves every batch.
+        # The batch selection stays eager (its hashes are Triton kernels already).
+        return torch.compile(model, dynamic=False)
+    if compiles:
+        log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
+    return model
+
+
+def _graph_mode(
+    asked: str, memory: MemoryState, dev: torch.device, log: Callable[[str], None]
+) -> str:
+    """``train.cuda_graph``, or off where node-state rows are staged through host copies
+    (which synchronise every step)."""
+    if not memory.storage.staged:
+        return asked
+    if dev.type == "cuda":
+        log(
+            "sven: node state is in files (state.device=disk): rows are staged "
+            "through host copies each step, which runs uncaptured"
+        )
+    return "off"
+
+
 class Step:
     """The step of one rank, for every world size: its parts, its captured graphs, and
     the epoch-level calls the run loop makes (train a batch, evaluate a split).
@@ -156,26 +187,10 @@ class Step:
         self.device = dev
         self.distributed = exchange.distributed
         fixed = dev.type == "cuda" or self.distributed
-        self.model: Any = model
-        if tc.compile and dev.type == "cuda":
-            from sven.pipeline.negatives import register_compiled_ops
-
-            register_compiled_ops()
-            # Fixed shapes: one compilation per mode (train, eval) serves every batch.
-            # The batch selection stays eager (its hashes are Triton kernels already).
-            self.model = torch.compile(model, dynamic=False)
-        elif tc.compile:
-            log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
+        self.model: Any = _compiled(model, tc.compile, dev, log)
         #: How the step runs: captured (``train.cuda_graph``) unless node-state rows
         #: are staged through host copies, which synchronise every step.
-        self.graph_mode = tc.cuda_graph
-        if memory.storage.staged:
-            self.graph_mode = "off"
-            if dev.type == "cuda":
-                log(
-                    "sven: node state is in files (state.device=disk): rows are staged "
-                    "through host copies each step, which runs uncaptured"
-                )
+        self.graph_mode = _graph_mode(tc.cuda_graph, memory, dev, log)
         self.shares = Shares(
             data,
             data.rank,
@@ -189,11 +204,10 @@ class Step:
         # nothing to overlap and a share of no fixed size to split).
         self.depth = int(pc.prefetch) if fixed else 0
         if self.depth and memory.storage.tier == "host" and dev.type == "cuda":
-            # Measured on an H200 (10^6 nodes, batch 600): with the batch built ahead on
-            # the side stream, a run with pinned host state drifted from the same run
-            # with state on the GPU (test AP 0.9486 against 0.9430), while depth 0
-            # matched it to the last digit; until that interaction is understood the
-            # host tier builds each batch in its own step.
+            # With the batch built ahead on the side stream, a run over pinned host
+            # state drifted from the same run with state on the GPU, where depth 0
+            # matched it to the last digit (docs/scale.md, "Host memory"): until that
+            # is understood the host tier builds each batch in its own step.
             log("sven: node state in host memory: the prefetch ring is off (depth 0)")
             self.depth = 0
         m = 1 if pc.micro_batches == "auto" else int(pc.micro_batches)
@@ -225,22 +239,27 @@ class Step:
             log=log,
             progress=progress,
         )
+        self.train_graphs = self._train_graphs(log)
+
+    def _train_graphs(self, log: Callable[[str], None]) -> list[StepGraph]:
+        """One training graph per prefetch-ring position, over the state a step
+        changes (put back after a capture's warm-up)."""
 
         def state() -> list[torch.Tensor]:
             return (
-                [p.data for p in model.parameters()]
+                [p.data for p in self.model_ref.parameters()]
                 + self._node_state()
                 + [self.loss_sum, self.status.value, *self.ring.tensors()]
-                + grads.tensors()
+                + self.grads.tensors()
             )
 
-        self.train_graphs = [
+        return [
             StepGraph(
                 self._train_fn(k),
                 mode=self.graph_mode,
-                device=dev,
+                device=self.device,
                 state=state,
-                optimizer=optimizer,
+                optimizer=self.optimizer,
                 log=log,
             )
             for k in range(self.depth + 1)

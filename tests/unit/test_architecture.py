@@ -422,7 +422,6 @@ LONG_FUNCTIONS = {
     "sven.partition.api:partition_arrays": 127,
     "sven.datasets.writer:_finish": 119,
     "sven.partition.assign:assign_events": 112,
-    "sven.engine.step:__init__": 111,
     "sven.engine.plan:plan_run": 109,
     "sven.pipeline.batch:make_batch": 104,
     "sven.datasets.cli:add_parser": 104,
@@ -430,11 +429,9 @@ LONG_FUNCTIONS = {
     "sven.engine.link:_summary": 90,
     "sven.datasets.info:describe": 88,
     "sven.distributed.liveness:diagnose": 85,
-    "sven.pipeline.exchange:__init__": 85,
     "sven.pipeline.stages:select_batch": 84,
     "sven.datasets.negatives:align_negatives": 83,
     "sven.engine.link:run": 82,
-    "sven.pipeline.exchange:_push": 81,
 }
 
 
