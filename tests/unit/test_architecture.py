@@ -422,7 +422,6 @@ LONG_FUNCTIONS = {
     "sven.partition.api:partition_arrays": 127,
     "sven.datasets.writer:_finish": 119,
     "sven.partition.assign:assign_events": 112,
-    "sven.engine.plan:plan_run": 109,
     "sven.pipeline.batch:make_batch": 104,
     "sven.datasets.cli:add_parser": 104,
     "sven.partition.cli:_partition": 91,
