@@ -424,7 +424,6 @@ LONG_FUNCTIONS = {
     "sven.partition.assign:assign_events": 112,
     "sven.pipeline.batch:make_batch": 104,
     "sven.datasets.cli:add_parser": 104,
-    "sven.partition.cli:_partition": 91,
     "sven.engine.link:_summary": 90,
     "sven.datasets.info:describe": 88,
     "sven.distributed.liveness:diagnose": 85,
