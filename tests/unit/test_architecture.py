@@ -426,7 +426,6 @@ LONG_FUNCTIONS = {
     "sven.datasets.cli:add_parser": 104,
     "sven.engine.link:_summary": 90,
     "sven.pipeline.stages:select_batch": 84,
-    "sven.datasets.negatives:align_negatives": 83,
     "sven.engine.link:run": 82,
 }
 
