@@ -36,21 +36,53 @@ Usage (GPU machine, repository root)::
 
 ``--device cpu --quick`` runs the same steps on CPU with small sizes (a check of the
 script itself on a machine without a GPU).
+
+``--startup N`` runs only the start-up breakdown (issue 36): N times, alternating, the
+floor (``import torch; torch.ones(1, device=D)``, timed from the process's start as
+``startup_s`` is) and the Wikipedia preset (``--store`` for a store made already, else
+``--wiki`` converted), each run's ``startup_s`` and its phases from ``summary.json``,
+then one ``python -X importtime`` of each, to say which imports the run adds to the
+floor's; a table on stdout, everything in ``<out>/ttr.json`` under ``startup``::
+
+    python3 benchmarks/bench_ttr.py --setup --startup 5 --wiki WIKI.csv.gz --out $OUT
+    python3 benchmarks/bench_ttr.py --device cpu --startup 3 --store STORE --out OUT
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from steps import PY, Steps, sven_cmd
+from steps import PY, ROOT, Steps, sven_cmd
+
+#: The floor under every run: torch imported and a tensor on the device, timed from the
+#: process's start (the kernel's record, as ``startup_s`` is; the interpreter counts).
+FLOOR = """\
+import time
+import torch
+t1 = time.perf_counter()
+torch.ones(1, device={device!r})
+if torch.device({device!r}).type == "cuda":
+    torch.cuda.synchronize()
+t2 = time.perf_counter()
+import json
+from sven.engine.startup import process_age_s
+age, now = process_age_s(), time.perf_counter()
+print(json.dumps(None if age is None else {{
+    "import_torch_s": round(age - (now - t1), 4), "floor_s": round(age - (now - t2), 4)}}))
+"""
+#: The phases a run's summary.json reports, in the order they run.
+PHASES = ("imports", "init", "cuda_init", "store_open", "checksums", "to_device", "model",
+          "tables", "optimizer", "first_step", "other")  # fmt: skip
 
 
 def run_facts(out: Path) -> dict[str, Any]:
@@ -91,6 +123,140 @@ def run_facts(out: Path) -> dict[str, Any]:
     return facts
 
 
+def import_times(log: Path) -> dict[str, int]:
+    """Self time (us) of each module in a ``python -X importtime`` log."""
+    out: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, _, name = line[len("import time:") :].split("|")
+        out[name.strip()] = int(self_us)
+    return out
+
+
+def added_imports(run: dict[str, int], floor: dict[str, int]) -> dict[str, Any]:
+    """What a run imports beyond the floor's modules: self time in ms per package
+    (``sven.<part>`` for Sven's own), largest first, and in all. A module loaded by
+    ``importlib.import_module`` has no line of its own in the log (the modules it
+    imports do)."""
+    groups: dict[str, int] = {}
+    for name, us in run.items():
+        if name in floor:
+            continue
+        parts = name.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "sven" else parts[0]
+        groups[key] = groups.get(key, 0) + us
+    by = sorted(groups.items(), key=lambda kv: -kv[1])
+    return {
+        "total_ms": round(sum(groups.values()) / 1e3, 1),
+        "modules": sum(1 for n in run if n not in floor),
+        "by_package_ms": {k: round(v / 1e3, 1) for k, v in by},
+    }
+
+
+def bytecode_state() -> dict[str, Any]:
+    """Whether Sven's modules load from cached bytecode or are compiled from source in
+    every process (``PYTHONDONTWRITEBYTECODE`` with an editable install and nothing
+    compiled ahead: a few tenths of a second of each start on a small VM). A wheel's
+    installation compiles them, as ``--setup`` does here."""
+    sources = [
+        p for d in ("sven", "datasets", "partition", "pipeline") for p in (ROOT / d).rglob("*.py")
+    ]
+    cached = sum(Path(importlib.util.cache_from_source(str(p))).is_file() for p in sources)
+    return {
+        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
+        "modules": len(sources),
+        "with_bytecode": cached,
+    }
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def startup_breakdown(
+    r: Steps, train: Callable[[Path], list[str]], device: str, reps: int, work: Path
+) -> dict[str, Any]:
+    """The floor and ``sven train``'s start-up, ``reps`` times each, alternating (a
+    machine's drift falls on both alike); then one ``-X importtime`` run of each.
+
+    Args:
+        r: The steps' record.
+        train: The ``sven train`` command line for a run folder.
+        device: Where the floor's tensor goes (the run's ``train.device``).
+        reps: How many of each.
+        work: Scratch folder for the run folders.
+
+    Returns:
+        ``runs`` (each repetition's floor and phases), the ``median`` and ``min`` of
+        each figure, ``bytecode`` (:func:`bytecode_state`) and ``imports_added``
+        (:func:`added_imports`).
+    """
+    floor_cmd = [PY, "-c", FLOOR.format(device=device)]
+    runs: list[dict[str, Any]] = []
+    for i in range(reps):
+        row: dict[str, Any] = {}
+        rec = r.run(f"floor-{i}", floor_cmd, 120)
+        if rec["rc"] == 0:
+            row.update(json.loads(rec["tail"].strip().splitlines()[-1]) or {})
+            row["floor_process_s"] = rec["wall_s"]
+        run_out = work / f"startup-{i}"
+        rec = r.run(f"startup-{i}", train(run_out), 300)
+        summary = run_out / "summary.json"
+        if rec["rc"] == 0 and summary.is_file():
+            s = json.loads(summary.read_text())
+            row.update({k: v for k, v in s.items() if k.startswith("startup_")})
+            row["run_process_s"] = rec["wall_s"]
+            if "floor_s" in row:
+                row["beyond_floor_s"] = round(row["startup_s"] - row["floor_s"], 4)
+        runs.append(row)
+    keys = sorted({k for row in runs for k in row})
+    median = {k: round(_median([row[k] for row in runs if k in row]), 4) for k in keys}
+    least = {k: min(row[k] for row in runs if k in row) for k in keys}
+    # One run each with -X importtime (slower: not among the timed runs).
+    logs = {}
+    for name, cmd in (("floor", floor_cmd), ("run", train(work / "startup-importtime"))):
+        rec = r.run(f"importtime-{name}", [cmd[0], "-X", "importtime", *cmd[1:]], 300)
+        logs[name] = import_times(r.out / f"importtime-{name}.log")
+    return {
+        "device": device,
+        "bytecode": bytecode_state(),
+        "runs": runs,
+        "median": median,
+        "min": least,
+        "imports_added": added_imports(logs["run"], logs["floor"]),
+    }
+
+
+def print_breakdown(b: dict[str, Any]) -> None:
+    """The breakdown as a few lines of text (medians)."""
+    m, n = b["median"], len(b["runs"])
+    print(f"\nstart-up on {b['device']}, median of {n} runs (seconds):")
+    print(f"  floor (import torch; torch.ones(1, device)): {m.get('floor_s', float('nan')):.3f}"
+          f" (import torch {m.get('import_torch_s', float('nan')):.3f}; process"
+          f" {m.get('floor_process_s', float('nan')):.3f})")  # fmt: skip
+    print(f"  sven train to the end of its first step:    {m.get('startup_s', float('nan')):.3f}"
+          f" (process {m.get('run_process_s', float('nan')):.3f})")  # fmt: skip
+    print(f"  beyond the floor:                           "
+          f"{m.get('beyond_floor_s', float('nan')):.3f} (issue 36: at most 1.5; least of the"
+          f" runs {b['min'].get('beyond_floor_s', float('nan')):.3f})")  # fmt: skip
+    if "startup_imports_s" in m and "import_torch_s" in m:
+        print(f"  imports beyond import torch:                "
+              f"{m['startup_imports_s'] - m['import_torch_s']:.3f}")  # fmt: skip
+    for ph in PHASES:
+        if f"startup_{ph}_s" in m:
+            print(f"    {ph:<12} {m[f'startup_{ph}_s']:.3f}")
+    bc = b["bytecode"]
+    print(f"  Sven's modules with bytecode: {bc['with_bytecode']} of {bc['modules']}"
+          f" (PYTHONDONTWRITEBYTECODE={bc['PYTHONDONTWRITEBYTECODE']!r})")  # fmt: skip
+    added = b["imports_added"]
+    top = ", ".join(f"{k} {v:.0f}" for k, v in list(added["by_package_ms"].items())[:12])
+    print(f"  imported beyond the floor (-X importtime, self ms, one run): "
+          f"{added['total_ms']:.0f} ms in {added['modules']} modules: {top}")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "ttr-out"))
@@ -109,6 +275,11 @@ def main() -> int:
         help="large graphs with train.compile=true train.matmul_precision=high",
     )
     ap.add_argument("--skip-small", action="store_true", help="no Wikipedia or 10^6 runs")
+    ap.add_argument(
+        "--startup", type=int, default=0, metavar="N",
+        help="only the start-up breakdown: the floor and the Wikipedia preset, N runs each",
+    )  # fmt: skip
+    ap.add_argument("--store", help="an event store to use instead of converting --wiki")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     work = Path(tempfile.mkdtemp(prefix="ttr-"))
@@ -119,6 +290,10 @@ def main() -> int:
             [PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
             120,
         )
+        # Bytecode, as a wheel's installation compiles it: an editable install under
+        # PYTHONDONTWRITEBYTECODE would compile Sven's modules in every timed process.
+        r.run("compile", [PY, "-m", "compileall", "-q", "sven", "datasets", "partition",
+                          "pipeline"], 120)  # fmt: skip
     quick = args.quick
 
     def synth(events: str, nodes: str, out: Path) -> list[str]:
@@ -149,9 +324,20 @@ def main() -> int:
         )
 
     # 2-4. Wikipedia, three epochs, cold then warm Triton cache.
-    wiki = work / "wiki"
-    if Path(args.wiki).is_file() and not args.skip_small:
+    wiki = Path(args.store) if args.store else work / "wiki"
+    if not args.store and Path(args.wiki).is_file() and not args.skip_small:
         r.run("wiki-convert", sven_cmd("data", "convert", args.wiki, "--out", str(wiki)), 120)
+    if args.startup:
+        # The preset's command, as in wiki-cold and wiki-warm (--quick: one short epoch).
+        extra = ["train.epochs=1"] if quick else ["train.epochs=3"]
+        b = startup_breakdown(
+            r, lambda run_out: train(wiki, run_out, "--config", "configs/tgn.yaml", *extra),
+            args.device, args.startup, work,
+        )  # fmt: skip
+        r.record["startup"] = b
+        r.save()
+        print_breakdown(b)
+        return 0
     triton_cache = work / "triton-cache"
     for name in () if args.skip_small else ("wiki-cold", "wiki-warm"):
         if not (wiki / "meta.json").is_file() or r.left() < 30:

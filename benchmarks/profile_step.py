@@ -120,12 +120,13 @@ def main() -> None:
                 "us_per_step": e.self_device_time_total / args.steps,
                 "calls_per_step": e.count / args.steps,
             }
-            for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
+            for e in sorted(kernels, key=lambda e: -e.self_device_time_total)
         ],
     }
     (out / f"profile_{args.tag}.json").write_text(json.dumps(record, indent=2))
     (out / f"profile_{args.tag}.txt").write_text(table)
     print(json.dumps({k: v for k, v in record.items() if k != "top"}))
+    print(f"kernels per step: {launches:.0f}")
     for t in record["top"][:25]:
         print(f"{t['us_per_step']:9.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
     for cat, (n, us) in record["census"].items():

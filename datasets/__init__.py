@@ -29,10 +29,12 @@ Raw formats into a store:
 
 Around it:
 
+- ``registry``: the public datasets ``sven data fetch`` knows (source, counts, sha256,
+  licence, citation); ``fetch``: their download into the cache, verified, converted.
 - ``synth``: the synthetic generator: its model, ``SynthParams``, the stream in chunks,
   its store and the cached default dataset; ``synth_stream``: the draw, block by block.
 - ``info``: a store's statistics (``sven data info``).
-- ``cli``: ``sven data ...``: convert, info, verify, negatives, synth.
+- ``cli``: ``sven data ...``: fetch, convert, info, verify, negatives, synth.
 """
 
 from __future__ import annotations

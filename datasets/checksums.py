@@ -18,6 +18,9 @@ from sven.errors import DataError
 
 __all__ = ["sha256_file", "verify_checksums"]
 
+#: Bytes a hashing thread must have to pay for its start (tens of ms of hashing).
+_BYTES_PER_THREAD = 8 << 20
+
 
 def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> int:
     """Recomputes the sha256 of every ``.npy`` file of a store and compares with meta.json.
@@ -46,8 +49,11 @@ def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None =
             raise DataError(f"missing column file {file.name}", path)
     # Every byte is hashed on every call, whatever ran before: no cache of verified
     # files (a same-size rewrite can keep size, name and mtime). The files hash in
-    # parallel threads, so the wall time is that of the largest file.
-    workers = max(1, min(len(files), os.cpu_count() or 1, 8))
+    # parallel threads, so the wall time is that of the largest file; a small store
+    # (Wikipedia's 4 MB hash in about 10 ms) hashes in this thread, where starting
+    # threads would cost more than they save.
+    size = sum(file.stat().st_size for file in files.values())
+    workers = max(1, min(len(files), os.cpu_count() or 1, 8, size // _BYTES_PER_THREAD))
     if workers > 1:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -1,4 +1,5 @@
-"""``sven data ...``: convert raw event files, inspect stores, generate synthetic data."""
+"""``sven data ...``: fetch public datasets, convert raw event files, inspect stores,
+generate synthetic data."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ __all__ = ["add_parser", "add_synth_parser", "parse_count", "run_synth"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Adds ``data`` with its ``convert``, ``info``, ``verify``, ``negatives`` and
-    ``synth`` subcommands.
+    """Adds ``data`` with its ``fetch``, ``convert``, ``info``, ``verify``, ``negatives``
+    and ``synth`` subcommands.
 
     Args:
         subparsers: The top-level ``sven`` subparsers.
@@ -25,11 +26,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     data = subparsers.add_parser(
         "data",
-        help="convert raw event files, inspect event stores, generate synthetic data",
+        help="fetch public datasets, convert raw event files, inspect event stores, "
+        "generate synthetic data",
         description="Prepare event stores: the canonical on-disk format every stage reads.",
     )
     data.set_defaults(func=lambda args: _usage(data))
     actions = data.add_subparsers(dest="data_command", metavar="ACTION")
+    _add_fetch_parser(actions)
 
     conv = actions.add_parser(
         "convert",
@@ -118,6 +121,81 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     negs.set_defaults(func=_negatives)
 
     add_synth_parser(actions)
+
+
+def _add_fetch_parser(actions: argparse._SubParsersAction) -> None:
+    fetch = actions.add_parser(
+        "fetch",
+        help="download a public dataset by name (wikipedia, collegemsg, ...) into a store",
+        description="Download a public temporal dataset once into the cache ($SVEN_CACHE or "
+        "~/.cache/sven), verify its sha256 (recorded on first download where the registry "
+        "has none), convert it and check the published event and node counts. A failed "
+        "or corrupted download keeps nothing. With no NAME, list the datasets.",
+    )
+    fetch.add_argument("name", nargs="?", help="dataset name (see --list)")
+    fetch.add_argument(
+        "--out", help="store directory to create (default: CACHE/stores/NAME, reused if present)"
+    )
+    fetch.add_argument("--list", action="store_true", help="list the datasets and exit")
+    fetch.add_argument(
+        "--download-only", action="store_true", help="download and verify; do not convert"
+    )
+    fetch.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing event store at --out (never any other folder)",
+    )
+    fetch.add_argument("--mirror", help="base URL serving the files as MIRROR/FILE")
+    fetch.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds without data before giving up (60)"
+    )
+    fetch.set_defaults(func=_fetch)
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from sven.datasets.registry import REGISTRY, lookup
+
+    if args.list or not args.name:
+        for d in REGISTRY.values():
+            sha = d.sha256 or "recorded on first download"
+            print(f"{d.name:14} {d.events:>10,} events {d.nodes:>7,} nodes  {d.format:11} {d.url}")
+            print(f"{'':14} {d.about}; sha256 {sha}")
+            print(f"{'':14} licence: {d.licence}; cite: {d.citation}")
+        return 0
+    from sven.datasets.fetch import fetch
+    from sven.ownership import stop_on_sigterm
+
+    entry = lookup(args.name)
+    start = time.perf_counter()
+    with stop_on_sigterm(args.out or f"the cache's {entry.name}"):
+        done = fetch(
+            entry,
+            args.out,
+            overwrite=args.overwrite,
+            download_only=args.download_only,
+            mirror=args.mirror,
+            timeout=args.timeout,
+        )
+    how = "downloaded" if done.downloaded else "in the cache"
+    print(f"fetch: {done.raw} ({how}; sha256 {done.sha256})")
+    if done.trusted_now:
+        print(
+            f"  the registry has no sha256 for {entry.file}: recorded this one in "
+            f"{done.raw}.sha256 (trust on first use); later fetches verify against it"
+        )
+    elif args.download_only and entry.sha256 is None and done.downloaded:
+        print("  not yet trusted: its sha256 is recorded once it converts to the published counts")
+    if done.store is None:
+        return 0
+    if not done.converted:
+        print(f"fetch: reusing {done.store}")
+        return 0
+    from sven.datasets.store import TemporalEvents
+
+    meta = TemporalEvents.load(done.store, check_values=False).meta
+    print(_summary(meta, str(done.store), time.perf_counter() - start))
+    print(f"  licence: {entry.licence}\n  cite: {entry.citation}")
+    return 0
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -318,6 +396,14 @@ def add_synth_parser(data_subparsers: argparse._SubParsersAction) -> argparse.Ar
         "--communities", type=int, default=0, help="number of communities (default: nodes // 100)"
     )
     p.add_argument(
+        "--labels",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="write per-event 0/1 labels (for task=node_classification): an event is 1 when "
+        "its source is in one of SHARE of the communities (default 0: no labels)",
+    )
+    p.add_argument(
         "--chunk-size",
         type=int,
         default=DEFAULT_CHUNK_SIZE,
@@ -343,6 +429,7 @@ def run_synth(args: argparse.Namespace) -> int:
         edge_feat_dim=args.edge_feat_dim,
         bipartite=args.bipartite,
         communities=args.communities,
+        label_share=args.labels,
     )
     start = time.perf_counter()
     if args.out is None:

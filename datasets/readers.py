@@ -96,18 +96,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         return "parquet"
     if re.fullmatch(r"ml_.+\.csv", name):
         return "dyglib"
-    stream, _ = open_bytes(path)
-    try:
-        head = stream.read(1 << 16)
-    except (OSError, EOFError, lzma.LZMAError) as exc:
-        raise DataError(f"cannot decompress: {exc}", path) from None
-    finally:
-        stream.close()
-    lines = head.decode("utf-8", "replace").lstrip("\ufeff").splitlines()
-    number, line = next(
-        ((i + 1, s) for i, s in enumerate(lines) if s.strip() and not s.lstrip().startswith("#")),
-        (0, ""),
-    )
+    number, line = _first_line(path)
     if not line:
         raise DataError("empty file: no events", path)
     tokens = [s.strip() for s in (line.split(",") if "," in line else line.split())]
@@ -129,6 +118,23 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         f"({line.strip()[:60]!r}); pass --format",
         path,
         number,
+    )
+
+
+def _first_line(path: Path) -> tuple[int, str]:
+    """(line number, text) of the first line that is neither blank nor a ``#``
+    comment; (0, "") where there is none."""
+    stream, _ = open_bytes(path)
+    try:
+        head = stream.read(1 << 16)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise DataError(f"cannot decompress: {exc}", path) from None
+    finally:
+        stream.close()
+    lines = head.decode("utf-8", "replace").lstrip("\ufeff").splitlines()
+    return next(
+        ((i + 1, s) for i, s in enumerate(lines) if s.strip() and not s.lstrip().startswith("#")),
+        (0, ""),
     )
 
 
@@ -172,6 +178,12 @@ def open_reader(
     path = _resolve_input(path, fmt)
     if fmt == "auto":
         fmt = detect_format(path)
+        if fmt == "csv" and sep == ",":
+            # A header of names apart by whitespace (`src dst t`): the file's
+            # separator is whitespace, as detection read it.
+            line = _first_line(path)[1]
+            if "," not in line and len(line.split()) > 1:
+                sep = "\\s+"
     cmap = columns or ColumnMap()
     tabular_only = cmap != ColumnMap() or string_ids or bipartite is not None
     if tabular_only and fmt not in ("csv", "tgb", "parquet"):

@@ -55,7 +55,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +124,11 @@ class SynthParams:
     """Scale of the Pareto gap between bursts, in time units."""
     pause_shape: float = 2.0
     """Pareto shape of the gaps between bursts (< 2: infinite variance)."""
+    label_share: float = 0.0
+    """Per-event labels (for node classification) when > 0: this share of the
+    communities, at least one and never all, is flagged (drawn from a stream of their own, so the
+    events do not change), and an event is labelled 1 when its source belongs to a
+    flagged community, else 0. 0 writes no labels."""
     block_size: int = 0
     """Events drawn in parallel from one state snapshot (see the module docstring);
     0 picks N // 4 within [256, 4096], so a typical node rarely occurs twice in a block."""
@@ -145,6 +150,10 @@ class SynthParams:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"synth: {name} must be in [0, 1], got {value}")
+        if not 0.0 <= self.label_share < 1.0:
+            raise ConfigError(f"synth: label_share must be in [0, 1), got {self.label_share}")
+        if self.label_share and self.num_communities < 2:
+            raise ConfigError("synth: labels need at least 2 communities (raise communities)")
         if self.p_reply + self.p_excite > 1.0:
             raise ConfigError("synth: p_reply + p_excite must be <= 1")
         if not 0.0 < self.initial_active <= 1.0:
@@ -179,7 +188,10 @@ class SynthParams:
 
     def to_dict(self) -> dict[str, Any]:
         """The parameters as JSON-ready values, with the generator version."""
-        return {"generator_version": GENERATOR_VERSION, **dataclasses.asdict(self)}
+        values = dataclasses.asdict(self)
+        if not self.label_share:  # unlabelled streams keep the keys they had before it
+            del values["label_share"]
+        return {"generator_version": GENERATOR_VERSION, **values}
 
     def key(self) -> str:
         """A short stable digest of the parameters, for cache directory names."""
@@ -212,8 +224,8 @@ def iter_synth_chunks(
 
     Yields:
         Dicts with ``src``, ``dst`` (n,) int32 (int64 if N >= 2^31), ``t`` (n,) int64
-        non-decreasing across chunks, and ``edge_feat`` (n, d_e) float32 when
-        ``edge_feat_dim`` > 0.
+        non-decreasing across chunks, ``edge_feat`` (n, d_e) float32 when
+        ``edge_feat_dim`` > 0, and ``label`` (n,) int64 0/1 when ``label_share`` > 0.
     """
     params = SynthParams(
         events=events,
@@ -307,7 +319,13 @@ def write_synth(
     )
     try:
         for chunk in iter_param_chunks(params, chunk_size=chunk_size):
-            writer.append(chunk["src"], chunk["dst"], chunk["t"], edge_feat=chunk.get("edge_feat"))
+            writer.append(
+                chunk["src"],
+                chunk["dst"],
+                chunk["t"],
+                edge_feat=chunk.get("edge_feat"),
+                label=chunk.get("label"),
+            )
     except BaseException:
         writer.abort()
         raise
@@ -400,3 +418,36 @@ def default_dataset(cache_dir: str | os.PathLike[str] | None = None) -> Path:
         Path of the event store.
     """
     return cached_dataset(SynthParams(), cache_dir)[0]
+
+
+@dataclass(frozen=True)
+class StoreShape:
+    """What a run's plan reads of a store (counts and feature tables), for a store
+    not generated yet.
+
+    Attributes:
+        path: Where the store would be.
+        num_events, num_nodes: Its counts.
+        edge_feat: None, or an empty (0, d_e) array: the width of its features.
+        node_feat: None (the generator writes no node features).
+        meta: Its ``name``.
+    """
+
+    path: Path
+    num_events: int
+    num_nodes: int
+    edge_feat: np.ndarray | None = None
+    node_feat: None = None
+    meta: dict[str, Any] = field(default_factory=lambda: {"name": "synth"})
+
+
+def default_dataset_shape(cache_dir: str | os.PathLike[str] | None = None) -> StoreShape | None:
+    """The default dataset's shape where it is not in the cache yet (None where it is):
+    what ``sven train --dry-run`` plans with, generating nothing."""
+    params = SynthParams()
+    final = cache_root(cache_dir) / cached_name(params)
+    if (final / "meta.json").is_file():
+        return None
+    d = params.edge_feat_dim
+    feat = np.empty((0, d), dtype=np.float32) if d else None
+    return StoreShape(final, params.events, params.nodes, edge_feat=feat)

@@ -30,7 +30,7 @@ _U_GLOB = _U_COMM + _ROUNDS  # _ROUNDS rows: Zipf draws over all destinations
 _U_LOOP = _U_GLOB + _ROUNDS  # self-loop repair
 _NUM_U = _U_LOOP + 1
 # SeedSequence spawn keys: one stream for the fixed structure, one per block.
-_STREAM_SETUP, _STREAM_BLOCK = 0, 1
+_STREAM_SETUP, _STREAM_BLOCK, _STREAM_LABEL = 0, 1, 2
 
 
 def _block_rng(seed: int, stream: int, index: int = 0) -> np.random.Generator:
@@ -171,6 +171,13 @@ class SynthStream:
             if p.edge_feat_dim
             else None
         )
+        # Flagged communities: their own stream, so labels leave the events unchanged.
+        self.flagged: np.ndarray | None = None
+        if p.label_share > 0:
+            k = min(max(1, round(p.label_share * c)), c - 1)  # both labels occur
+            order = _block_rng(p.seed, _STREAM_LABEL).permutation(c)
+            self.flagged = np.zeros(c, dtype=np.int64)
+            self.flagged[order[:k]] = 1
         # Ring buffer of the last H partners per node and the number of pushes so far
         # (the next slot is pushes % H).
         self.hist = np.zeros((p.nodes, p.history), dtype=self.id_dtype)
@@ -192,7 +199,8 @@ class SynthStream:
             self.hist,
             self.pushes,
         ]
-        arrays += [a for a in (self.prev_src, self.prev_dst, self.centroids) if a is not None]
+        extra = (self.prev_src, self.prev_dst, self.centroids, self.flagged)
+        arrays += [a for a in extra if a is not None]
         # dst_by_rank aliases src_by_rank on non-bipartite graphs.
         seen: dict[int, int] = {id(a): a.nbytes for a in arrays}
         return sum(seen.values())
@@ -211,7 +219,8 @@ class SynthStream:
         Returns:
             ``src`` (n,), ``dst`` (n,) compact ids; ``t`` (n,) int64, non-decreasing
             and >= the previous block's times; ``edge_feat`` (n, d_e) float32 when
-            ``edge_feat_dim`` > 0. n is ``block_size`` except for the last block.
+            ``edge_feat_dim`` > 0; ``label`` (n,) int64 0/1 when ``label_share`` > 0.
+            n is ``block_size`` except for the last block.
         """
         p = self.params
         start = index * p.block
@@ -274,6 +283,8 @@ class SynthStream:
             pair = _pair_features(src, dst, p.nodes, p.seed, p.edge_feat_dim)
             out["edge_feat"] = 0.7 * self.centroids[self.community[dst]] + 0.7 * pair + 0.3 * noise
 
+        if self.flagged is not None:
+            out["label"] = self.flagged[self.community[src]]
         self._remember(src, dst)
         self.prev_src, self.prev_dst = src, dst
         return out

@@ -178,7 +178,9 @@ def make_batch(
         pad_node: None: de-duplicate with ``torch.unique`` (U = number of distinct
             nodes). An id (the memory's scratch row N): de-duplicate into fixed slots
             (:func:`~sven.pipeline.dedupe.dedupe_fixed`), U = number of roots plus
-            neighbour slots, masked neighbour slots pointing at ``pad_node``; nothing
+            neighbour slots, or ``pad_node + 1`` if fewer
+            (:func:`~sven.pipeline.dedupe.slot_count`), masked neighbour slots pointing
+            at ``pad_node``; nothing
             then depends on the data's values, so the step can be captured. The node
             feature table must then have a row for ``pad_node``.
 
@@ -198,21 +200,21 @@ def make_batch(
         keys = None if root_key is None else root_key[:n_sample]
         block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
     if pad_node is not None:
-        from sven.pipeline.dedupe import dedupe_fixed
+        from sven.pipeline.dedupe import dedupe_fixed, slot_count
 
         ids = roots
         if block is not None and read_neighbors:
             pad = torch.full_like(block.nbr, pad_node)
             ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
-        nodes, inverse = dedupe_fixed(ids, pad_node)
+        u = slot_count(ids.shape[0], pad_node)
+        nodes, inverse = dedupe_fixed(ids, pad_node, u)
         r = roots.shape[0]
         root_pos = inverse[:r]
         if block is not None and read_neighbors:
-            # A masked slot may read any row: each reads its own (its position among
-            # the ids), not the one padding row, so that the zero gradients of the
-            # masked slots are not atomic adds piled on one row (a tenth of a compiled
-            # step: docs/performance.md).
-            own = torch.arange(r, ids.shape[0], device=ids.device).view_as(block.nbr)
+            # A masked slot may read any row: each reads a row of its own (its position
+            # among the ids, modulo the slots), not the one padding row, so that the zero
+            # gradients of the masked slots are not atomic adds piled on one row.
+            own = (torch.arange(r, ids.shape[0], device=ids.device) % u).view_as(block.nbr)
             nbr_pos = torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
     elif block is not None and read_neighbors:
         valid_nbr = block.nbr[block.mask]

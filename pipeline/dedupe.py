@@ -12,10 +12,24 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["dedupe_fixed"]
+__all__ = ["dedupe_fixed", "slot_count"]
 
 
-def dedupe_fixed(ids: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_count(num_ids: int, pad_id: int) -> int:
+    """Slots that hold the distinct ids of ``num_ids`` ids in [0, pad_id], whatever
+    their values: no more than there are ids, nor than there are possible ids.
+
+    On a small graph (or a wide evaluation batch: 100 MRR negatives per event make 20k
+    roots and 200k neighbour slots) the node count bounds the slots far below the id
+    count, and every per-slot stage (the state gather, the memory updater, the node
+    projections) computes on those slots only.
+    """
+    return min(num_ids, pad_id + 1)
+
+
+def dedupe_fixed(
+    ids: torch.Tensor, pad_id: int, slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct ids in fixed slots, and each input's slot.
 
     Args:
@@ -23,9 +37,12 @@ def dedupe_fixed(ids: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
             masked neighbour slots).
         pad_id: The id that fills unused slots; larger than every real id, so that the
             used slots stay sorted.
+        slots: U, the number of output slots: S by default; at least the number of
+            distinct ids (``min(S, pad_id + 1)`` always holds them all, since the ids
+            lie in [0, pad_id]).
 
     Returns:
-        nodes (S,): the sorted distinct ids, then ``pad_id`` in every unused slot;
+        nodes (U,): the sorted distinct ids, then ``pad_id`` in every unused slot;
         inverse (S,): the slot of each input, ``nodes[inverse] == ids``. For the slots
         in use both equal ``torch.unique(ids, return_inverse=True)``.
 
@@ -46,5 +63,7 @@ def dedupe_fixed(ids: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
     # perm is a permutation, so these scatters write each target once.
     inverse = torch.empty_like(slot).scatter_(0, perm, slot)
     # Duplicate ids write the same value into their slot: the result is order-free.
-    nodes = torch.full_like(ids, pad_id).scatter_(0, slot, sorted_ids)
+    u = ids.shape[0] if slots is None else slots
+    nodes = torch.full((u,), pad_id, dtype=ids.dtype, device=ids.device)
+    nodes.scatter_(0, slot, sorted_ids)
     return nodes, inverse

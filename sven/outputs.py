@@ -6,8 +6,10 @@ Every command that writes a file the user names (``sven predict``/``sven embed``
 
 - :func:`check_output`, before any work: an existing file is refused unless
   ``--overwrite``; a file the command reads (``--pairs``, ``@FILE`` ids) or a path inside
-  a folder it reads (the event store, the checkpoint) is refused even with it; a folder
-  where a file is expected, or a missing parent folder, is one line.
+  a folder it reads (the event store, the checkpoint) is refused even with it, and so
+  is one inside any folder Sven owns (a store, a partition, a checkpoint, a run's
+  ``best/`` or ``checkpoints/``: :func:`sven.ownership.sven_folder`); a folder where a
+  file is expected, or a missing parent folder, is one line.
 - :func:`check_output_folder`, the same for a folder of outputs (``sven plot --out``):
   a file there that Sven did not write is refused unless ``--overwrite``. What Sven
   wrote into a folder is recorded in the folder's manifest, ``.sven-outputs.json``
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from sven.digest import sha256_file
 from sven.errors import ConfigError, DataError, SvenError
+from sven.ownership import sven_folder
 
 __all__ = [
     "LEGACY_FIGURES",
@@ -103,6 +106,14 @@ def check_output(
             )
     if p.is_dir():
         raise SvenError(f"{option} {p} is a folder; give a file name")
+    owner = sven_folder(p.parent)
+    if owner is not None:
+        # Sven's own folders hold only what Sven writes there: a file of the user's
+        # would stop their next overwrite, or pass for one of Sven's.
+        raise SvenError(
+            f"{option} {p} lies inside {owner}, which holds only Sven's files; choose "
+            f"another {option}"
+        )
     if not p.parent.is_dir():
         raise DataError("the output folder does not exist", p.parent)
     if (p.exists() or p.is_symlink()) and not overwrite:

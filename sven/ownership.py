@@ -46,10 +46,12 @@ __all__ = [
     "FolderLock",
     "foreign_files",
     "foreign_paths",
+    "json_keys",
     "lock_folder",
     "make_partial",
     "publish_partial",
     "stop_on_sigterm",
+    "sven_folder",
     "sweep_partials",
 ]
 
@@ -281,6 +283,51 @@ def refuse_foreign(folder: str | os.PathLike[str], names: list[str], what: str) 
         f"{folder} holds {shown}, not written by Sven; {what} removes only Sven's own "
         "files: move them away or choose another folder"
     )
+
+
+# ------------------------------------------------------------ Sven's folders
+
+
+def json_keys(path: str | os.PathLike[str]) -> set[str]:
+    """The top-level keys of the JSON object in ``path`` (empty: none, or not JSON)."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return set()
+    return set(obj) if isinstance(obj, dict) else set()
+
+
+#: What a run writes below its top (``sven.engine.run_folder.RUN_FILES`` less the
+#: files, and less ``plots``, which keeps a manifest of outputs of its own).
+_RUN_SUBFOLDERS = ("checkpoints", "best", "state", "tb", "traces", "logs", "encoder")
+
+
+def sven_folder(path: str | os.PathLike[str]) -> str | None:
+    """The folder Sven owns that ``path`` would lie in, described; None: none.
+
+    Sven owns an event store, a partition, a checkpoint (``step-N``), the disk
+    tier's node-state folder and a run's own sub-folders (``best/``,
+    ``checkpoints/``, ...): a file of the user's there would stop the next overwrite
+    of them, or be mistaken for one of Sven's. ``path`` itself and its ancestors
+    are looked at (symbolic links resolved).
+    """
+    p = Path(os.path.abspath(path))
+    for folder in [p, *p.parents]:
+        folder = folder.resolve() if folder.exists() else folder
+        meta = json_keys(folder / "meta.json")
+        if {"num_events", "checksums", "split"} <= meta:
+            return f"the event store {folder}"
+        if {"parts", "format_version"} <= meta:
+            return f"the partition {folder}"
+        if (folder / "state.pt").is_file() and meta:
+            return f"the checkpoint {folder}"
+        if (folder / ".sven-state").is_file():
+            return f"the node-state folder {folder}"
+        if folder.name in _RUN_SUBFOLDERS and {"data", "model", "train", "out"} <= json_keys(
+            folder.parent / "config.json"
+        ):
+            return f"{folder.name}/ of the run {folder.parent}"
+    return None
 
 
 # ------------------------------------------------------------ partial folders

@@ -16,7 +16,12 @@ SHARED_DATA = Path(os.environ.get("SVEN_SHARED_DATA", REPO.parent / "shared" / "
 def shared_data() -> Path:
     """The folder of real datasets; skips the test where it is absent."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared real data not found at {SHARED_DATA}")
+        pytest.skip(
+            f"real data not found at {SHARED_DATA}: `sven data fetch collegemsg "
+            "--download-only` (and bitcoin-otc) downloads the published files into "
+            "$SVEN_CACHE/downloads (default ~/.cache/sven/downloads), laid out as these "
+            "tests read them; set SVEN_SHARED_DATA to that folder"
+        )
     return SHARED_DATA
 
 

@@ -30,8 +30,16 @@ _STAGES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the top-level parser with every available subcommand."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Builds the top-level parser.
+
+    Args:
+        command: A subcommand: only its stage's parser is built (what ``sven COMMAND
+            ...`` needs, so that ``sven train`` does not import the other stages:
+            plotting, ``sven env``'s package metadata, the synthetic generator). None,
+            or a name no stage has, builds every subcommand (``sven --help``, and the
+            usage error of a misspelt command, list them all).
+    """
     parser = argparse.ArgumentParser(
         prog="sven",
         description="Train memory-based temporal GNNs on event streams, laptop to cluster.",
@@ -39,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sven {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     seen: set[str] = set()
+    only = {m for name, m in _STAGES if name == command}
     for _, module in _STAGES:
-        if module in seen:
+        if module in seen or (only and module not in only):
             continue
         seen.add(module)
         try:
@@ -75,7 +84,9 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the process exit code (see :mod:`sven.errors`)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The subcommand is the first argument (options of its own come after it).
+    parser = build_parser(argv[0] if argv else None)
     args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

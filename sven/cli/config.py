@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from collections.abc import Callable
 
 import yaml
 
@@ -22,7 +23,16 @@ def _value(v: object) -> str:
 
 
 class KeysHelpFormatter(argparse.HelpFormatter):
-    """Wraps the description as usual but prints multi-line texts (the key list) as is."""
+    """Wraps the description as usual but prints multi-line texts (the key list) as is.
+
+    A text may also be a function returning it (``epilog=config_help``): it is called
+    only when the help is printed. The key list reads the config's source for its
+    docstrings, which every ``sven train`` would otherwise pay at start-up for a help
+    text it does not show.
+    """
+
+    def _format_text(self, text: str | Callable[[], str]) -> str:
+        return super()._format_text(text() if callable(text) else text)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if "\n" in text:
@@ -75,7 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="print the resolved config as YAML (or the reference of every key)",
         description="Resolve a preset and dotted overrides the way `sven train` does and "
         "print the result as YAML, usable again as --config.",
-        epilog=config_help(),
+        epilog=config_help,  # type: ignore[arg-type]  # built when shown (KeysHelpFormatter)
         formatter_class=KeysHelpFormatter,
     )
     p.add_argument("--config", help="YAML preset (e.g. configs/tgn.yaml)")

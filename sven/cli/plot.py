@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from sven.errors import DataError, SvenError
+from sven.extras import install_hint
 from sven.outputs import atomic_output, check_output_folder, record_outputs
 
-INSTALL_HINT = "pip install 'sven[plot]'"
 _STAGE_KEY = re.compile(r"^stage_(?P<name>.+)_s_per_rank$")
 # Colours of the two byte counts, the same in the run's and the partition's figures.
 _NAIVE, _FREE = "#bbbbbb", "#1f77b4"
@@ -48,7 +48,7 @@ def _require_matplotlib() -> None:
         import matplotlib.figure
         import matplotlib.ticker  # noqa: F401
     except ImportError:
-        raise SvenError(f"sven plot needs matplotlib: {INSTALL_HINT}") from None
+        raise SvenError(f"sven plot needs matplotlib: {install_hint('plot')}") from None
 
 
 def _figure(cols: int, width: float = 5.2, height: float = 4.0) -> tuple[Any, list[Any]]:
@@ -343,7 +343,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Plot a training run folder (train loss and val AP per epoch; per-rank "
         "bytes, naive vs redundancy-free, and per-rank stage times when recorded) or a "
         "partition folder (events, vertices and bytes per rank). Needs matplotlib: "
-        f"{INSTALL_HINT}.",
+        f"{install_hint('plot')}.",
     )
     p.add_argument("path", metavar="RUN_OR_PART", help="a run folder or a partition folder")
     p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: RUN_OR_PART/plots)")

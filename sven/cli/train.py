@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sven.cli.config import KeysHelpFormatter, config_help
-from sven.errors import Stopped, SvenError
+from sven.errors import ConfigError, Stopped, SvenError
 
 if TYPE_CHECKING:
     from sven.config import Config
@@ -23,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="train a model (defaults: TGN on the built-in synthetic dataset)",
         description="Train a memory-based TGNN. Overrides are dotted key=value pairs, e.g. "
         "data.path=stores/uci model.name=jodie train.epochs=10 out=runs/uci-jodie.",
-        epilog=config_help(),
+        epilog=config_help,  # type: ignore[arg-type]  # built when shown (KeysHelpFormatter)
         formatter_class=KeysHelpFormatter,
     )
     p.add_argument("--config", help="YAML preset (e.g. configs/tgn.yaml)")
@@ -56,19 +60,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=_eval)
 
 
+#: Seconds of silent start-up after which ``sven train`` says what it is doing.
+SLOW_START_S = 3.0
+#: Rank variables of the launchers: a rank other than 0 keeps quiet.
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+@contextlib.contextmanager
+def slow_start_notice(quiet: bool, after_s: float = SLOW_START_S) -> Iterator[threading.Timer]:
+    """Within the block, a line on stderr once ``after_s`` seconds have passed.
+
+    The first ``import torch`` of a fresh environment compiles thousands of modules
+    (a minute on a small machine) before the run prints anything; a user should not
+    mistake that for a hang. Said by rank 0 only, and not with ``quiet``.
+    """
+    rank = next((os.environ[v] for v in _RANK_VARS if v in os.environ), "0")
+
+    def say() -> None:
+        print(
+            "sven train: loading torch and the models (a first start in a fresh "
+            "environment compiles them: up to a minute)...",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    timer = threading.Timer(after_s, say)
+    timer.daemon = True
+    if not quiet and rank == "0":
+        timer.start()
+    try:
+        yield timer
+    finally:
+        timer.cancel()
+
+
 def _train(args: argparse.Namespace) -> int:
     from sven.config import load_config
-    from sven.distributed.collectives import DistError
-    from sven.distributed.launcher import detect_launcher
-    from sven.distributed.liveness import node_name
-    from sven.distributed.native_log import native_stderr_to
+    from sven.config.paths import command_config
+
+    quiet = args.quiet or "quiet=true" in args.overrides
+    with slow_start_notice(quiet):
+        from sven.distributed.collectives import DistError
+        from sven.distributed.launcher import detect_launcher
+        from sven.distributed.liveness import node_name
+        from sven.distributed.native_log import native_stderr_to
+        from sven.engine.trainer import Trainer  # noqa: F401 - the rest of the long import
 
     overrides = list(args.overrides)
     if args.quiet:
         overrides.append("quiet=true")
     info = detect_launcher()
     try:
-        cfg = load_config(args.config, overrides)
+        # Every path the user gave resolved and checked first (nothing read or written).
+        cfg = command_config(load_config(args.config, overrides), writes=not args.dry_run)
     except SvenError as err:
         # Every rank reads the same command line: one rank says it, once.
         err.quiet = info.rank != 0
@@ -145,8 +189,23 @@ def _fit(cfg: Config) -> int:
     return 0
 
 
+def _say_fallback(given: Path, folder: Path) -> None:
+    """A run folder whose ``best/`` holds no model stands for its latest checkpoint;
+    a note says so before any score (the scores are not the best model's)."""
+    best = given / "best"
+    if best.is_dir() and best not in folder.parents:
+        print(
+            f"sven: note: {best} holds no model (the run stopped before its first "
+            f"validation); evaluating its latest checkpoint, {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _eval(args: argparse.Namespace) -> int:
-    from sven.config import Config, load_config
+    from sven.config import checkpoint_fixed, load_config
+    from sven.config.paths import recorded_config
+    from sven.distributed.launcher import detect_launcher
     from sven.engine.checkpoint import find_checkpoint, load_file
     from sven.engine.run_folder import finite_or_none
     from sven.engine.store_check import check_store_first
@@ -156,17 +215,34 @@ def _eval(args: argparse.Namespace) -> int:
     st = load_file(folder / "state.pt")
     if not isinstance(st, dict) or not isinstance(st.get("config"), dict):
         raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
-    cfg = Config.from_dict(st["config"])
+    # The run's paths as its run meant them, from wherever this command runs.
+    cfg = recorded_config(st, folder, detect_launcher().world_size)
     if cfg.task == "node_classification":
         raise SvenError(
             f"{folder} is a node-classification run: its AUCs are in its summary.json; "
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
     overrides = [*_config_overrides(cfg, []), "train.resume=false", *args.overrides]
+    current = load_config(None, overrides)
+    fixed = checkpoint_fixed(cfg, current)
+    if fixed:
+        keys = ", ".join(k.split(" ")[0] for k in fixed)
+        err = ConfigError(
+            f"{keys} cannot change at evaluation: the saved model {folder} has its own "
+            f"({'; '.join(fixed)}); drop the override"
+        )
+        err.quiet = detect_launcher().rank != 0  # every rank finds it; one says it
+        raise err
+    if detect_launcher().rank == 0:
+        _say_fallback(Path(args.checkpoint), folder)
     # The store before any work (the trainer loads, verifies and tabulates it).
-    check_store_first(st, load_config(None, overrides), folder, other_store=args.other_store)
+    check_store_first(st, current, folder, other_store=args.other_store)
     trainer = Trainer(cfg, overrides, purpose="eval")
-    res = finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
+    try:
+        res = finite_or_none(trainer.evaluate_checkpoint(folder, other_store=args.other_store))
+    finally:
+        # The node state's scratch (the disk tier's temporary folder) goes now.
+        trainer.memory.close()
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -18,7 +18,14 @@ by dotted path (``train.batch_size=600``) and are parsed with YAML scalar rules.
 Every public name is importable from ``sven.config`` itself.
 """
 
-from sven.config.load import RESUME_MAY_CHANGE, config_differences, dump_config, load_config
+from sven.config.load import (
+    CHECKPOINT_FIXES,
+    RESUME_MAY_CHANGE,
+    checkpoint_fixed,
+    config_differences,
+    dump_config,
+    load_config,
+)
 from sven.config.schema import TASKS, Config, ConfigField, config_fields, section_doc, suggest_key
 from sven.config.sections import (
     DataConfig,
@@ -33,6 +40,7 @@ from sven.config.sections import (
 from sven.errors import ConfigError
 
 __all__ = [
+    "CHECKPOINT_FIXES",
     "RESUME_MAY_CHANGE",
     "TASKS",
     "Config",
@@ -46,6 +54,7 @@ __all__ = [
     "NodeClassConfig",
     "PipelineConfig",
     "TrainConfig",
+    "checkpoint_fixed",
     "config_differences",
     "config_fields",
     "dump_config",

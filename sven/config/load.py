@@ -8,6 +8,7 @@ with YAML scalar rules.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -89,6 +90,29 @@ def config_differences(saved: dict[str, Any], current: Config) -> list[str]:
     return out
 
 
+#: What a checkpoint fixes: the model (its kind and widths, which its weights have)
+#: and the task. A command that evaluates or applies a saved model cannot change them.
+CHECKPOINT_FIXES = ("model.", "task")
+
+
+def checkpoint_fixed(saved: Config, current: Config) -> list[str]:
+    """The keys a checkpoint fixes (:data:`CHECKPOINT_FIXES`) whose values differ.
+
+    Args:
+        saved: The checkpoint's config.
+        current: The config with the command's overrides.
+
+    Returns:
+        Sorted ``key (saved -> current)`` strings; empty when none differs.
+    """
+    a, b = _flatten(saved.to_dict()), _flatten(current.to_dict())
+    return [
+        f"{k} ({a[k]!r} -> {b.get(k)!r})"
+        for k in sorted(a)
+        if k.startswith(CHECKPOINT_FIXES) and a[k] != b.get(k)
+    ]
+
+
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for k, v in d.items():
@@ -109,6 +133,31 @@ def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
     cur[keys[-1]] = value
 
 
+#: The config's sections (the top-level keys whose value is a mapping of keys).
+_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if isinstance(f.default_factory, type))
+
+
+def _kind(value: Any) -> str:
+    kinds = {
+        list: "a list",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "true/false",
+    }
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error: the file, line and column, and what is wrong."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    extra = f" ({context} at line {at.line + 1})" if context and at else ""
+    return f"{where}: invalid YAML: {problem}{extra}"
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Loads a YAML preset (optional) and applies ``key=value`` overrides.
 
@@ -127,13 +176,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             d = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: invalid YAML: {exc}") from None
+            raise ConfigError(_yaml_problem(p, exc)) from None
         if not isinstance(d, dict):
-            kind = {list: "a list", str: "a string", int: "a number", float: "a number"}
             raise ConfigError(
                 f"{p}: the top level must be a mapping of sections (data:, model:, "
-                f"train:, ...), got {kind.get(type(d), type(d).__name__)}"
+                f"train:, ...), got {_kind(d)}"
             )
+        for name in _SECTIONS:
+            if d.get(name) is not None and not isinstance(d[name], dict):
+                # Named here, with its file: an override into it would blame itself.
+                raise ConfigError(
+                    f"{p}: section {name}: must be a mapping of keys ({name}: then "
+                    f"indented key: value lines), got {_kind(d[name])}"
+                )
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")

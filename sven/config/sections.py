@@ -369,8 +369,11 @@ class StateConfig:
     The plan counts node state in the host tier, the event tables on a CPU run and
     the transient copies of loading."""
     path: str = ""
-    """Folder of the disk tier's files; empty: ``<out>/state``. They are scratch (the
-    checkpoints hold the state) and are removed when the run ends."""
+    """Folder of the disk tier's files; empty: ``<out>/state``. Sven's alone: a new or
+    empty folder, or one Sven made (a folder holding other files is refused), locked
+    while a run maps its files. They are scratch (the checkpoints hold the state), left
+    for the next run to reuse; commands that write nothing (``sven eval``, predictions)
+    use a temporary folder instead."""
 
     def __post_init__(self) -> None:
         _check_numbers(self, "state")

@@ -37,6 +37,7 @@ from typing import Any
 
 from sven.distributed.errors import DistError
 from sven.distributed.slurm import expand_tasks_per_node, slurm_hosts, slurm_node_addr, slurm_port
+from sven.extras import install_hint
 
 LAUNCHERS = ("torchrun", "slurm", "mpi", "single")
 # srun step ids at or above this are Slurm's special steps (batch script, extern,
@@ -219,7 +220,7 @@ def _import_mpi() -> Any:
         raise DistError(
             "launched by an MPI launcher without MASTER_ADDR/MASTER_PORT (and, with PMIx, "
             "without the world size), which Sven then learns through mpi4py, but mpi4py is "
-            "not installed: pip install 'sven[mpi]', or export MASTER_ADDR and MASTER_PORT "
+            f"not installed: {install_hint('mpi')}, or export MASTER_ADDR and MASTER_PORT "
             "to every rank (mpirun -x MASTER_ADDR -x MASTER_PORT)"
         ) from err
     return MPI

@@ -23,7 +23,7 @@ import torch
 
 from sven.engine.body import StepInput
 from sven.pipeline.batch import Batch
-from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.dedupe import dedupe_fixed, slot_count
 from sven.pipeline.exchange_api import Exchange, read_occurrences
 
 __all__ = [
@@ -52,13 +52,15 @@ class BatchInputs:
     """The numbers that name one batch (:data:`INPUT_NAMES`, plus extras such as the
     prediction count).
 
-    On a fixed-shape step they are 0-d device tensors refilled in place (a captured
-    graph reads them where they are); on the exact-size step plain numbers.
+    On a fixed-shape step they are 0-d views of one device tensor, refilled in place (a
+    captured graph reads them where they are) by one host-to-device copy per
+    :meth:`fill`, where a fill per number was a kernel launch each (nine per training
+    step); on the exact-size step plain numbers.
 
     Args:
         fixed: Device tensors (True) or numbers.
         device: Where the tensors live.
-        extra: More named numbers: name -> dtype of its tensor.
+        extra: More named numbers: name -> dtype of its tensor (int64 or float64).
     """
 
     def __init__(
@@ -66,30 +68,87 @@ class BatchInputs:
     ) -> None:
         self.fixed, self.device = fixed, device
         kinds = {**dict.fromkeys(INPUT_NAMES, torch.int64), **(extra or {})}
+        if any(dt not in (torch.int64, torch.float64) for dt in kinds.values()):
+            raise ValueError(f"batch inputs are int64 or float64, got {kinds}")
+        self.kinds = kinds
+        self.values: dict[str, Any] = dict.fromkeys(kinds, 0)
         if fixed:
-            self.values: dict[str, Any] = {
-                k: torch.zeros((), dtype=dt, device=device) for k, dt in kinds.items()
-            }
-        else:
-            self.values = dict.fromkeys(kinds, 0)
+            self._numbers = dict(self.values)
+            self._bind(torch.zeros(len(kinds), dtype=torch.int64, device=device))
+            self._staging = _Staging(len(kinds), device)
+
+    def _bind(self, buf: torch.Tensor) -> None:
+        # Every number is one 8-byte word of ``buf``; float64 ones are read through a view.
+        self._buf = buf
+        self.values = {
+            k: (buf[i : i + 1] if dt == torch.int64 else buf[i : i + 1].view(dt))[0]
+            for i, (k, dt) in enumerate(self.kinds.items())
+        }
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
     def fill(self, **values: float) -> None:
-        """Sets named numbers (in place on the device)."""
-        for k, v in values.items():
-            if self.fixed:
-                self.values[k].fill_(v)
-            else:
-                self.values[k] = v
+        """Sets named numbers (on the device: one copy of all of them)."""
+        if not self.fixed:
+            self.values.update(values)
+            return
+        unknown = set(values) - set(self._numbers)
+        if unknown:
+            raise KeyError(f"no batch input named {sorted(unknown)}")
+        self._numbers.update(values)
+        self._staging.upload(self._buf, self._numbers, self.kinds)
 
     def copy(self) -> BatchInputs:
         """Inputs of their own with the same values (a replay walks beside the step)."""
         new = BatchInputs.__new__(BatchInputs)
-        new.fixed, new.device = self.fixed, self.device
-        new.values = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in self.values.items()}
+        new.fixed, new.device, new.kinds = self.fixed, self.device, self.kinds
+        if self.fixed:
+            new._numbers = dict(self._numbers)
+            new._bind(self._buf.clone())
+            new._staging = _Staging(len(self.kinds), self.device)
+        else:
+            new.values = dict(self.values)
         return new
+
+
+class _Staging:
+    """Host words copied to a device tensor without waiting for the device.
+
+    On CUDA a ring of pinned buffers: the copy from one is queued behind the steps
+    already queued, so a buffer is written again only once its last copy has run (its
+    event), and the host never waits for the step in flight unless it is a ring ahead.
+    """
+
+    SLOTS = 4
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.bufs = [torch.zeros(n, dtype=torch.int64, pin_memory=pin) for _ in range(self.SLOTS)]
+        # Written through numpy views: a tensor's item assignment costs microseconds.
+        self.words = [b.numpy() for b in self.bufs]
+        self.events: list[Any] = [None] * self.SLOTS
+        self.cuda = pin
+        self.next = 0
+
+    def upload(self, dst: torch.Tensor, numbers: dict[str, float], kinds: dict) -> None:
+        """Writes ``numbers`` (in the order of ``kinds``) into ``dst`` (n,) int64."""
+        k = self.next
+        self.next = (k + 1) % self.SLOTS
+        if self.events[k] is not None:
+            self.events[k].synchronize()
+        ints = self.words[k]
+        floats = ints.view(np.float64)
+        for i, (name, dt) in enumerate(kinds.items()):
+            if dt == torch.int64:
+                ints[i] = int(numbers[name])
+            else:
+                floats[i] = float(numbers[name])
+        dst.copy_(self.bufs[k], non_blocking=self.cuda)
+        if self.cuda:
+            ev = torch.cuda.Event()
+            ev.record()
+            self.events[k] = ev
 
 
 class Shares:
@@ -151,10 +210,11 @@ class Shares:
         a, z = np.searchsorted(self._order_host, [g_lo, g_hi])
         return int(a), int(z)
 
-    def name(self, inp: BatchInputs, g_lo: int, g_hi: int, stream: int) -> None:
-        """Sets ``inp`` to the share of global batch [g_lo, g_hi) drawn from ``stream``."""
+    def name(self, inp: BatchInputs, g_lo: int, g_hi: int, stream: int, **extra: float) -> None:
+        """Sets ``inp`` to the share of global batch [g_lo, g_hi) drawn from ``stream``,
+        and the ``extra`` numbers with it."""
         lo, hi = self.of(g_lo, g_hi)
-        inp.fill(start=lo, stop=hi, gstart=g_lo, stream=stream)
+        inp.fill(start=lo, stop=hi, gstart=g_lo, stream=stream, **extra)
 
 
 class BatchSource:
@@ -257,7 +317,8 @@ class BatchSource:
             # One fetch for the whole share: each node is read once, by whichever
             # micro-batch needs it, so the bytes are those of the unsplit share.
             cat = torch.cat([mb.nodes for mb in batches])
-            nodes, inverse = dedupe_fixed(cat, self.tables.num_nodes)
+            n = self.tables.num_nodes
+            nodes, inverse = dedupe_fixed(cat, n, slot_count(cat.shape[0], n))
             at = list(torch.split(inverse, [mb.nodes.shape[0] for mb in batches]))
             occ = torch.zeros_like(nodes)
             for mb, pos in zip(batches, at):

@@ -227,36 +227,26 @@ class Data:
         return out
 
     def _partition(self) -> None:
-        """owner (N,) and assign (E,): from a partition folder, computed, or all rank 0."""
+        """owner (N,) and assign (E,): from a partition folder, computed, or all rank 0.
+
+        ``dist.partition`` is read and checked on any number of processes (one
+        included: a partition of another store, or of another number of parts, is
+        refused there as on P ranks), with rank 0's verdict shared, so that a
+        refusal is said once.
+        """
         n, e = self.num_nodes, int(self.src.numel())
         p = self.world_size
+        dc = self.cfg.dist
+        folder = self._agreed(self._partition_folder) if dc.partition else None
         if p == 1:
             self.owner = torch.zeros(n, dtype=torch.int64, device=self.device)
             self.assign = torch.zeros(e, dtype=torch.int64, device=self.device)
             self.partition_meta: dict[str, Any] = {"strategy": "single", "parts": 1}
+            if folder is not None:
+                self.partition_meta = folder[2]
         else:
-            dc = self.cfg.dist
-            if dc.partition:
-                from sven.partition import load_partition
-                from sven.partition.store import check_matches
-
-                part = load_partition(dc.partition)
-                try:
-                    check_matches(part, self.events, dc.partition)
-                except DataError as exc:
-                    raise ConfigError(f"dist.partition: {exc}") from None
-                owner, assign = np.asarray(part.owner), np.asarray(part.assign)
-                meta = dict(part.meta)
-                if int(meta.get("parts", p)) != p:
-                    raise ConfigError(
-                        f"dist.partition {dc.partition} has {meta.get('parts')} parts "
-                        f"but {p} ranks run"
-                    )
-                if owner.shape[0] != n or assign.shape[0] != e:
-                    raise ConfigError(
-                        f"dist.partition {dc.partition} does not match the data "
-                        f"at {self.cfg.data.path}"
-                    )
+            if folder is not None:
+                owner, assign, meta = folder
             else:
                 owner = np.zeros(n, dtype=np.int64)
                 assign = np.zeros(e, dtype=np.int64)
@@ -292,6 +282,36 @@ class Data:
             self.owner, self.assign = o.to(self.device), a.to(self.device)
             self.partition_meta = meta
         self.owned = owned_nodes(self.owner, self.rank)
+
+    def _partition_folder(self) -> tuple[Any, Any, dict[str, Any]]:
+        """``dist.partition``'s (owner, assign, meta), checked against the store (its
+        fingerprint and counts) and the number of ranks.
+
+        Raises:
+            ConfigError: Another store's partition, another number of parts, or no
+                partition there.
+        """
+        from sven.partition import load_partition
+        from sven.partition.store import check_matches
+
+        dc, p = self.cfg.dist, self.world_size
+        try:
+            part = load_partition(dc.partition)
+            check_matches(part, self.events, dc.partition)
+        except DataError as exc:
+            raise ConfigError(f"dist.partition: {exc}") from None
+        owner, assign = np.asarray(part.owner), np.asarray(part.assign)
+        meta = dict(part.meta)
+        if int(meta.get("parts", p)) != p:
+            ranks = "one process runs" if p == 1 else f"{p} ranks run"
+            raise ConfigError(
+                f"dist.partition {dc.partition} has {meta.get('parts')} parts but {ranks}"
+            )
+        if owner.shape[0] != self.num_nodes or assign.shape[0] != int(self.src.numel()):
+            raise ConfigError(
+                f"dist.partition {dc.partition} does not match the data at {self.cfg.data.path}"
+            )
+        return owner, assign, meta
 
     def owned_node_feat(self) -> torch.Tensor | None:
         """(N_r, node_dim) the static features of the owned vertices, or None.

@@ -122,7 +122,8 @@ class LinkPrediction:
         hint = start_hint(tr.device.type, tc.epochs - start_epoch, per_epoch - lo)
         if hint is not None and not progress["stopped"]:
             tr.log(hint)
-        self._estimate = start_batch != 0
+        # The first whole epoch this process runs: one resumed halfway is no measure.
+        self._estimate_epoch = start_epoch + (start_batch != 0)
         progress = loop.run(progress, start_epoch, start_batch)
         tr.startup.finish()
         ck = tr.checkpoints
@@ -303,9 +304,7 @@ class LinkPrediction:
         stages = self._timeline_line(dt)
         self.where = tr.where = f"epoch {epoch} validation"
         val, val_rate = self._eval_split("val")
-        if not self._estimate:
-            # The first whole epoch this process ran (one resumed halfway is no measure).
-            self._estimate = True
+        if epoch == self._estimate_epoch:
             took = time.perf_counter() - self._ep_t0
             note = epoch_estimate(epoch, took, tc.epochs - epoch - 1, tc.patience)
             if note is not None:

@@ -9,7 +9,6 @@ text files are replaced atomically (:func:`atomic_write_text`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -18,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError
+from sven.models.storage import STATE_MANIFEST, is_state_folder
 from sven.outputs import foreign_outputs
+from sven.ownership import json_keys
 
 __all__ = [
     "CHECKPOINT_FOLDER",
@@ -42,11 +43,7 @@ def atomic_write_text(text: str, path: Path) -> None:
 
 def is_run_folder(path: str | Path) -> bool:
     """Whether ``path`` holds a Sven run: a ``config.json`` that a trainer wrote."""
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and {"data", "model", "train", "out"} <= set(cfg)
+    return {"data", "model", "train", "out"} <= json_keys(Path(path) / "config.json")
 
 
 #: What a run writes at the top of its folder: ``train.overwrite=true`` deletes these
@@ -93,10 +90,7 @@ RUN_MANIFEST: dict[str, Any] = {
     # sven plot's figures: the folder's own manifest says which it wrote.
     r"plots": partial(foreign_outputs, legacy=True),
     # The disk tier's node-state files (state.device=disk): scratch, per rank.
-    r"state": {
-        r"\.sven-state": None,
-        r"rank\d+": {r"\.sven-state": None, r"\w+\.bin": None},
-    },
+    r"state": STATE_MANIFEST,
 }
 # Node classification: the link-prediction run trained first, and the folder of the
 # encoder's replay (its per-rank logs), each a run folder of its own.
@@ -166,8 +160,6 @@ def prepare_out(
 
 
 def _own_state(p: Path) -> bool:
-    from sven.models.storage import is_state_folder
-
     return p.name == "state" and p.is_dir() and is_state_folder(p)
 
 

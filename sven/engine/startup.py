@@ -20,7 +20,10 @@ the seconds before the first step go (``summary.json``'s ``startup_s`` and
   replay, waited for.
 
 What a run imports is kept to what it needs: pandas, pyarrow, torch_geometric,
-matplotlib and (on CPU) triton are not imported by ``sven train``
+matplotlib and (on CPU) triton are not imported by ``sven train``, nor the other
+commands' modules: ``sven COMMAND`` builds only that command's parser
+(:func:`sven.cli.build_parser`), and the config-key list of ``sven train --help``, which
+reads the config's source, is built only when shown
 (``tests/integration/test_startup.py``). Torch itself would import its compiler front
 end (``torch._dynamo``, and with it triton: about as long as importing torch) in two
 places a run without ``train.compile`` does not need it: ``torch.optim``'s methods,

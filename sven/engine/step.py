@@ -52,6 +52,13 @@ if TYPE_CHECKING:
 __all__ = ["Step", "StepStatus"]
 
 
+def fixed_shapes(device: torch.device, distributed: bool) -> bool:
+    """Whether a step runs on static shapes: on CUDA, where a graph captures it, and
+    across ranks, whose collectives move buffers of fixed sizes. (On one CPU process an
+    exact-size batch computes less.)"""
+    return device.type == "cuda" or distributed
+
+
 class StepStatus:
     """A finished step's stop votes and exchange overflows, read without stalling.
 
@@ -186,7 +193,7 @@ class Step:
         self.grads, self.plan_group, self.timeline = grads, plan_group, timeline
         self.device = dev
         self.distributed = exchange.distributed
-        fixed = dev.type == "cuda" or self.distributed
+        fixed = fixed_shapes(dev, self.distributed)
         self.model: Any = _compiled(model, tc.compile, dev, log)
         #: How the step runs: captured (``train.cuda_graph``) unless node-state rows
         #: are staged through host copies, which synchronise every step.
@@ -332,8 +339,7 @@ class Step:
     def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
         npred = (g_hi - g_lo) * (1 + self.cfg.train.num_neg)
-        self.shares.name(self.inp, g_lo, g_hi, epoch)
-        self.inp.fill(npred=float(npred))
+        self.shares.name(self.inp, g_lo, g_hi, epoch, npred=float(npred))
         self.grads.set_vote(stop_vote)
         d = self.depth
         if d:

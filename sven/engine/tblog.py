@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError
-
-INSTALL_HINT = "pip install 'sven[tensorboard]'"
+from sven.extras import install_hint
 
 
 class EpochLog:
@@ -39,7 +38,8 @@ class EpochLog:
                 from torch.utils.tensorboard import SummaryWriter  # noqa: F401
             except ImportError:
                 raise ConfigError(
-                    f"log.tensorboard=true needs the tensorboard package: {INSTALL_HINT}"
+                    "log.tensorboard=true needs the tensorboard package: "
+                    + install_hint("tensorboard")
                 ) from None
 
     def write(self, line: dict[str, Any]) -> None:

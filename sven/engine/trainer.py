@@ -108,7 +108,11 @@ class Trainer:
         purpose: str,
     ) -> None:
         """Builds the run's parts, in an order every rank keeps (collectives, seeds)."""
-        self.cfg = cfg = as_config(config, overrides)
+        from sven.config.paths import command_config
+
+        # Every path absolute (what the run records) and of the right kind, before any work.
+        cfg = command_config(as_config(config, overrides), writes=purpose == "train")
+        self.cfg = cfg
         self._purpose = purpose
         # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
         # counts from process start.
@@ -213,8 +217,10 @@ class Trainer:
             node_dim=d.node_dim,
             train_events=(d.events.src[lo:hi], d.events.dst[lo:hi], d.events.t[lo:hi]),
         ).to(self.device, self.dtype)
-        state_dir = Path(cfg.state.path) if cfg.state.path else self.out / "state"
-        storage = Storage(self.plan.tier, self.device, folder=state_dir / f"rank{self.rank}")
+        # A command that writes nothing keeps its disk-tier scratch in a temporary
+        # folder of its own (sven.models.storage), never in the recorded run's.
+        state_dir = (cfg.state.path or self.out / "state") if self._purpose == "train" else None
+        storage = Storage(self.plan.tier, self.device, folder=state_dir, rank=self.rank)
         self.memory = MemoryState(
             int(d.owned.numel()),
             mc.memory_dim,
@@ -541,6 +547,7 @@ class Trainer:
                 # exited must not kill this one halfway through.
                 restore()
                 self._release_out()
+                self.memory.storage.release_folder()
 
     def progress_bar(self, desc: str, events: int, initial: int = 0) -> tqdm:
         """A progress bar over ``events`` events on rank 0 (events/s and the time left),
@@ -668,19 +675,23 @@ def plan_for(
 def dry_run(config: Config | str | Path | None, overrides: list[str] | None = None) -> Plan:
     """The plan of a run without running it (``sven train --dry-run``): the store is
     opened (not read), the device and the ranks are those a run would get here."""
+    from sven.datasets.synth import default_dataset_shape
     from sven.distributed.launcher import detect_launcher
     from sven.distributed.process_group import _pick_device
 
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     info = detect_launcher(os.environ)
     device = _pick_device(cfg.train.device, info)
-    data = Data(
-        cfg,
-        rank=0,
-        world_size=info.world_size,
-        device=device,
-        dtype=torch.float32,
-        agree=lambda value: value,
-        load=False,
-    )
-    return plan_for(cfg, data.events, info.world_size, device)
+    # The built-in dataset not generated yet: planned from its shape, not written.
+    events = None if cfg.data.path else default_dataset_shape()
+    if events is None:
+        events = Data(
+            cfg,
+            rank=0,
+            world_size=info.world_size,
+            device=device,
+            dtype=torch.float32,
+            agree=lambda value: value,
+            load=False,
+        ).events
+    return plan_for(cfg, events, info.world_size, device)

@@ -5,16 +5,10 @@ Each public function runs either its PyTorch reference in :mod:`sven.kernels.ref
 :mod:`.triton_rnn`). The choice, per call, from the first tensor argument:
 
 - ``SVEN_KERNELS`` unset or ``auto``: Triton on CUDA for the functions in
-  :data:`AUTO_TRITON` (the fused memory updater and the attention's masked softmax,
-  measured faster in the captured step), else the reference. Measured earlier on an H200 in the
-  CUDA-graph-captured TGN step (CollegeMsg, ``benchmarks/profile_step.py``), the
-  reference's cuBLAS GEMMs and fused elementwise ops were faster than the Triton
-  kernels (133k vs 124k train events/s at batch 200, 272k vs 228k at batch 600): with
-  launch costs gone, the fused attention's in-kernel time projection (no tensor
-  cores, one program per root and head) costs more than it saves. Triton stays one
-  variable away until it wins (docs/kernels.md);
-  The counter hashes are the exception (:func:`hash_backend`): one Triton kernel
-  each on CUDA, 133.8k -> 150.8k train events/s in the same captured step;
+  :data:`AUTO_TRITON` (the fused memory updater, the attention's masked softmax and
+  the link scorer, measured faster in the captured step), and for the counter hashes
+  (:func:`hash_backend`); else the reference, whose cuBLAS GEMMs were measured faster
+  than the fully fused Triton attention (docs/kernels.md has the figures);
 - ``SVEN_KERNELS=reference``: the reference everywhere;
 - ``SVEN_KERNELS=triton``: Triton everywhere; on CPU tensors that is Triton's
   interpreter, so it needs ``TRITON_INTERPRET=1`` (set before the first call), and an
@@ -43,6 +37,7 @@ __all__ = [
     "backend_for",
     "gru_cell",
     "hash_backend",
+    "link_decoder",
     "recurrent_update",
     "reset_backend",
     "rnn_cell",
@@ -52,13 +47,9 @@ __all__ = [
 ]
 
 _MODES = ("auto", "reference", "triton")
-#: The functions ``auto`` runs in Triton on CUDA: measured faster in the captured TGN
-#: step on an H200 (CollegeMsg, batch 200, ``benchmarks/gpu_kernels.py``): the fused
-#: memory updater and the attention's masked softmax together 390 -> 336 kernels per
-#: step, 165,775 -> 184,645 train events/s (warm epoch 164,871 -> 184,895, test AP
-#: 0.8835 -> 0.8833). The fully fused attention (its projections in the kernel) is
-#: not among them: 152,289 events/s with everything in Triton.
-AUTO_TRITON = frozenset({"recurrent_update", "temporal_attention"})
+#: The functions ``auto`` runs in Triton on CUDA: those measured faster than their
+#: reference inside the captured TGN step on an H200 (docs/kernels.md has the figures).
+AUTO_TRITON = frozenset({"link_decoder", "recurrent_update", "temporal_attention"})
 # Which Triton module implements each public name.
 _TRITON_MODULE = {
     "temporal_attention": "sven.kernels.triton_attention",
@@ -66,6 +57,7 @@ _TRITON_MODULE = {
     "gru_cell": "sven.kernels.triton_rnn",
     "rnn_cell": "sven.kernels.triton_rnn",
     "recurrent_update": "sven.kernels.triton_rnn",
+    "link_decoder": "sven.kernels.triton_decoder",
 }
 # The cached choice: (mode, interpreter on, triton importable, per-function backends);
 # None until first read.
@@ -193,6 +185,11 @@ temporal_attention_fused = _dispatch("temporal_attention_fused", attention=tempo
 temporal_attention_factored = reference.temporal_attention_factored
 gru_cell = _dispatch("gru_cell")
 rnn_cell = _dispatch("rnn_cell")
+
+# The link scorer of every model: the reference runs three linear layers per pair
+# column; Triton the source projection once per event and the rest as one kernel each
+# way (docs/kernels.md).
+link_decoder = _dispatch("link_decoder")
 
 # The memory updater: the reference composes the reference cells; Triton fuses it
 # (four kernels forward, docs/kernels.md).

@@ -286,3 +286,40 @@ def temporal_attention_fused(
     key, val = kv.chunk(2, dim=2)
     attention = attention or temporal_attention
     return attention(q, key.reshape(r, k, h, d), val.reshape(r, k, h, d), mask)
+
+
+def link_decoder(
+    h: torch.Tensor,
+    b: int,
+    w_src: torch.Tensor,
+    b_src: torch.Tensor,
+    w_dst: torch.Tensor,
+    b_dst: torch.Tensor,
+    w_out: torch.Tensor,
+    b_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TGN's link scorer over a batch's root embeddings: for a source s and a candidate
+    c, ``w_out . relu(W_src s + b_src + W_dst c + b_dst) + b_out``.
+
+    Args:
+        h: (R, D) root embeddings in the batch layout ``[src (B), dst (B), neg[:, 0] (B),
+            ..., neg[:, n-1] (B)]``, R = (2 + n) B.
+        b: B, the events.
+        w_src: (D2, D), b_src: (D2,): the source projection.
+        w_dst: (D2, D), b_dst: (D2,): the candidate projection.
+        w_out: (1, D2), b_out: (1,): the output layer.
+
+    Returns:
+        (B,) logits of the positive pairs and (B, n) of the negatives.
+    """
+    n = h.shape[0] // b - 2
+    # One split, not three slices: its backward is one concatenation where each slice's
+    # would zero a full-size gradient and add them up.
+    h_src, h_dst, h_rest = torch.split(h, [b, b, h.shape[0] - 2 * b])
+    h_neg = h_rest.view(n, b, -1).transpose(0, 1)
+
+    def score(s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(F.linear(s, w_src, b_src) + F.linear(c, w_dst, b_dst))
+        return F.linear(z, w_out, b_out).squeeze(-1)
+
+    return score(h_src, h_dst), score(h_src[:, None, :].expand(-1, n, -1), h_neg)

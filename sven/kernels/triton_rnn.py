@@ -40,9 +40,17 @@ def _tanh(x):
 
 
 @triton.jit
-def _elements(N, W, BLOCK: tl.constexpr):
-    """This program's block of a flat (rows, W) index: index, in-range mask, row, col."""
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _elements(N, W, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """This program's block of a flat (rows, W) index: index, in-range mask, row, col.
+
+    In 32-bit arithmetic unless the index may pass 2^31 (``WIDE``): a 64-bit division
+    is a long software sequence per element, which made the updater's element-wise
+    kernels several times slower than their memory traffic.
+    """
+    if WIDE:
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     return idx, idx < N, idx // W, idx % W
 
 
@@ -75,12 +83,12 @@ def _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh):
 @triton.jit
 def _cell_fwd_kernel(
     gi_ptr, gh_ptr, h_ptr, has_ptr, out_ptr, N, Hd, s_gi, s_gh, s_h,
-    GRU: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr,
+    GRU: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     # out is (U, Hd) contiguous; gi, gh (U, G Hd) with unit column stride. MASKED: rows
     # whose has flag is 0 keep h, bit for bit (the updater); h_ptr is unused by the RNN
     # cell, has_ptr unless MASKED.
-    idx, m, row, col = _elements(N, Hd, BLOCK)
+    idx, m, row, col = _elements(N, Hd, BLOCK, WIDE)
     ty = out_ptr.dtype.element_ty
     if GRU:
         _, z, n, _, _ = _gru_gates(gi_ptr, gh_ptr, row, col, m, Hd, s_gi, s_gh)
@@ -101,12 +109,12 @@ def _cell_fwd_kernel(
 def _cell_bwd_kernel(
     gi_ptr, gh_ptr, h_ptr, has_ptr, dout_ptr, dgi_ptr, dgh_ptr, dh_ptr,
     N, Hd, s_gi, s_gh, s_h, s_do,
-    GRU: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr,
+    GRU: tl.constexpr, MASKED: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     # dgi, dgh (U, G Hd) and dh (U, Hd) contiguous. dh is the direct part of h's
     # gradient: the GRU's z dout where the cell ran, dout where the row kept h (MASKED);
     # the RNN cell writes neither dgh (its gradient is dgi's) nor, unless MASKED, dh.
-    idx, m, row, col = _elements(N, Hd, BLOCK)
+    idx, m, row, col = _elements(N, Hd, BLOCK, WIDE)
     g_out = tl.load(dout_ptr + row * s_do + col, mask=m, other=0.0).to(tl.float32)
     if MASKED:
         has = tl.load(has_ptr + row, mask=m, other=0) != 0
@@ -147,11 +155,11 @@ def _cell_bwd_kernel(
 def _encode_kernel(
     mail_ptr, ts_ptr, last_ptr, has_ptr, tw_ptr, tb_ptr, x_ptr, last_out_ptr,
     N, IN, M, s_mail,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     # x (U, I) contiguous = [mail, cos(dt w + b)], dt = ts - last rounded to x's dtype
     # (the reference's dt.to(h.dtype)); with the new last-update time of each row.
-    idx, m, row, col = _elements(N, IN, BLOCK)
+    idx, m, row, col = _elements(N, IN, BLOCK, WIDE)
     is_mail = col < M
     v = tl.load(mail_ptr + row * s_mail + col, mask=m & is_mail, other=0.0).to(tl.float32)
     ts = tl.load(ts_ptr + row, mask=m, other=0.0)
@@ -174,6 +182,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def _grid(n: int) -> tuple[int]:
     return (triton.cdiv(n, _BLOCK),)
+
+
+def _wide(n: int) -> bool:
+    # Whether an offset into the largest tensor a kernel indexes (n elements; the grid
+    # rounded up to whole blocks) may pass int32.
+    return triton.cdiv(n, _BLOCK) * _BLOCK >= 2**31
 
 
 def _linear_grads(ctx, d_gi, d_gh, dh_direct):
@@ -206,7 +220,7 @@ class _GRUCell(torch.autograd.Function):
         if out.numel():
             _cell_fwd_kernel[_grid(out.numel())](
                 gi, gh, hs, hs, out, out.numel(), hd, gi.stride(0), gh.stride(0), hs.stride(0),
-                GRU=True, MASKED=False, BLOCK=_BLOCK,
+                GRU=True, MASKED=False, BLOCK=_BLOCK, WIDE=_wide(gi.numel()),
             )  # fmt: skip
         # The GEMM outputs are kept: the backward recomputes the gates from them.
         ctx.save_for_backward(x, h, w_ih, w_hh, gi, gh, hs)
@@ -225,7 +239,7 @@ class _GRUCell(torch.autograd.Function):
             _cell_bwd_kernel[_grid(dh_direct.numel())](
                 gi, gh, hs, hs, dout, d_gi, d_gh, dh_direct, dh_direct.numel(), hd,
                 gi.stride(0), gh.stride(0), hs.stride(0), dout.stride(0),
-                GRU=True, MASKED=False, BLOCK=_BLOCK,
+                GRU=True, MASKED=False, BLOCK=_BLOCK, WIDE=_wide(gi.numel()),
             )  # fmt: skip
         return _linear_grads(ctx, d_gi, d_gh, dh_direct)
 
@@ -240,7 +254,7 @@ class _RNNCell(torch.autograd.Function):
         if out.numel():
             _cell_fwd_kernel[_grid(out.numel())](
                 gi, gh, gi, gi, out, out.numel(), out.shape[1], gi.stride(0), gh.stride(0), 0,
-                GRU=False, MASKED=False, BLOCK=_BLOCK,
+                GRU=False, MASKED=False, BLOCK=_BLOCK, WIDE=_wide(gi.numel()),
             )  # fmt: skip
         ctx.save_for_backward(x, h, w_ih, w_hh, gi, gh)
         return out
@@ -255,7 +269,7 @@ class _RNNCell(torch.autograd.Function):
             _cell_bwd_kernel[_grid(d_pre.numel())](
                 gi, gh, gi, gi, dout, d_pre, d_pre, d_pre, d_pre.numel(), d_pre.shape[1],
                 gi.stride(0), gh.stride(0), 0, dout.stride(0),
-                GRU=False, MASKED=False, BLOCK=_BLOCK,
+                GRU=False, MASKED=False, BLOCK=_BLOCK, WIDE=_wide(gi.numel()),
             )  # fmt: skip
         return _linear_grads(ctx, d_pre, d_pre, None)
 
@@ -305,9 +319,10 @@ class _RecurrentUpdate(torch.autograd.Function):
         x = torch.empty(u, inp, device=mail.device, dtype=mail.dtype)
         last_out = torch.empty_like(last)
         if x.numel():
+            wide = _wide(max(x.numel(), mail_r.shape[0] * mail_r.stride(0)))
             _encode_kernel[_grid(x.numel())](
                 mail_r, ts, last, has, tw, tb, x, last_out, x.numel(), inp, m,
-                mail_r.stride(0), BLOCK=_BLOCK,
+                mail_r.stride(0), BLOCK=_BLOCK, WIDE=wide,
             )  # fmt: skip
         else:
             last_out.copy_(last)
@@ -318,7 +333,7 @@ class _RecurrentUpdate(torch.autograd.Function):
         if out.numel():
             _cell_fwd_kernel[_grid(out.numel())](
                 gi, gh, hs, has, out, out.numel(), hd, gi.stride(0), gh.stride(0),
-                hs.stride(0), GRU=gru, MASKED=True, BLOCK=_BLOCK,
+                hs.stride(0), GRU=gru, MASKED=True, BLOCK=_BLOCK, WIDE=_wide(gi.numel()),
             )  # fmt: skip
         ctx.gru = gru
         ctx.dims = (m, tw.requires_grad or tb.requires_grad)
@@ -342,7 +357,7 @@ class _RecurrentUpdate(torch.autograd.Function):
             _cell_bwd_kernel[_grid(direct.numel())](
                 gi, gh, hs, has, dout, d_gi, d_gh, direct, direct.numel(), hd,
                 gi.stride(0), gh.stride(0), hs.stride(0), dout.stride(0),
-                GRU=ctx.gru, MASKED=True, BLOCK=_BLOCK,
+                GRU=ctx.gru, MASKED=True, BLOCK=_BLOCK, WIDE=_wide(gi.numel()),
             )  # fmt: skip
         d_mail = d_h = d_tw = d_tb = None
         if need[1] or time_grad:

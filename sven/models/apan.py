@@ -169,10 +169,14 @@ class APAN(MemoryModel):
         return self.time_proj.project(z, batch.root_t - last_update[batch.root_pos])
 
     def mail_receivers(
-        self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor
+        self,
+        batch: Batch,
+        mail_src: torch.Tensor,
+        mail_dst: torch.Tensor,
+        endpoints: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Endpoints and their valid sampled neighbours; neighbours of a side get its mail."""
-        recv, mails, ts, keys = super().mail_receivers(batch, mail_src, mail_dst)
+        recv, mails, ts, keys = super().mail_receivers(batch, mail_src, mail_dst, endpoints)
         b = batch.size
         block = batch.block
         k = block.nbr.shape[1]

@@ -112,6 +112,30 @@ class LinkDecoder(nn.Module):
         """Scores (..., d) pairs into (...,) logits."""
         return self.lin_out(torch.relu(self.lin_src(h_src) + self.lin_dst(h_dst))).squeeze(-1)
 
+    def batch(self, h: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores a batch's pairs (:func:`sven.kernels.link_decoder`).
+
+        Args:
+            h: (R, d) root embeddings in the batch layout ``[src (B), dst (B), neg[:, 0]
+                (B), ...]``, R = (2 + n) B.
+            b: B.
+
+        Returns:
+            (B,) logits of the positive events and (B, n) of the negatives.
+        """
+        from sven import kernels
+
+        return kernels.link_decoder(
+            h,
+            b,
+            self.lin_src.weight,
+            self.lin_src.bias,
+            self.lin_dst.weight,
+            self.lin_dst.bias,
+            self.lin_out.weight,
+            self.lin_out.bias,
+        )
+
 
 def time_gap_scale(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> float:
     """Std of the time since a node's previous event, over the given events (JODIE's scale).
@@ -296,18 +320,29 @@ class MemoryModel(nn.Module):
         return memory[batch.root_pos[b : 2 * b]], memory[batch.root_pos[:b]]
 
     def mail_receivers(
-        self, batch: Batch, mail_src: torch.Tensor, mail_dst: torch.Tensor
+        self,
+        batch: Batch,
+        mail_src: torch.Tensor,
+        mail_dst: torch.Tensor,
+        endpoints: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Who receives which mail: by default the two endpoints of each event.
+
+        Args:
+            batch: The batch.
+            mail_src: (B, d_mail) mails of the source sides.
+            mail_dst: (B, d_mail) mails of the destination sides.
+            endpoints: (2B,) ``[src, dst]`` and their (2B,) :func:`endpoint_keys`, the
+                memory writers; returned as they are when the endpoints are the
+                receivers, so that the write-back picks one set of winners for both.
 
         Returns:
             receivers (P,), mails (P, d_mail), times (P,) float64, keys (P,) int64
             (-1 for the padded events of a fixed-capacity batch).
         """
-        recv = torch.cat([batch.src, batch.dst])
         mails = torch.cat([mail_src, mail_dst])
         ts = torch.cat([batch.t, batch.t])
-        return recv, mails, ts, endpoint_keys(batch)
+        return endpoints[0], mails, ts, endpoints[1]
 
     def write_back(
         self, batch: Batch, memory: torch.Tensor, last_update: torch.Tensor
@@ -317,12 +352,13 @@ class MemoryModel(nn.Module):
         memory = memory.detach()
         rp = batch.root_pos[: 2 * b]
         mail_src, mail_dst = self.event_mail(batch, memory)
-        recv, mails, ts, keys = self.mail_receivers(batch, mail_src, mail_dst)
+        nodes, key = torch.cat([batch.src, batch.dst]), endpoint_keys(batch)
+        recv, mails, ts, keys = self.mail_receivers(batch, mail_src, mail_dst, (nodes, key))
         return DenseUpdate(
-            nodes=torch.cat([batch.src, batch.dst]),
+            nodes=nodes,
             memory=memory[rp],
             last_update=last_update.detach()[rp],
-            key=endpoint_keys(batch),
+            key=key,
             mail_nodes=recv,
             mail=mails.detach(),
             mail_ts=ts,
@@ -359,13 +395,7 @@ class MemoryModel(nn.Module):
             Logits and the write-back.
         """
         h, dense = self.encode(batch, rows)
-        b, n = batch.size, batch.num_neg
-        # One split, not three slices: its backward is one concatenation where each
-        # slice's would zero a full-size gradient and add them up (8 kernels more).
-        h_src, h_dst, h_rest = torch.split(h, [b, b, h.shape[0] - 2 * b])
-        h_neg = h_rest.view(n, b, -1).transpose(0, 1)
-        pos = self.decoder(h_src, h_dst)
-        neg = self.decoder(h_src[:, None, :].expand(-1, n, -1), h_neg)
+        pos, neg = self.decoder.batch(h, batch.size)
         return ModelOutput(pos=pos, neg=neg, dense=dense)
 
 

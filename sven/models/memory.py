@@ -288,7 +288,10 @@ class MemoryState:
         tgt = self.winners(update.nodes, update.key)
         f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
         f["last_update"].index_copy_(0, tgt, update.last_update.to(torch.float64))
-        n = self.winners(update.mail_nodes, update.mail_key)
+        n = tgt
+        if update.mail_nodes is not update.nodes or update.mail_key is not update.key:
+            # Other receivers than the memory's writers (APAN's neighbours).
+            n = self.winners(update.mail_nodes, update.mail_key)
         if self.mailbox_size > 1:
             # Shift the queue of each receiver by one slot (the oldest falls out).
             for name in ("mail", "mail_ts", "mail_valid"):

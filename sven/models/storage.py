@@ -30,14 +30,26 @@ from __future__ import annotations
 import mmap
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from sven.models.names import TIERS, resolve_tier
 
-__all__ = ["MARKER", "TIERS", "Storage", "claim_state_folder", "is_state_folder", "uva_view"]
+if TYPE_CHECKING:
+    from sven.ownership import FolderLock
+
+__all__ = [
+    "MARKER",
+    "STATE_MANIFEST",
+    "TIERS",
+    "Storage",
+    "check_state_folder",
+    "claim_state_folder",
+    "is_state_folder",
+    "uva_view",
+]
 
 
 class _CudaArray:
@@ -62,26 +74,81 @@ def uva_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 #: The file that marks a folder as node-state files Sven wrote (and may replace).
 MARKER = ".sven-state"
 
+#: Everything Sven writes into the disk tier's folder (:data:`sven.ownership.Manifest`):
+#: its marker, each rank's folder of ``.bin`` files, and the lock file of each rank's
+#: folder (held while a run maps its files).
+STATE_MANIFEST: dict[str, Any] = {
+    r"\.sven-state": None,
+    r"\.rank\d+\.sven-lock": None,
+    r"rank\d+": {r"\.sven-state": None, r"\.sven-lock": None, r"\w+\.bin": None},
+}
 
-def claim_state_folder(folder: Path) -> None:
-    """Makes ``folder`` the disk tier's, refusing one that holds files Sven did not
-    write there (they would be replaced).
+
+def claim_state_folder(root: Path, rank: int = 0, command: str = "sven train") -> FolderLock:
+    """Makes ``root`` the disk tier's folder and locks this rank's part of it.
+
+    The folder is Sven's alone: created empty, or found holding only what the disk
+    tier writes (:data:`STATE_MANIFEST`). A folder of the user's
+    with any other file, at any depth, is refused and named, never written into.
+    ``root/rank<r>`` is then locked (:func:`sven.ownership.lock_folder`, the lock of a
+    run folder) for as long as the files are mapped, so that two runs given the same
+    ``state.path`` never map the same files.
+
+    Args:
+        root: ``state.path``, or the run's ``state/``.
+        rank: This process's rank; its files go to ``root/rank<r>``.
+        command: What this process is, for the refusal of a second one.
+
+    Returns:
+        The lock of ``root/rank<r>``; release it when the files are no longer used.
 
     Raises:
-        ConfigError: The folder holds something else, named.
+        ConfigError: The folder holds something else, or cannot be created (one line;
+            quiet on ranks other than 0, which find the same).
+        FolderBusy: Another live process uses ``root/rank<r>`` (exit code 1).
     """
     from sven.errors import ConfigError
+    from sven.ownership import lock_folder
 
-    if folder.exists() and not (folder / MARKER).exists():
-        other = sorted(p.name for p in folder.iterdir())
-        if other:
-            raise ConfigError(
-                f"state.path: {folder} holds files Sven did not write there ({other[0]}"
-                f"{' ...' if len(other) > 1 else ''}); choose an empty folder for the "
-                "node-state files"
-            )
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        check_state_folder(root)
+        folder = root / f"rank{rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (root / MARKER).touch()
+    except OSError as exc:
+        err = ConfigError(f"state.path: cannot create {root}: {exc.strerror or exc}")
+        err.quiet = rank != 0
+        raise err from None
+    except ConfigError as exc:
+        exc.quiet = rank != 0
+        raise
+    lock = lock_folder(folder, command)
     (folder / MARKER).touch()
+    return lock
+
+
+def check_state_folder(root: Path) -> None:
+    """Refuses a folder that is not the disk tier's to take: a file, or a folder that
+    holds anything the disk tier did not write (:data:`STATE_MANIFEST`), at any depth.
+    A missing or empty folder is fine.
+
+    Raises:
+        ConfigError: One line naming the folder and (some of) the files of the user's.
+    """
+    from sven.errors import ConfigError
+    from sven.ownership import foreign_paths
+
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"state.path: {root} is a file, not a folder; give a folder")
+    if not root.is_dir():
+        return
+    foreign = foreign_paths(root, STATE_MANIFEST)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"state.path: {root} holds files Sven did not write there ({shown}); the "
+            "node-state files need a folder of their own: give an empty or new folder"
+        )
 
 
 def is_state_folder(folder: Path) -> bool:
@@ -110,9 +177,15 @@ class Storage:
         tier: ``gpu``, ``host`` or ``disk`` (:data:`TIERS`); ``gpu`` without a GPU
             is ``host`` (:attr:`tier` holds the resolved name).
         device: The compute device.
-        folder: Where the ``disk`` tier's files go (created; required for ``disk``).
+        folder: The ``disk`` tier's folder (``state.path`` or the run's ``state/``,
+            claimed by :func:`claim_state_folder`); its files go to
+            ``folder/rank<r>``. None: a temporary folder of this process's own,
+            removed with it (for commands that write nothing: ``sven eval``,
+            predictions).
+        rank: This process's rank.
 
     Attributes:
+        folder: Where this rank's files are (``disk`` only).
         staged: Whether rows travel through host copies each step (``disk`` on
             CUDA): such a step synchronises and cannot be captured.
     """
@@ -122,17 +195,31 @@ class Storage:
         tier: str,
         device: torch.device | str,
         folder: str | Path | None = None,
+        *,
+        rank: int = 0,
     ) -> None:
         self.device = torch.device(device)
         tier = resolve_tier(tier, self.device.type)
         self.tier = tier
         #: Whether tables are pinned host memory the GPU's kernels read (host on CUDA).
         self.pinned = tier == "host" and self.device.type == "cuda"
-        self.folder = None if folder is None else Path(folder)
+        self.folder: Path | None = None
+        # Released (the lock dropped, a temporary folder removed) at close() or when
+        # the storage goes, whichever comes first.
+        self._done: weakref.finalize | None = None
+        self._lock: FolderLock | None = None
         if tier == "disk":
-            if self.folder is None:
-                raise ValueError("the disk tier needs a folder")
-            claim_state_folder(self.folder)
+            if folder is None:
+                import shutil
+                import tempfile
+
+                scratch = Path(tempfile.mkdtemp(prefix="sven-state-"))
+                self._done = weakref.finalize(self, shutil.rmtree, scratch, True)
+                self.folder = scratch
+            else:
+                lock = self._lock = claim_state_folder(Path(folder), rank)
+                self._done = weakref.finalize(self, lock.release)
+                self.folder = lock.folder
         self.staged = tier == "disk" and self.device.type == "cuda"
         self._keep: list[Any] = []
         # One per pinned table: unregisters its pages before its memory is unmapped
@@ -211,6 +298,14 @@ class Storage:
             if isinstance(obj, np.memmap):
                 obj.flush()
         self._keep = []
+        if self._done is not None:
+            self._done()
+
+    def release_folder(self) -> None:
+        """Drops the lock of the disk tier's folder (the run that used it ended); the
+        files stay mapped until :meth:`close`."""
+        if self._lock is not None:
+            self._lock.release()
 
     def describe(self) -> str:
         """The tier as a log line says it."""

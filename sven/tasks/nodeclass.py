@@ -177,7 +177,8 @@ class NodeClassification:
                 raise DataError(
                     "task=node_classification needs per-event labels and the built-in "
                     "synthetic dataset has none: give data.path=STORE of a labelled store "
-                    "(see docs/data.md)"
+                    "(`sven data synth --labels 0.2 --communities 10 --out STORE`, or "
+                    "`sven data fetch wikipedia --out STORE`)"
                 )
             events = TemporalEvents.load(self.cfg.data.path, check_values=False)
             event_labels(events)

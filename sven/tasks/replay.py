@@ -14,6 +14,7 @@ path.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -77,11 +78,14 @@ def open_run(
     Raises:
         SvenError: No usable checkpoint, or one trained on other data.
     """
-    from sven.config import Config, load_config
+    from sven.config import load_config
+    from sven.config.paths import recorded_config
+    from sven.distributed.launcher import detect_launcher
     from sven.engine.trainer import Trainer, _config_overrides
 
     folder, state = read_checkpoint(checkpoint)
-    cfg = Config.from_dict(state["config"])
+    # The run's paths as its run meant them, from wherever this command runs.
+    cfg = recorded_config(state, folder, detect_launcher(os.environ).world_size)
     # The replay runs the model's encoder eagerly (Step.encode, never the compiled
     # model): a checkpoint trained with train.compile would only import torch's
     # compiler for nothing.

@@ -17,6 +17,27 @@ from tests.integration.test_safety import store as store  # the fixture
 #: Packages a CPU training run needs none of (readers, plots, the PyG baseline, and
 #: Triton, which only CUDA kernels use).
 NOT_NEEDED = ("torch_geometric", "pandas", "pyarrow", "matplotlib", "sklearn", "triton")
+#: The other commands' modules (plots, `sven env`'s package metadata, the synthetic
+#: generator's parser, partitioning), which `sven train` with a store does not run.
+OTHER_STAGES = ("sven.cli.plot", "sven.cli.env", "sven.cli.predict", "sven.datasets.cli",
+                "sven.datasets.synth", "sven.partition")  # fmt: skip
+#: Whether the config's source was parsed for the help's key list (sven.config.schema).
+HELP_PARSED = "sys.modules['sven.config.schema']._docstrings.cache_info().currsize"
+
+
+def test_the_cli_parses_a_run_without_torch_other_stages_or_the_help_text() -> None:
+    code = (
+        "import json, sys\n"
+        "import sven, sven.cli\n"
+        "argv = ['train', 'train.epochs=1', '--quiet']\n"
+        "args = sven.cli.parse(sven.cli.build_parser(argv[0]), argv)\n"
+        "assert args.overrides == ['train.epochs=1'] and args.quiet, args\n"
+        f"heavy = ('torch', *{NOT_NEEDED!r}, *{OTHER_STAGES!r})\n"
+        f"print(json.dumps([sorted(m for m in heavy if m in sys.modules), {HELP_PARSED}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[], 0]
 
 
 def test_train_imports_only_what_it_needs_and_reports_its_start_up(store, tmp_path) -> None:
@@ -25,16 +46,18 @@ def test_train_imports_only_what_it_needs_and_reports_its_start_up(store, tmp_pa
         "import json, sys\n"
         "from sven.cli import main\n"
         f"rc = main({_train(store, out)!r})\n"
-        f"print(json.dumps([rc, sorted(m for m in {NOT_NEEDED!r} if m in sys.modules)]))\n"
+        f"heavy = (*{NOT_NEEDED!r}, *{OTHER_STAGES!r})\n"
+        f"print(json.dumps([rc, sorted(m for m in heavy if m in sys.modules), {HELP_PARSED}]))\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    rc, imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    rc, imported, help_parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert rc == 0
     assert imported == []
+    assert help_parsed == 0
     summary = json.loads((out / "summary.json").read_text())
     parts = {
         k: v

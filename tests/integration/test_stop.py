@@ -168,3 +168,26 @@ def test_two_ranks_signalled_apart_stop_together_and_resume_exactly(
     done = run_checked(cmd, env=sven_env())
     assert f"resumed from {ck.path(step)}" in done.stderr, done.stderr
     assert metrics(out) == reference.metrics
+
+
+def test_a_resumed_run_estimates_after_its_first_whole_epoch(
+    tiny_store, tmp_path, monkeypatch
+) -> None:
+    """Stopped in epoch 0, the resumed process measures epoch 1, the first it runs whole."""
+    import sven.engine.link as link
+
+    asked: list[int] = []
+    monkeypatch.setattr(link, "epoch_estimate", lambda epoch, *a: asked.append(epoch))
+    trainer = sven.Trainer(None, tiny_overrides(tiny_store, f"out={tmp_path}", NO_PERIODIC))
+    trainer.add_hook("before_step", _signal_at(3, signal.SIGTERM))
+    with pytest.raises(Stopped):
+        trainer.fit()
+    assert asked == []  # stopped before its first epoch ended
+    sven.Trainer(
+        None, tiny_overrides(tiny_store, f"out={tmp_path}", NO_PERIODIC, "train.resume=true")
+    ).fit()
+    assert asked == [1]
+    # A run from the start measures its epoch 0.
+    asked.clear()
+    sven.Trainer(None, tiny_overrides(tiny_store, f"out={tmp_path / 'fresh'}")).fit()
+    assert asked == [0]

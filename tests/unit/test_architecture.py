@@ -414,19 +414,20 @@ def test_architecture_doc_names_every_package_and_top_module() -> None:
 # ---------------------------------------------------------------------------
 
 MAX_FUNCTION_LINES = 80
-#: The functions longer than that when the rule came (issue 38), at their length then:
-#: none may grow, none may join; a function split below the limit leaves the list.
+#: The functions longer than that when the rule came (issue 38), at their length then
+#: (three as main had grown them meanwhile): none may grow, none may join; a function
+#: split below the limit leaves the list.
 LONG_FUNCTIONS = {
     "sven.partition.cost:comm_costs": 146,
     "sven.distributed.process_group:init_distributed": 141,
     "sven.partition.api:partition_arrays": 127,
     "sven.datasets.writer:_finish": 119,
     "sven.partition.assign:assign_events": 112,
-    "sven.pipeline.batch:make_batch": 104,
-    "sven.datasets.cli:add_parser": 104,
+    "sven.pipeline.batch:make_batch": 106,
+    "sven.datasets.cli:add_parser": 106,
     "sven.engine.link:_summary": 90,
     "sven.pipeline.stages:select_batch": 84,
-    "sven.engine.link:run": 82,
+    "sven.engine.link:run": 83,
 }
 
 

@@ -201,11 +201,13 @@ def test_apan_projects_by_the_nodes_own_silence_not_its_newest_mail() -> None:
     with torch.no_grad():
         model.time_proj.weight.copy_(torch.linspace(0.1, 0.4, 4, dtype=torch.float64)[:, None])
     seen: list[torch.Tensor] = []
-    model.decoder.register_forward_hook(lambda mod, args, out: seen.append(args[1]))
+    score = model.decoder.batch
+    # The scorer's input, the batch layout [src, dst, neg]: one event, one negative.
+    model.decoder.batch = lambda h, b: (seen.append(h), score(h, b))[1]
     # Event 5 (3 -> 0, t=5) against negative 4.
     batch = _batch(model, 5, 6, torch.tensor([[4]]))
     out = model(batch, mem.gather(batch.nodes))
-    h_dst, h_neg = seen[0][0], seen[1][0, 0]
+    h_dst, h_neg = seen[0][1], seen[0][2]
     rows = mem.gather(torch.tensor([0, 4]))
     z, _ = model.current_memory(
         dataclasses.replace(batch, root_t=batch.t.repeat(2), node_key=None), rows

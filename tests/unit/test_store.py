@@ -281,6 +281,36 @@ def test_load_rejects_non_stores_and_corruption(tmp_path):
         TemporalEvents.load(tmp_path / "s")
 
 
+@pytest.mark.parametrize(("per_thread", "threaded"), [(1, True), (1 << 40, False)])
+def test_checksums_find_a_change_in_threads_and_in_one(tmp_path, monkeypatch, per_thread, threaded):
+    """A small store hashes in the calling thread, a large one in threads: both hash
+    every file and find the same change."""
+    import os
+    import threading
+
+    from sven.datasets import checksums
+
+    monkeypatch.setattr(checksums, "_BYTES_PER_THREAD", per_thread)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    hashed: list[tuple[str, bool]] = []
+    sha256_file = checksums.sha256_file
+
+    def spy(path):
+        hashed.append((Path(path).name, threading.current_thread() is threading.main_thread()))
+        return sha256_file(path)
+
+    monkeypatch.setattr(checksums, "sha256_file", spy)
+    write_events(tmp_path / "s", np.array([0, 1, 2]), np.array([1, 2, 0]), np.array([1, 2, 3]))
+    assert checksums.verify_checksums(tmp_path / "s") == 5
+    names = ["dst.npy", "id_map.npy", "split.npy", "src.npy", "t.npy"]
+    assert sorted(name for name, _ in hashed) == names
+    assert {main for _, main in hashed} == {not threaded}
+    dst = np.load(tmp_path / "s" / "dst.npy")
+    np.save(tmp_path / "s" / "dst.npy", dst[::-1])  # same size, other bytes
+    with pytest.raises(DataError, match=r"dst\.npy: checksum mismatch"):
+        checksums.verify_checksums(tmp_path / "s")
+
+
 def test_pyg_round_trip(tmp_path):
     rng = np.random.default_rng(2)
     cols = _table(rng, 40, float_t=False)

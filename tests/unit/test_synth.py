@@ -313,3 +313,29 @@ def test_cached_dataset_keeps_the_copy_of_a_faster_process(tmp_path, monkeypatch
     path, made = synth.cached_dataset(params, tmp_path)
     assert (path, made) == (final, False)
     assert [p.name for p in tmp_path.iterdir()] == [final.name]
+
+
+def test_labels_mark_the_flagged_communities_and_leave_the_events(stream, tmp_path):
+    params = SynthParams(events=E, nodes=N, seed=7, edge_feat_dim=4, label_share=0.3)
+    gen = SynthStream(params)
+    # 10 communities (N // 100): 3 flagged, from a stream of their own.
+    assert gen.flagged is not None and gen.flagged.tolist().count(1) == 3
+    labelled = _collect(events=E, nodes=N, seed=7, edge_feat_dim=4, label_share=0.3)
+    for key in stream:
+        np.testing.assert_array_equal(labelled[key], stream[key])
+    np.testing.assert_array_equal(labelled["label"], gen.flagged[gen.community[stream["src"]]])
+    assert labelled["label"].dtype == np.int64 and 0 < labelled["label"].mean() < 1
+    # The store holds them; an unlabelled stream keeps the cache key it had before.
+    assert synth.write_synth(params, tmp_path / "s").meta["has_label"] is True
+    assert "label_share" not in SynthParams().to_dict()
+    assert SynthParams(label_share=0.3).key() != SynthParams().key()
+
+
+def test_labels_need_two_communities_and_never_flag_all():
+    with pytest.raises(ConfigError, match="at least 2 communities"):
+        SynthParams(nodes=100, label_share=0.5)  # one community
+    with pytest.raises(ConfigError, match="label_share"):
+        SynthParams(label_share=1.0)
+    # Two communities and a share that rounds to both: one is left unflagged.
+    gen = SynthStream(SynthParams(nodes=200, label_share=0.9))
+    assert gen.flagged is not None and sorted(gen.flagged.tolist()) == [0, 1]

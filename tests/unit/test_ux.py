@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -183,7 +184,24 @@ def test_plot_says_how_to_install_matplotlib(tmp_path, capsys, monkeypatch) -> N
     run = _run_folder(tmp_path, ranks=1, stages=False)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails
     assert main(["plot", str(run)]) == 1
-    assert "pip install 'sven[plot]'" in capsys.readouterr().err
+    # Sven runs from its checkout here: the hint installs the extra into it, with this
+    # interpreter's pip, not another copy from a package index.
+    hint = f"{sys.executable} -m pip install -e '{REPO}[plot]'"
+    assert capsys.readouterr().err == f"sven: error: sven plot needs matplotlib: {hint}\n"
+
+
+def test_install_hints_match_the_installation(tmp_path) -> None:
+    from sven.extras import install_hint
+
+    checkout = tmp_path / "repo"
+    (checkout / "sven").mkdir(parents=True)
+    (checkout / "datasets").mkdir()
+    (checkout / "pyproject.toml").write_text("")
+    pip = f"{sys.executable} -m pip install"
+    assert install_hint("mpi", checkout / "sven") == f"{pip} -e '{checkout}[mpi]'"
+    site = tmp_path / "site-packages" / "sven"
+    site.mkdir(parents=True)
+    assert install_hint("mpi", site) == f"{pip} 'sven[mpi]'"
 
 
 # -------------------------------------------------------------------- tensorboard
@@ -220,8 +238,12 @@ def test_epoch_log_without_tensorboard_is_a_config_error(monkeypatch) -> None:
     from sven.engine.tblog import EpochLog
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    with pytest.raises(ConfigError, match=r"pip install 'sven\[tensorboard\]'"):
+    with pytest.raises(ConfigError) as err:
         EpochLog("unused", enabled=True, main=False)
+    assert str(err.value) == (
+        "log.tensorboard=true needs the tensorboard package: "
+        f"{sys.executable} -m pip install -e '{REPO}[tensorboard]'"
+    )
     EpochLog("unused", enabled=False)  # not asked for: no error
 
 
@@ -282,3 +304,27 @@ def test_trainer_logs_each_epoch_to_tensorboard(tmp_path) -> None:
     acc.Reload()
     got = [(s.step, s.value) for s in acc.Scalars("train_loss")]
     assert got == [(x["epoch"], pytest.approx(x["train_loss"], rel=1e-6)) for x in lines]
+
+
+def test_a_slow_start_says_what_it_is_doing(capsys, monkeypatch) -> None:
+    """The first `sven train` of a fresh environment imports torch for a minute: a word
+    on stderr once the wait is noticeable, from rank 0, not with quiet; none when fast."""
+    from sven.cli.train import _RANK_VARS, slow_start_notice
+
+    for var in _RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with slow_start_notice(False, after_s=0.0) as timer:
+        timer.join()  # the wait outlasts the threshold
+    assert capsys.readouterr().err == (
+        "sven train: loading torch and the models (a first start in a fresh environment "
+        "compiles them: up to a minute)...\n"
+    )
+    with slow_start_notice(False, after_s=3600.0) as timer:
+        pass  # a start faster than the threshold
+    timer.join()
+    with slow_start_notice(True, after_s=0.0) as timer:
+        assert not timer.is_alive()
+    monkeypatch.setenv("RANK", "1")
+    with slow_start_notice(False, after_s=0.0) as timer:
+        assert not timer.is_alive()
+    assert capsys.readouterr().err == ""

@@ -146,12 +146,63 @@ class _Source:
         self.fields = {k: {"row_shape": list(v.shape[1:])} for k, v in first.items()}
 
     def rank(self, r: int, names: list[str]) -> dict[str, np.ndarray]:
-        """Rank ``r``'s arrays of the fields ``names``, memory-mapped."""
+        """Rank ``r``'s arrays of the fields ``names``, memory-mapped and checked
+        against ``meta.json`` (:func:`open_field`)."""
         if self.format >= 2:
-            base = self.folder / NODE_DIR / f"rank{r}"
-            return {k: open_npy(base / f"{k}.npy") for k in names}
+            meta = read_meta(self.folder)
+            return {k: open_field(self.folder, meta, r, k) for k in names}
         mem = load_file(self.folder / f"memory-rank{r}.pt", mmap=True)["memory"]
         return {k: mem[k].numpy() for k in names}
+
+
+def open_field(folder: Path, meta: dict[str, Any], rank: int, name: str) -> np.ndarray:
+    """Rank ``rank``'s array of node-state field ``name`` of a format-2 checkpoint,
+    memory-mapped, after checking it is what ``meta.json`` says it is.
+
+    A file whose digest matches may still not be Sven's (a hand-edited or foreign
+    checkpoint with its digests recomputed): its dtype and shape are checked before
+    any row of it is used.
+
+    Args:
+        folder: The ``step-N`` folder.
+        meta: Its ``meta.json`` (:func:`read_meta`).
+        rank: The rank whose shard is read.
+        name: The field (``memory``, ``mail``, ...).
+
+    Returns:
+        The (N_r, *row_shape) array.
+
+    Raises:
+        SvenError: One line naming the file and the mismatch.
+    """
+    path = folder / NODE_DIR / f"rank{rank}" / f"{name}.npy"
+    ns = meta.get("node_state") or {}
+    spec = (ns.get("fields") or {}).get(name) or {}
+    try:
+        arr = open_npy(path)
+    except ValueError as exc:
+        # Python objects (only a pickle could read them), a damaged header.
+        raise SvenError(f"{path}: not a node-state array ({exc})") from None
+    except OSError as exc:
+        raise SvenError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        dtype = np.dtype(spec["dtype"]) if "dtype" in spec else arr.dtype
+    except TypeError:
+        dtype = None
+    if dtype is None or arr.dtype != dtype or arr.dtype.kind not in "biuf":
+        raise SvenError(
+            f"{path}: dtype {arr.dtype}; {folder / 'meta.json'} records "
+            f"{spec.get('dtype', '?')} for node-state field {name}"
+        )
+    rows = ns.get("rows")
+    want_rows = int(rows[rank]) if isinstance(rows, list) and rank < len(rows) else arr.shape[0]
+    want = (want_rows, *spec.get("row_shape", arr.shape[1:]))
+    if tuple(arr.shape) != tuple(want):
+        raise SvenError(
+            f"{path}: shape {tuple(arr.shape)}; {folder / 'meta.json'} records "
+            f"{tuple(want)} for node-state field {name}"
+        )
+    return arr
 
 
 def load_node_state(

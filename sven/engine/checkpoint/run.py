@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from sven.engine.checkpoint.files import WriterPool
-from sven.engine.checkpoint.format import NODE_DIR, open_npy, read_meta, warn
-from sven.engine.checkpoint.load import load_node_state, read_shard, read_state
+from sven.engine.checkpoint.format import read_meta, warn
+from sven.engine.checkpoint.load import load_node_state, open_field, read_shard, read_state
 from sven.engine.checkpoint.writer import Checkpointer
 from sven.errors import CheckpointError
 
@@ -289,8 +289,8 @@ def _whole_shard(folder: Path, rank: int) -> dict[str, torch.Tensor] | None:
     ns = meta.get("node_state")
     if not ns:
         return None
-    base = folder / NODE_DIR / f"rank{rank}"
-    return {k: torch.from_numpy(np.array(open_npy(base / f"{k}.npy"))) for k in ns["fields"]}
+    # Each file checked against meta.json before its rows are used (open_field).
+    return {k: torch.from_numpy(np.array(open_field(folder, meta, rank, k))) for k in ns["fields"]}
 
 
 def check_resume_config(state: dict[str, Any], cfg: Any, where: Path, rank: int) -> None:

@@ -1,0 +1,199 @@
+"""How many kernels a fixed-shape training step launches, and from which line of Sven.
+
+Runs the step that a CUDA graph captures (static capacities, padded de-duplication, the
+prefetch ring) eagerly, on any device, and counts what it dispatches: every ATen
+operator that launches work (views, allocations and metadata excluded) and every Triton
+launch, each under the innermost line of Sven that issued it (operators of the backward
+pass under ``backward``). On the CPU this is the census of the captured CUDA step that
+a change can be checked against without a GPU; on CUDA, ``profile_step.py`` counts the
+kernels themselves (an operator may launch more than one).
+
+Usage:
+    python benchmarks/census_step.py --data STORE [--steps 3] [--json OUT.json] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sven
+import sven.engine.step as step_module
+
+_ROOTS = ("sven", "pipeline", "partition", "datasets")
+# Operators that allocate, alias or read metadata: no kernel.
+_FREE = {
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "detach",
+    "alias",
+    "lift_fresh",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "chunk",
+    "_local_scalar_dense",
+    "is_nonzero",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "record_stream",
+    "set_",
+    "resize_",
+}
+
+
+def _site() -> str:
+    repo = Path(sven.__file__).resolve().parent.parent
+    for frame in reversed(traceback.extract_stack()[:-3]):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(repo) and path.relative_to(repo).parts[0] in _ROOTS:
+            if "census_step" in path.name:
+                continue
+            return f"{path.relative_to(repo)}:{frame.lineno} {frame.name}"
+    return "backward"
+
+
+class Census(TorchDispatchMode):
+    """Counts the kernel-launching operators dispatched while active, by site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[tuple[str, str]] = Counter()
+        self.on = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.on:
+            name = func.overloadpacket.__name__
+            if not (func.is_view or name in _FREE):
+                self.ops[(_site(), name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_triton(census: Census) -> None:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return
+    for cls in (JITFunction, InterpretedFunction):
+        cls.run = _counted(cls.run, census)  # type: ignore[method-assign]
+
+
+def _counted(run: Any, census: Census) -> Any:
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not census.on:
+            return run(self, *args, **kwargs)
+        census.ops[(_site(), f"triton:{self.fn.__name__}")] += 1
+        # Under Triton's interpreter a launch runs torch operators of its own: not kernels.
+        census.on = False
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            census.on = True
+
+    return counted
+
+
+def _dispatch_as_cuda() -> None:
+    """Makes ``auto`` pick what it picks for CUDA tensors, for CPU tensors."""
+    from sven import kernels
+
+    kernels.reset_backend()
+    mode, _, has_triton, per_fn = kernels._read_state()
+    if mode != "auto" or not has_triton:
+        raise SystemExit("--as-cuda needs SVEN_KERNELS=auto (or unset) and triton installed")
+
+    def backend_for(t: torch.Tensor, name: str | None = None) -> str:
+        return per_fn.get(name, "triton" if name in kernels.AUTO_TRITON else "reference")
+
+    kernels.backend_for = backend_for  # type: ignore[assignment]
+    kernels.hash_backend = lambda t: "triton"  # type: ignore[assignment]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write the census here")
+    ap.add_argument("--top", type=int, default=60, help="sites to print")
+    ap.add_argument(
+        "--as-cuda",
+        action="store_true",
+        help="on the CPU, dispatch the kernels as SVEN_KERNELS=auto does on CUDA (Triton's "
+        "interpreter: needs TRITON_INTERPRET=1) and use the fused attention form",
+    )
+    ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
+    args = ap.parse_args()
+    if args.as_cuda:
+        _dispatch_as_cuda()
+        args.overrides = ["model.attention_form=fused", *args.overrides]
+    # The step that CUDA captures, on any device.
+    step_module.fixed_shapes = lambda device, distributed: True  # type: ignore[assignment]
+    census = Census()
+    _count_triton(census)
+    with tempfile.TemporaryDirectory() as run:
+        tr = sven.Trainer(
+            None,
+            [
+                f"data.path={args.data}",
+                f"out={run}",
+                "quiet=true",
+                "train.cuda_graph=off",
+                *args.overrides,
+            ],
+        )
+        st, b = tr.step, tr.cfg.train.batch_size
+        lo, _ = tr.ranges["train"]
+        n = args.warmup + args.steps
+        st.plan_capacities(0)
+        st.start_epoch(0, 0, n)
+        with census:
+            for i in range(n):
+                census.on = i >= args.warmup
+                st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
+                if tr.device.type == "cuda":
+                    torch.cuda.synchronize()
+            census.on = False
+        model = tr.cfg.model.name
+    per_step = {k: v / args.steps for k, v in census.ops.items()}
+    total = sum(per_step.values())
+    by_site: Counter[str] = Counter()
+    for (site, _), v in per_step.items():
+        by_site[site] += v
+    print(f"model: {model}")
+    print(f"kernels per step: {total:.0f}")
+    for site, v in by_site.most_common(args.top):
+        ranked = sorted(per_step.items(), key=lambda x: -x[1])
+        ops = ", ".join(f"{op}x{c:g}" for (s, op), c in ranked if s == site)
+        print(f"{v:6.1f}  {site}  [{ops}]")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "model": model,
+                    "kernels_per_step": total,
+                    "ops": [
+                        {"site": s, "op": o, "per_step": c}
+                        for (s, o), c in sorted(per_step.items(), key=lambda x: -x[1])
+                    ],
+                },
+                indent=1,
+            )
+        )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
