@@ -1,6 +1,6 @@
 """Checksums of a store's files: the sha256 each column has in ``meta.json``.
 
-The writer records them (:func:`sha256_file`); :func:`verify_checksums` recomputes
+The writer records them (:func:`~sven.digest.sha256_file`); :func:`verify_checksums` recomputes
 every one, so that a byte changed on disk after the store was written is found
 (``sven data verify``, and every command that opens a store to read it through
 :func:`~sven.datasets.store.open_verified_store`).
@@ -8,33 +8,18 @@ every one, so that a byte changed on disk after the store was written is found
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
 from sven.datasets.layout import load_meta
+from sven.digest import sha256_file
 from sven.errors import DataError
 
 __all__ = ["sha256_file", "verify_checksums"]
 
 #: Bytes a hashing thread must have to pay for its start (tens of ms of hashing).
 _BYTES_PER_THREAD = 8 << 20
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 8 MiB blocks into one reused buffer.
-
-    The GIL is released while the blocks are read and hashed, so several files hash in
-    parallel threads (:func:`verify_checksums`).
-    """
-    h = hashlib.sha256()
-    buf = bytearray(1 << 23)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> int:

@@ -22,6 +22,53 @@ DEGREE_PERCENTILES = (50, 90, 99)
 _PAIR_KEY_LIMIT = 3_037_000_499  # floor(sqrt(2^63 - 1))
 
 
+def _degrees_and_pairs(ev: TemporalEvents) -> tuple[np.ndarray, int | None]:
+    """(N,) events per node, and the number of distinct directed (src, dst) pairs (None
+    beyond the node count whose pair keys fit in 64 bits)."""
+    E, N = ev.num_events, ev.num_nodes
+    degree = np.zeros(N, dtype=np.int64)
+    # src * N + dst is a unique key per directed pair while N^2 < 2^63.
+    pairs = DistinctValues() if N < _PAIR_KEY_LIMIT else None
+    for start, stop in iter_ranges(E):
+        src = np.asarray(ev.src[start:stop], dtype=np.int64)
+        dst = np.asarray(ev.dst[start:stop], dtype=np.int64)
+        degree += np.bincount(src, minlength=N)
+        degree += np.bincount(dst, minlength=N)
+        if pairs is not None:
+            pairs.add(src * N + dst)
+    return degree, None if pairs is None else int(pairs.result().size)
+
+
+def _inductive(ev: TemporalEvents) -> dict[str, Any]:
+    """Per evaluation split: events with an endpoint never seen in training, their
+    share, and the count of such new nodes."""
+    seen_train = ev.seen_in("train")
+    inductive: dict[str, Any] = {}
+    for split in ("val", "test"):
+        start, stop = ev.split_range(split)
+        mask = ev.inductive_mask(split)
+        new_nodes = ev.seen_in(split) & ~seen_train
+        inductive[split] = {
+            "events": int(mask.sum()),
+            "share": float(mask.mean()) if stop > start else 0.0,
+            "new_nodes": int(new_nodes.sum()),
+        }
+    return inductive
+
+
+def _splits(ev: TemporalEvents) -> dict[str, Any]:
+    """Per split: its events and the times of its first and last."""
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        start, stop = ev.split_range(split)
+        splits[split] = {
+            "events": stop - start,
+            "t_first": ev.t[start].item() if stop > start else None,
+            "t_last": ev.t[stop - 1].item() if stop > start else None,
+        }
+    return splits
+
+
 def describe(ev: TemporalEvents) -> dict[str, Any]:
     """Computes the statistics that ``sven data info`` prints.
 
@@ -40,39 +87,7 @@ def describe(ev: TemporalEvents) -> dict[str, Any]:
     """
     meta = ev.meta
     E, N = ev.num_events, ev.num_nodes
-    degree = np.zeros(N, dtype=np.int64)
-    # src * N + dst is a unique key per directed pair while N^2 < 2^63.
-    pairs = DistinctValues() if N < _PAIR_KEY_LIMIT else None
-    for start, stop in iter_ranges(E):
-        src = np.asarray(ev.src[start:stop], dtype=np.int64)
-        dst = np.asarray(ev.dst[start:stop], dtype=np.int64)
-        degree += np.bincount(src, minlength=N)
-        degree += np.bincount(dst, minlength=N)
-        if pairs is not None:
-            pairs.add(src * N + dst)
-    unique_pairs = None if pairs is None else int(pairs.result().size)
-
-    seen_train = ev.seen_in("train")
-    inductive: dict[str, Any] = {}
-    for split in ("val", "test"):
-        start, stop = ev.split_range(split)
-        mask = ev.inductive_mask(split)
-        new_nodes = ev.seen_in(split) & ~seen_train
-        inductive[split] = {
-            "events": int(mask.sum()),
-            "share": float(mask.mean()) if stop > start else 0.0,
-            "new_nodes": int(new_nodes.sum()),
-        }
-
-    splits: dict[str, Any] = {}
-    for split in SPLITS:
-        start, stop = ev.split_range(split)
-        splits[split] = {
-            "events": stop - start,
-            "t_first": ev.t[start].item() if stop > start else None,
-            "t_last": ev.t[stop - 1].item() if stop > start else None,
-        }
-
+    degree, unique_pairs = _degrees_and_pairs(ev)
     labels: dict[str, Any] | None = None
     if ev.label is not None:
         positive = sum(
@@ -102,8 +117,8 @@ def describe(ev: TemporalEvents) -> dict[str, Any]:
             **{f"p{q}": float(np.percentile(degree, q)) for q in DEGREE_PERCENTILES},
             "max": int(degree.max()),
         },
-        "splits": splits,
-        "inductive": inductive,
+        "splits": _splits(ev),
+        "inductive": _inductive(ev),
         "sorted_on_ingest": meta["sorted_on_ingest"],
         "num_out_of_order": meta["num_out_of_order"],
         "source": meta["source"],

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from sven.datasets.checksums import sha256_file
 from sven.datasets.layout import NEG_SPLITS, load_meta
+from sven.digest import sha256_file
 from sven.errors import DataError, SvenError
 from sven.ownership import lock_folder
 
@@ -216,6 +216,44 @@ def _compact(
     return np.where(real, base + order[pos], -1)
 
 
+def _store_ids(
+    ev: Any, raw: RawNegatives, ids: str, file: Path
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The file's sources, destinations and negatives in the store's compact ids
+    (``ids``: how the file numbers nodes, as :func:`align_negatives` takes it).
+
+    Raises:
+        DataError: The file names a node the store does not have.
+    """
+    n_nodes = ev.num_nodes
+    if ids == "compact":
+        for what, a in (("source", raw.src), ("destination", raw.dst), ("negative", raw.neg)):
+            bad = a >= n_nodes
+            if bad.any():
+                raise DataError(
+                    f"{what} id {int(a[bad].flat[0])} is not a node of the store "
+                    f"(--ids compact: ids are 0..{n_nodes - 1})",
+                    file,
+                )
+        return raw.src, raw.dst, raw.neg
+    if ids == "raw":
+        id_map = np.asarray(ev.id_map)
+        u = ev.num_src_nodes if ev.bipartite else None
+        # A bipartite store keeps each side's own raw ids: look sources up among the
+        # first U, destinations (and negatives) among the rest. Each map is sorted once.
+        if u is None:
+            src_map = dst_map = _sorted(id_map)
+            dst_base = 0
+        else:
+            src_map, dst_map, dst_base = _sorted(id_map[:u]), _sorted(id_map[u:]), u
+        return (
+            _compact(src_map, 0, raw.src, "source", file),
+            _compact(dst_map, dst_base, raw.dst, "destination", file),
+            _compact(dst_map, dst_base, raw.neg, "negative", file),
+        )
+    raise ValueError(f"ids must be raw or compact, got {ids!r}")
+
+
 def align_negatives(
     ev: Any, split: str, raw: RawNegatives, *, ids: str = "raw", path: str = "negatives"
 ) -> np.ndarray:
@@ -240,33 +278,8 @@ def align_negatives(
         DataError: An event of the split has no row in the file, or the file names a
             node the store does not have.
     """
-    n_nodes = ev.num_nodes
     file = Path(path)
-    if ids == "compact":
-        for what, a in (("source", raw.src), ("destination", raw.dst), ("negative", raw.neg)):
-            bad = a >= n_nodes
-            if bad.any():
-                raise DataError(
-                    f"{what} id {int(a[bad].flat[0])} is not a node of the store "
-                    f"(--ids compact: ids are 0..{n_nodes - 1})",
-                    file,
-                )
-        src, dst, neg = raw.src, raw.dst, raw.neg
-    elif ids == "raw":
-        id_map = np.asarray(ev.id_map)
-        u = ev.num_src_nodes if ev.bipartite else None
-        # A bipartite store keeps each side's own raw ids: look sources up among the
-        # first U, destinations (and negatives) among the rest. Each map is sorted once.
-        if u is None:
-            src_map = dst_map = _sorted(id_map)
-            dst_base = 0
-        else:
-            src_map, dst_map, dst_base = _sorted(id_map[:u]), _sorted(id_map[u:]), u
-        src = _compact(src_map, 0, raw.src, "source", file)
-        dst = _compact(dst_map, dst_base, raw.dst, "destination", file)
-        neg = _compact(dst_map, dst_base, raw.neg, "negative", file)
-    else:
-        raise ValueError(f"ids must be raw or compact, got {ids!r}")
+    src, dst, neg = _store_ids(ev, raw, ids, file)
 
     lo, hi = ev.split_range(split)
     es = np.asarray(ev.src[lo:hi], dtype=np.int64)

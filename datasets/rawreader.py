@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sven.datasets.checksums import sha256_file
 from sven.datasets.delimited import DelimitedText
 from sven.datasets.fields import Where
+from sven.digest import sha256_file
 from sven.errors import DataError
 
 __all__ = ["EventChunk", "RawReader", "TextReader", "dataset_name", "header_index"]

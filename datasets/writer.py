@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from sven.datasets.checksums import sha256_file
 from sven.datasets.compact import DistinctValues, IdSpace
 from sven.datasets.layout import FORMAT_VERSION, INT32_LIMIT, first_bad, iter_ranges
 from sven.datasets.splits import write_split
 from sven.datasets.spool import NpyAppender, Spool, sorted_stream
 from sven.datasets.target import check_target
+from sven.digest import sha256_file
 from sven.errors import ConfigError, DataError, SvenError
 from sven.ownership import (
     discard_partial,

@@ -64,11 +64,9 @@ class Access:
             ValueError: On an unknown model name.
         """
         if isinstance(model, str):
-            from sven.models import MODELS
+            from sven.models import model_class
 
-            if model.lower() not in MODELS:
-                raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
-            model = MODELS[model.lower()]
+            model = model_class(model)
         return cls(model.sample_roots, bool(model.read_neighbors), bool(model.deliver_to_neighbors))
 
 

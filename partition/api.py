@@ -231,19 +231,7 @@ def store_info(events: EventsLike) -> dict[str, Any]:
 
 
 def partition_store(
-    events: EventsLike,
-    parts: int,
-    strategy: str,
-    *,
-    batch_size: int = 600,
-    balance: float = 1.05,
-    seed: int = 0,
-    k: int = 10,
-    num_neg: int = 1,
-    sampler: NeighbourFn | None = None,
-    access: Access | None = None,
-    batch_balance: bool = True,
-    log: Callable[[str], None] | None = None,
+    events: EventsLike, parts: int, strategy: str, **options: Any
 ) -> PartitionResult:
     """``partition_arrays`` over a store's events, training split as the objective.
 
@@ -251,38 +239,19 @@ def partition_store(
         events: The event store.
         parts: P.
         strategy: One of ``STRATEGIES``.
-        batch_size: B of the cost model.
-        balance: Event load cap per rank as a multiple of the mean.
-        seed: Seed of the strategy and of the negatives.
-        k: Neighbours per root in the cost model.
-        num_neg: Negatives per event in the cost model.
-        sampler: Neighbour function to reuse.
-        access: The model's access pattern; None means TGN's.
-        batch_balance: Also cap each global batch's events per rank.
-        log: Progress lines.
+        **options: ``partition_arrays``'s keyword arguments (``batch_size``,
+            ``balance``, ``seed``, ``k``, ``num_neg``, ``sampler``, ``access``,
+            ``batch_balance``, ``log``...) but ``train_stop``: the store's training
+            split is the objective.
 
     Returns:
         Owners, assignment and timings.
     """
     _, train_stop = events.split_range("train")
     return partition_arrays(
-        events.src,
-        events.dst,
-        events.t,
-        events.num_nodes,
-        parts,
-        strategy,
-        train_stop=train_stop,
-        batch_size=batch_size,
-        balance=balance,
-        seed=seed,
-        k=k,
-        num_neg=num_neg,
-        sampler=sampler,
-        access=access,
-        batch_balance=batch_balance,
-        log=log,
-    )
+        events.src, events.dst, events.t, events.num_nodes, parts, strategy,
+        train_stop=train_stop, **options,
+    )  # fmt: skip
 
 
 def evaluate_store(

@@ -11,7 +11,7 @@
                            [--inter-latency-us L] [--ranks-per-node R] [--grad-bytes G]
                            [--hidden H]]
 
-``--model`` (tgn, jodie, dyrep, apan) sets which nodes a batch reads and writes in the
+``--model`` (one of ``sven.models.MODEL_NAMES``) sets which nodes a batch reads and writes in the
 cost model: TGN samples neighbours of every root and reads them, JODIE none, DyRep
 only those of src and dst, APAN samples src's and dst's neighbours and writes mail to
 them without reading them.
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sven.errors import ConfigError, DataError, SvenError
+from sven.models.names import MODEL_NAMES
 
 __all__ = ["add_parser"]
 
@@ -70,7 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--model",
-        choices=("tgn", "jodie", "dyrep", "apan"),
+        choices=MODEL_NAMES,
         help="model whose reads and writes the cost model replays (tgn; report: as built)",
     )
     p.add_argument("--k", type=int, help="neighbours per root (10; report: as built)")
@@ -230,14 +231,8 @@ def _simulate(args: argparse.Namespace, report: Any) -> dict[str, Any]:
     }
 
 
-def _partition(args: argparse.Namespace, data: str) -> int:
-    """``sven partition DATA ...``."""
-    from sven.datasets.store import open_verified_store
-    from sven.partition.access import Access, recent_sampler
-    from sven.partition.api import evaluate_store, partition_store, store_info
-    from sven.partition.report import row_bytes
-    from sven.partition.store import check_target, is_partition, write_partition
-
+def _partition_settings(args: argparse.Namespace) -> tuple[int, int, int, int]:
+    """``sven partition DATA``'s checked settings: (batch, k, num_neg, seed)."""
     if args.simulate:
         raise ConfigError("--simulate goes with 'sven partition report DATA PART_DIR'")
     if args.parts is None or args.strategy is None or args.out is None:
@@ -250,20 +245,39 @@ def _partition(args: argparse.Namespace, data: str) -> int:
         raise ConfigError("--k must be >= 0 and --num-neg >= 1")
     if args.parts < 1:
         raise ConfigError(f"--parts must be >= 1, got {args.parts}")
+    return batch, k, num_neg, seed
+
+
+def _open_store(data: str, parts: int) -> Any:
+    """The store to partition, checked (its bytes, its events, enough nodes for ``parts``)."""
+    from sven.datasets.store import open_verified_store
+
+    events = open_verified_store(data)
+    if events.num_events == 0:
+        raise DataError("the store has no events", data)
+    if parts > events.num_nodes:
+        raise ConfigError(
+            f"--parts {parts} is more than the {events.num_nodes} nodes of {data}: "
+            "some ranks would own no vertex; use at most as many parts as nodes"
+        )
+    return events
+
+
+def _partition(args: argparse.Namespace, data: str) -> int:
+    """``sven partition DATA ...``."""
+    from sven.partition.access import Access, recent_sampler
+    from sven.partition.api import evaluate_store, partition_store, store_info
+    from sven.partition.report import row_bytes
+    from sven.partition.store import check_target, is_partition, write_partition
+
+    batch, k, num_neg, seed = _partition_settings(args)
     model = _model(args, {})
     access = Access.of(model)
     widths = row_bytes(args.memory_dim, args.mail_dim)
     # Before any work: a wrong --out fails at once, and never loses data.
     check_target(args.out, args.overwrite, inputs=(data,))
     replacing = args.overwrite and is_partition(args.out)
-    events = open_verified_store(data)
-    if events.num_events == 0:
-        raise DataError("the store has no events", data)
-    if args.parts > events.num_nodes:
-        raise ConfigError(
-            f"--parts {args.parts} is more than the {events.num_nodes} nodes of {data}: "
-            "some ranks would own no vertex; use at most as many parts as nodes"
-        )
+    events = _open_store(data, args.parts)
     t0 = time.perf_counter()
     # One sampler for minmax's sampled replay and the report's full replay.
     sampler = (

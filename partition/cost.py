@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -166,23 +167,11 @@ def comm_cost(
     owner: np.ndarray,
     assign: np.ndarray,
     *,
-    batch_size: int,
-    k: int = 10,
-    num_neg: int = 1,
-    seed: int = 0,
-    epoch: int = 0,
-    start: int = 0,
-    stop: int | None = None,
     parts: int | None = None,
-    candidates: np.ndarray | None = None,
-    sampler: NeighbourFn | None = None,
-    access: Access | None = None,
-    widths: RowBytes | None = None,
-    chunk_events: int = 1 << 18,
-    progress: Callable[[int, int], None] | None = None,
-    per_batch: bool = False,
+    **replay: Any,
 ) -> CostReport:
-    """Replays one epoch over events ``[start, stop)`` and counts cross-rank traffic.
+    """Replays one epoch over events ``[start, stop)`` and counts cross-rank traffic:
+    :func:`comm_costs` for one partition.
 
     See the module docstring for the exact semantics.
 
@@ -193,25 +182,11 @@ def comm_cost(
         t: (E,) non-decreasing timestamps.
         owner: (N,) owner rank per vertex.
         assign: (E,) or (stop - start,) rank per event (a full-length array is sliced).
-        batch_size: B, the global batch size.
-        k: Neighbours per root (layer 1, "recent"); 0 samples none.
-        num_neg: Negatives per event (>= 1).
-        seed: Run seed of the negatives.
-        epoch: Epoch number of the negatives.
-        start: First event of the epoch (0 for training).
-        stop: End of the epoch (the number of training events); None means E.
         parts: P; None means ``owner.max() + 1``.
-        candidates: (C,) negative candidates; None means the distinct ``dst``.
-        sampler: Neighbour function, e.g. the runtime's own sampler; None builds
-            ``recent_sampler``.
-        access: The model's access pattern (``Access.of("apan")``, say); None means
-            TGN's.
-        widths: Row widths; None means ``row_bytes()``.
-        chunk_events: Events replayed at once (rounded to whole batches); memory is
-            about ``chunk_events * (2 + num_neg) * (k + 1) * 40`` bytes.
-        progress: Called with (events done, events total) after each chunk.
-        per_batch: Also keep the per-batch, per-rank counts (``report.batches``):
-            five (num_batches, P) int64 arrays.
+        **replay: :func:`comm_costs`'s keyword arguments (``batch_size``, required;
+            ``k``, ``num_neg``, ``seed``, ``epoch``, ``start``, ``stop``, ``candidates``,
+            ``sampler``, ``access``, ``widths``, ``chunk_events``, ``progress``,
+            ``per_batch``).
 
     Returns:
         The report.
@@ -220,13 +195,7 @@ def comm_cost(
         ValueError: On a batch size below 1 or a mis-sized ``assign``.
     """
     parts = int(np.asarray(owner).max()) + 1 if parts is None else parts
-    (report,) = comm_costs(
-        src, dst, t, [(owner, assign, parts)],
-        batch_size=batch_size, k=k, num_neg=num_neg, seed=seed, epoch=epoch, start=start,
-        stop=stop, candidates=candidates, sampler=sampler,
-        access=access, widths=widths, chunk_events=chunk_events,
-        progress=progress, per_batch=per_batch,
-    )  # fmt: skip
+    (report,) = comm_costs(src, dst, t, [(owner, assign, parts)], **replay)
     return report
 
 
@@ -265,21 +234,24 @@ def comm_costs(
         partitions: ``(owner (N,), assign (E,) or (stop - start,), P)`` per partition,
             or ``(owner, assign, P, B)`` with a batch size of its own (weak scaling:
             one replay for every P); the touches do not depend on the batching.
-        batch_size: See ``comm_cost``; likewise every other argument. The default
-            batch size of the partitions that give none.
-        k: Neighbours per root.
-        num_neg: Negatives per event.
-        seed: Seed of the negatives.
-        epoch: Epoch of the negatives.
-        start: First event of the epoch.
-        stop: End of the epoch; None means E.
-        candidates: Negative candidates.
-        sampler: Neighbour function.
-        access: The model's access pattern; None means TGN's.
-        widths: Row widths.
-        chunk_events: Events replayed at once.
+        batch_size: B, the global batch size of the partitions that give none.
+        k: Neighbours per root (layer 1, "recent"); 0 samples none.
+        num_neg: Negatives per event (>= 1).
+        seed: Run seed of the negatives.
+        epoch: Epoch number of the negatives.
+        start: First event of the epoch (0 for training).
+        stop: End of the epoch (the number of training events); None means E.
+        candidates: (C,) negative candidates; None means the distinct ``dst``.
+        sampler: Neighbour function, e.g. the runtime's own sampler; None builds
+            ``recent_sampler``.
+        access: The model's access pattern (``Access.of("apan")``, say); None means
+            TGN's.
+        widths: Row widths; None means ``row_bytes()``.
+        chunk_events: Events replayed at once (rounded to whole batches); memory is
+            about ``chunk_events * (2 + num_neg) * (k + 1) * 40`` bytes.
         progress: Called with (events done, events total) after each chunk.
-        per_batch: Also keep the per-batch, per-rank counts of every report.
+        per_batch: Also keep the per-batch, per-rank counts of every report
+            (``report.batches``): five (num_batches, P) int64 arrays.
 
     Returns:
         One report per partition, in order.

@@ -29,7 +29,6 @@ sees either nothing or a complete partition; one writer at a time holds its lock
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from sven.digest import sha256_file
 from sven.errors import DataError
 from sven.ownership import (
     discard_partial,
@@ -84,15 +84,6 @@ class Partition:
         if "parts" in self.meta:
             return int(self.meta["parts"])
         return int(self.owner.max()) + 1 if self.owner.size else 1
-
-
-def _sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 16 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _assign_dtype(parts: int) -> type[np.signedinteger]:
@@ -227,7 +218,7 @@ def _write(
         checksums = {}
         for name, arr in files.items():
             np.save(tmp / name, arr)
-            checksums[name] = _sha256(tmp / name)
+            checksums[name] = sha256_file(tmp / name)
         full = {
             "format_version": FORMAT_VERSION,
             **meta,
@@ -303,7 +294,7 @@ def load_partition(
         path = d / name
         if not path.is_file():
             raise DataError(f"missing {name}", d)
-        if verify and _sha256(path) != meta["checksums"].get(name):
+        if verify and sha256_file(path) != meta["checksums"].get(name):
             raise DataError(f"checksum mismatch for {name}", d)
     mode = "r" if mmap else None
     owner = np.load(d / "owner.npy", mmap_mode=mode)

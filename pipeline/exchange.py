@@ -21,6 +21,9 @@ are read once per epoch. A batch that needs more than a capacity is recorded in
 :attr:`FixedExchange.overflow` (the step stops the run, naming the capacity).
 
 :class:`LocalExchange` is the trivial exchange of one process without a process group.
+Both are an :class:`~sven.pipeline.exchange_api.Exchange` (defined, with
+:class:`LocalExchange`, in :mod:`sven.pipeline.exchange_api` and importable from here):
+the step is built with one and never asks which.
 """
 
 from __future__ import annotations
@@ -30,98 +33,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryState, winner_rows
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed
+from sven.pipeline.exchange_api import (
+    Exchange,
+    FetchPlan,
+    Group,
+    LocalExchange,
+    read_occurrences,
+)
 from sven.pipeline.wire import COUNTERS, ID_BYTES, Capacities, CapacityError, CommCounter, RowCodec
 
-__all__ = ["FetchPlan", "FixedExchange", "LocalExchange", "read_occurrences"]
-
-
-def read_occurrences(batch: Batch) -> torch.Tensor:
-    """(U,) how often each of ``batch.nodes`` is read by the batch's real events.
-
-    Roots of padded events (``batch.valid`` False) and masked neighbour slots count
-    nothing, so a node read only by padding is not needed: on several ranks it is not
-    fetched (its row is zero; the padded event's results are masked anyway).
-    """
-    u = batch.nodes.shape[0]
-    width = batch.root_pos.shape[0] // max(batch.size, 1)
-    if batch.valid is None:
-        root_w = torch.ones_like(batch.root_pos)
-    else:
-        root_w = batch.valid.to(torch.int64).repeat(width)
-    occ = torch.zeros(u, dtype=torch.int64, device=batch.nodes.device)
-    occ.index_add_(0, batch.root_pos, root_w)
-    if batch.nbr_pos is not None:
-        nb = batch.nbr_pos.shape[0]
-        w = batch.block.mask[:nb].to(torch.int64) * root_w[:nb, None]
-        occ.index_add_(0, batch.nbr_pos.reshape(-1), w.reshape(-1))
-    return occ
-
-
-class LocalExchange:
-    """The exchange of one process without a process group: every row is local.
-
-    Args:
-        memory: The whole memory.
-    """
-
-    distributed = False
-
-    def __init__(self, memory: MemoryState) -> None:
-        self.shard = memory
-        self.counter = CommCounter(memory.device)
-        self.overflow = torch.zeros(2, dtype=torch.int64, device=memory.device)
-
-    def fetch(self, batch: Batch | torch.Tensor, mode: str = "train") -> MemoryRows:
-        """The rows of ``batch.nodes`` (or of the (U,) ids given), the scratch row for
-        padding slots."""
-        return self.shard.gather(batch if isinstance(batch, torch.Tensor) else batch.nodes)
-
-    def push(self, update: DenseUpdate, mode: str = "train") -> None:
-        """Commits the batch's write-back (fixed shapes: :meth:`MemoryState.commit_dense`)."""
-        self.shard.commit_dense(update)
-
-    def wait(self) -> None:
-        """Nothing is in flight."""
-
-    def check(self) -> None:
-        """No capacity to overflow."""
-
-    def flush(self) -> None:
-        """Nothing is held."""
-
-    drop_held = flush
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        """Nothing besides the memory changes."""
-        return []
-
-
-@dataclass
-class FetchPlan:
-    """Where a batch's rows come from: the outcome of the id exchange.
-
-    Attributes:
-        nodes: (U,) the batch's node slots.
-        mine: (U,) bool, read from this rank's shard.
-        ok: (U,) bool, requested from another rank (within capacity).
-        dest: (U,) slot of each request in the send buffer (the dump slot otherwise).
-        req: (sum of received sizes,) int64 ids other ranks request from this one, -1
-            in padding.
-        naive: () remote reads a scheme without de-duplication would make.
-        excess: () largest count over a capacity (<= 0 when everything fits).
-    """
-
-    nodes: torch.Tensor
-    mine: torch.Tensor
-    ok: torch.Tensor
-    dest: torch.Tensor
-    req: torch.Tensor
-    naive: torch.Tensor
-    excess: torch.Tensor
+__all__ = ["Exchange", "FetchPlan", "FixedExchange", "LocalExchange", "read_occurrences"]
 
 
 @dataclass
@@ -138,7 +64,7 @@ class _Splits:
     push_off: torch.Tensor
 
 
-class FixedExchange:
+class FixedExchange(Exchange):
     """Fetches and pushes memory rows between owners over fixed-size buffers.
 
     Args:
@@ -206,33 +132,7 @@ class FixedExchange:
         if node_feat is not None:
             # With a zero row for the scratch slot.
             self._feat_ext = torch.cat([node_feat, node_feat.new_zeros(1, node_feat.shape[1])])
-        m, d, dm = shard.mailbox_size, shard.memory_dim, shard.mail_dim
-        fdt = shard.dtype
-        read_specs = [
-            ((d,), fdt),
-            ((), torch.float64),
-            ((m, dm), fdt),
-            ((m,), torch.float64),
-            ((m,), torch.bool),
-        ]
-        if node_feat is not None:
-            read_specs.append(((node_feat.shape[1],), node_feat.dtype))
-        self.read_codec = RowCodec(read_specs)
-        # Write rows: memory, last update, its event key, mail, mail time, its event
-        # key, and which of the two the row carries.
-        write_specs = [
-            ((d,), fdt),
-            ((), torch.float64),
-            ((), torch.int64),
-            ((dm,), fdt),
-            ((), torch.float64),
-            ((), torch.int64),
-            ((), torch.bool),
-            ((), torch.bool),
-        ]
-        self.write_codec = RowCodec(write_specs)
-        # On the wire a write row carries its node id in front (counted as ID_BYTES).
-        self._wire = RowCodec([((), torch.int64), *write_specs])
+        self.read_codec, self.write_codec, self._wire = _codecs(shard, node_feat)
         self.counter = CommCounter(dev)
         #: Largest excess over a capacity seen (fetch, push); > 0 means rows were
         #: dropped and the run must stop (:meth:`check`).
@@ -244,6 +144,10 @@ class FixedExchange:
         self._held: DenseUpdate | None = None
         self._side: Any = None
         self._push_done: Any = None
+
+    def owners(self) -> torch.Tensor:
+        """(N + 1,) int64 owner rank of every vertex, then P for the padding id N."""
+        return self._owner_ext
 
     # ----------------------------------------------------------------- sizes
     def set_capacities(self, mode: str, caps: Capacities) -> None:
@@ -332,11 +236,7 @@ class FixedExchange:
 
     # --------------------------------------------------------------- fetch
     def plan(
-        self,
-        nodes: torch.Tensor,
-        occurrences: torch.Tensor,
-        mode: str = "train",
-        group: dist.ProcessGroup | None = None,
+        self, nodes: Tensor, occurrences: Tensor, mode: str = "train", group: Group = None
     ) -> FetchPlan:
         """Sends the ids of the remote nodes a batch reads to their owners, each once.
 
@@ -372,7 +272,7 @@ class FixedExchange:
         naive = (occurrences * remote).sum()
         return FetchPlan(nodes, mine, ok, dest, req, naive, excess)
 
-    def fetch(self, batch: Batch | FetchPlan, mode: str = "train") -> MemoryRows:
+    def fetch(self, batch: Batch | FetchPlan | torch.Tensor, mode: str = "train") -> MemoryRows:
         """The rows of a batch's nodes: local ones from the shard, remote ones from their
         owners, each node once; slots no real event reads get zero rows.
 
@@ -392,13 +292,15 @@ class FixedExchange:
             # A group of one: the trivial exchange (one owner, local rows = global ids),
             # so that a launched single rank runs the one-process step plus its
             # gradient all-reduce.
-            nodes = batch.nodes
+            nodes = batch if isinstance(batch, torch.Tensor) else batch.nodes
             rows = self.shard.gather(nodes)
             if self._feat_ext is not None:
                 rows.node_feat = self._feat_ext[nodes]
             if self.staleness == 1 and mode == "train":
                 self._commit_held()
             return rows
+        if isinstance(batch, torch.Tensor):
+            raise TypeError("across ranks a fetch takes the batch or its plan, not bare ids")
         plan = (
             batch
             if isinstance(batch, FetchPlan)
@@ -533,10 +435,20 @@ class FixedExchange:
             ]
         )
         self.overflow[1] = torch.maximum(self.overflow[1], excess)
-        nodes, memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = both
-        loc = self._local_ext[torch.where(has_mem | has_mail, nodes, n)]
+        held = self._owned_update(both)
+        if self.staleness == 0 or mode != "train":
+            self.shard.commit_dense(held)
+        else:
+            self._held = _copy_into(self._held, held)
+
+    def _owned_update(self, cols: list[torch.Tensor]) -> DenseUpdate:
+        """The write-back of this rank's shard from the rows it received and its own
+        (node id, memory, last update, key, mail, mail time, mail key, has memory, has
+        mail): rows in shard order, a flag-less row to the scratch row with key -1."""
+        nodes, memory, last_update, key, mail, mail_ts, mail_key, has_mem, has_mail = cols
+        loc = self._local_ext[torch.where(has_mem | has_mail, nodes, self.num_nodes)]
         scratch = self.shard.scratch
-        held = DenseUpdate(
+        return DenseUpdate(
             nodes=torch.where(has_mem, loc, scratch),
             memory=memory,
             last_update=last_update,
@@ -546,10 +458,6 @@ class FixedExchange:
             mail_ts=mail_ts,
             mail_key=torch.where(has_mail, mail_key, -1),
         )
-        if self.staleness == 0 or mode != "train":
-            self.shard.commit_dense(held)
-        else:
-            self._held = _copy_into(self._held, held)
 
     def _commit_held(self) -> None:
         if self._held is not None:
@@ -613,6 +521,38 @@ class FixedExchange:
         self.counter.value.copy_(
             torch.tensor([int(state.get(k, 0)) for k in COUNTERS], dtype=torch.int64)
         )
+
+
+def _codecs(
+    shard: MemoryState, node_feat: torch.Tensor | None
+) -> tuple[RowCodec, RowCodec, RowCodec]:
+    """The row formats of the exchange: a read row (memory, last update, mail, mail
+    times, mail validity, and the node's features where there are some), a write row
+    and a write row on the wire (its node id in front, counted as ID_BYTES)."""
+    m, d, dm = shard.mailbox_size, shard.memory_dim, shard.mail_dim
+    fdt = shard.dtype
+    read_specs = [
+        ((d,), fdt),
+        ((), torch.float64),
+        ((m, dm), fdt),
+        ((m,), torch.float64),
+        ((m,), torch.bool),
+    ]
+    if node_feat is not None:
+        read_specs.append(((node_feat.shape[1],), node_feat.dtype))
+    # Write rows: memory, last update, its event key, mail, mail time, its event key,
+    # and which of the two the row carries.
+    write_specs = [
+        ((d,), fdt),
+        ((), torch.float64),
+        ((), torch.int64),
+        ((dm,), fdt),
+        ((), torch.float64),
+        ((), torch.int64),
+        ((), torch.bool),
+        ((), torch.bool),
+    ]
+    return RowCodec(read_specs), RowCodec(write_specs), RowCodec([((), torch.int64), *write_specs])
 
 
 def _copy_into(held: DenseUpdate | None, new: DenseUpdate) -> DenseUpdate:

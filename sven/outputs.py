@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from sven.digest import sha256_file
 from sven.errors import ConfigError, DataError, SvenError
 from sven.ownership import sven_folder
 
@@ -159,12 +160,6 @@ def atomic_output(path: PathLike, *, overwrite: bool = True) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _sha256(path: Path) -> str:
-    from sven.datasets.checksums import sha256_file
-
-    return sha256_file(path)
-
-
 def _manifest(folder: Path) -> dict[str, str]:
     """``name -> sha256`` of what Sven wrote into ``folder`` (empty without a manifest)."""
     try:
@@ -185,7 +180,7 @@ def _ours(folder: Path, name: str, manifest: dict[str, str] | None) -> bool:
     if name not in manifest:
         return False
     try:
-        return _sha256(p) == manifest[name]
+        return sha256_file(p) == manifest[name]
     except OSError:
         return False
 
@@ -247,7 +242,7 @@ def record_outputs(folder: PathLike, paths: Iterable[PathLike]) -> None:
     manifest = _manifest(f)
     for path in paths:
         p = Path(path)
-        manifest[p.name] = _sha256(p)
+        manifest[p.name] = sha256_file(p)
     with atomic_output(f / MANIFEST) as tmp:
         tmp.write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True) + "\n")
 

@@ -201,6 +201,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return Config.from_dict(d)
 
 
+def config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
+    """Flattens a config into dotted ``key=value`` overrides, followed by ``overrides``
+    (which therefore win): a config with some fields changed, for :func:`load_config`."""
+    flat: list[str] = []
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat.append(f"{prefix}{k}={json.dumps(v)}")
+
+    walk(cfg.to_dict(), "")
+    return flat + list(overrides)
+
+
+def as_config(
+    config: Config | dict[str, Any] | str | Path | None, overrides: list[str] | None = None
+) -> Config:
+    """The config of a run given as a Config, a dict of sections, a YAML path or None
+    (the defaults), with ``overrides`` applied."""
+    if isinstance(config, Config):
+        return config if not overrides else load_config(None, config_overrides(config, overrides))
+    if isinstance(config, dict):
+        cfg = Config.from_dict(config)
+        return load_config(None, config_overrides(cfg, overrides)) if overrides else cfg
+    return load_config(config, overrides)
+
+
 def dump_config(cfg: Config, path: str | Path) -> None:
     """Writes the resolved config as JSON (exactly what the run used)."""
     Path(path).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from sven.errors import ConfigError
+from sven.models.names import MODEL_NAMES, STATE_DEVICES
 
 _INT64 = 2**63
 
@@ -88,8 +89,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_numbers(self, "model")
         self.name = self.name.lower()
-        if self.name not in ("tgn", "jodie", "apan", "dyrep"):
-            raise ConfigError(f"model.name: unknown model {self.name!r} (tgn, jodie, apan, dyrep)")
+        if self.name not in MODEL_NAMES:
+            raise ConfigError(f"model.name: unknown model {self.name!r} ({', '.join(MODEL_NAMES)})")
         for f in ("memory_dim", "time_dim", "embed_dim", "num_heads", "mailbox_size"):
             if getattr(self, f) <= 0:
                 raise ConfigError(f"model.{f} must be positive, got {getattr(self, f)}")
@@ -352,10 +353,11 @@ class StateConfig:
     (docs/scale.md). The math is the same in every tier."""
 
     device: str = "auto"
-    """auto, gpu, host or disk. gpu: beside the compute (on a CPU run, host memory).
-    host: pinned host memory, read and written by the step's kernels over the host
-    link (the step stays captured). disk: memory-mapped files under ``state.path``, for
-    state larger than host memory (on CUDA rows are staged through host copies and the
+    """auto, gpu, host or disk: where node state lives. gpu: GPU memory (on a run
+    without a GPU an alias of host, shown as host). host: host memory; on CUDA pinned,
+    read and written by the step's kernels over the host link (the step stays
+    captured). disk: memory-mapped files under ``state.path``, for state larger than
+    host memory (on CUDA rows are staged through host copies and the
     step runs uncaptured). auto: gpu when the run fits ``state.gpu_budget_gb``, else
     host when it fits ``state.host_budget_gb``, else disk."""
     gpu_budget_gb: float = 0.0
@@ -376,8 +378,10 @@ class StateConfig:
     def __post_init__(self) -> None:
         _check_numbers(self, "state")
         self.device = self.device.lower()
-        if self.device not in ("auto", "gpu", "host", "disk"):
-            raise ConfigError(f"state.device must be auto, gpu, host or disk, got {self.device!r}")
+        if self.device not in STATE_DEVICES:
+            raise ConfigError(
+                f"state.device must be one of {', '.join(STATE_DEVICES)}, got {self.device!r}"
+            )
         for name in ("gpu_budget_gb", "host_budget_gb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"state.{name} must be >= 0, got {getattr(self, name)}")

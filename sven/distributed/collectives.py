@@ -1,5 +1,6 @@
-"""Collectives that fail with a name: the distributed error, a barrier that names the
-missing ranks, and the small helpers every module uses (no-ops without a process group).
+"""Collectives that fail with a name: a barrier that names the missing ranks (raising
+:class:`~sven.distributed.errors.DistError`, importable from here too), and the small
+helpers every module uses (no-ops without a process group).
 """
 
 from __future__ import annotations
@@ -7,31 +8,38 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from sven.errors import SvenError, first_line
+from sven.distributed.errors import DistError
+from sven.errors import first_line
 
-if TYPE_CHECKING:
-    from sven.distributed.process_group import DistContext
+__all__ = [
+    "BarrierContext",
+    "DistError",
+    "allreduce_sum_",
+    "barrier_or_die",
+    "broadcast_object",
+    "is_main",
+]
 
 
-class DistError(SvenError):
-    """A launch that cannot start, or a rank that did not answer in time.
+class BarrierContext(Protocol):
+    """What :func:`barrier_or_die` reads of a process group's context
+    (:class:`~sven.distributed.process_group.DistContext` is one)."""
 
-    Attributes:
-        ranks: Ranks found missing (empty where the failure does not say).
-        what: Where the program was when it failed (e.g. ``"epoch 3 batch 10"``).
-    """
+    distributed: bool
+    rank: int
+    timeout_s: float
+    health_group: Any
 
-    exit_code = 4
+    def record_failure(self, ranks: Sequence[int]) -> None: ...
 
-    def __init__(self, message: str, ranks: Sequence[int] = (), what: str = "") -> None:
-        super().__init__(message)
-        self.ranks = tuple(ranks)
-        self.what = what
+    def label(self, rank: int) -> str: ...
+
+    def diagnose_failure(self) -> Any: ...
 
 
 def _missing_ranks(message: str) -> list[int]:
@@ -39,7 +47,7 @@ def _missing_ranks(message: str) -> list[int]:
     return [int(r) for r in m.group(1).replace(",", " ").split()] if m else []
 
 
-def barrier_or_die(ctx: DistContext, what: str, timeout_s: float | None = None) -> None:
+def barrier_or_die(ctx: BarrierContext, what: str, timeout_s: float | None = None) -> None:
     """Waits for every rank; raises a DistError naming those that did not come.
 
     Rank 0 collects all ranks (gloo's ``monitored_barrier`` with ``wait_all_ranks``),

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sven.distributed.collectives import DistError
+from sven.distributed.errors import DistError
 from sven.distributed.slurm import expand_tasks_per_node, slurm_hosts, slurm_node_addr, slurm_port
 from sven.extras import install_hint
 

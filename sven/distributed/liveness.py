@@ -402,6 +402,15 @@ class Liveness:
                 cur = self._read(client)
         except RuntimeError as err:
             return self._store_gone(err)
+        named = self._name_gone(first, cur, failed)
+        ranks = tuple(sorted(named))
+        return Diagnosis(ranks, "; ".join(named[r] for r in ranks))
+
+    def _name_gone(
+        self, first: dict[int, Beat | None], cur: dict[int, Beat | None], failed: bool
+    ) -> dict[int, str]:
+        """Rank -> why it is named, from the beats at the start and at the end of the
+        window (:meth:`diagnose`)."""
         now = time.time()
 
         def alive(r: int, b: Beat) -> bool:
@@ -445,8 +454,7 @@ class Liveness:
                 for r, b in live.items()
                 if b.state == _RUN
             }
-        ranks = tuple(sorted(named))
-        return Diagnosis(ranks, "; ".join(named[r] for r in ranks))
+        return named
 
     def linger(self, skip: Sequence[int] = ()) -> None:
         """On the store's host: waits until the other ranks are done with the store.

@@ -21,7 +21,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from sven.distributed.collectives import DistError, barrier_or_die
+from sven.distributed.collectives import barrier_or_die
+from sven.distributed.errors import DistError
 from sven.distributed.launcher import LaunchInfo, detect_launcher
 from sven.distributed.liveness import (
     _DONE,

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 
-from sven.distributed.collectives import DistError
+from sven.distributed.errors import DistError
 from sven.distributed.launcher import LaunchInfo, _import_mpi
 
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
-from sven.distributed.collectives import DistError
+from sven.distributed.errors import DistError
 
 
 def _split_top_level(spec: str) -> list[str]:

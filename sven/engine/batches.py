@@ -24,7 +24,7 @@ import torch
 from sven.engine.body import StepInput
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed, slot_count
-from sven.pipeline.exchange import FixedExchange, LocalExchange, read_occurrences
+from sven.pipeline.exchange_api import Exchange, read_occurrences
 
 __all__ = [
     "BatchInputs",
@@ -237,7 +237,7 @@ class BatchSource:
         model: Any,
         seed: int,
         shares: Shares,
-        exchange: LocalExchange | FixedExchange,
+        exchange: Exchange,
     ) -> None:
         self.tables, self.model, self.seed = tables, model, seed
         self.shares = shares
@@ -325,7 +325,7 @@ class BatchSource:
                 occ.index_add_(0, pos, read_occurrences(mb))
         if not self.distributed:
             return StepInput(batches, nodes, at)
-        plan = self.exchange.plan(nodes, occ, mode, group=group)  # type: ignore[union-attr]
+        plan = self.exchange.plan(nodes, occ, mode, group=group)
         lap("id_exchange")
         return StepInput(batches, plan, at)
 

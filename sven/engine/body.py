@@ -16,19 +16,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from sven.distributed.grads import Gradients, LocalGrads
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate, MemoryRows
 from sven.pipeline.batch import Batch
-from sven.pipeline.exchange import FetchPlan, FixedExchange, LocalExchange
-
-if TYPE_CHECKING:
-    from sven.distributed.grads import GradBucket
+from sven.pipeline.exchange_api import Exchange, FetchPlan, LocalExchange
 
 __all__ = ["StepInput", "encode_step", "eval_step", "masked_bce", "train_step"]
 
@@ -80,9 +78,6 @@ class StepInput:
         return self.plan if self.plan is not None else self.micro[0]
 
 
-Exchange = LocalExchange | FixedExchange
-
-
 def _exchange(exchange: Exchange | MemoryState) -> Exchange:
     # A bare MemoryState is the whole node state of one process.
     return LocalExchange(exchange) if isinstance(exchange, MemoryState) else exchange
@@ -104,7 +99,7 @@ def train_step(
     num_predictions: float | torch.Tensor,
     lap: Callable[[str], None] | None = None,
     *,
-    grads: GradBucket | None = None,
+    grads: Gradients | None = None,
     vote: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One optimisation step of one rank: read, forward, backward, all-reduce, step,
@@ -124,8 +119,10 @@ def train_step(
             ``compute``, ``grad_allreduce``, ``optimizer``, ``write_back``;
             :class:`sven.engine.timeline.Timeline`); None inside a captured graph, which
             a lap would break.
-        grads: The gradient bucket on several ranks (None: gradients stay local).
-        vote: () this rank's stop vote, summed with the gradients (with ``grads``).
+        grads: How gradients are zeroed and summed (the bucket on several ranks);
+            None: the optimizer's own, on one process (:class:`LocalGrads`).
+        vote: () this rank's stop vote, summed with the gradients across ranks; None:
+            the one ``grads`` holds.
 
     Returns:
         () the global batch's mean loss (summed over ranks), detached, on the device
@@ -135,10 +132,9 @@ def train_step(
     ex = _exchange(exchange)
     inp = batch if isinstance(batch, StepInput) else StepInput([batch])
     model.train()
-    if grads is None:
-        optimizer.zero_grad(set_to_none=True)
-    else:
-        grads.zero()
+    # A bare call (tests, scripts) trains on one process; the step passes its own.
+    grads = grads if grads is not None else LocalGrads(optimizer)
+    grads.zero()
     fetched = ex.fetch(inp.source, "train")
     lap("row_fetch")
     loss_sum: torch.Tensor | float = 0.0
@@ -157,12 +153,7 @@ def train_step(
         loss.backward()
         loss_sum = loss.detach() if j == 0 else loss_sum + loss.detach()
     lap("compute")
-    total = torch.as_tensor(loss_sum)
-    if grads is not None:
-        if vote is None:
-            vote = torch.zeros((), dtype=grads.flat.dtype, device=grads.flat.device)
-        total, _ = grads.all_reduce(total, vote)
-        lap("grad_allreduce")
+    total = grads.reduce(torch.as_tensor(loss_sum), vote, lap)
     optimizer.step()
     lap("optimizer")
     ex.wait()

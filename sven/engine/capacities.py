@@ -20,7 +20,7 @@ import torch
 from sven.engine.batches import BatchInputs, BatchSource
 from sven.engine.capture import determinism
 from sven.models.base import endpoint_keys
-from sven.pipeline.exchange import read_occurrences
+from sven.pipeline.exchange_api import read_occurrences
 from sven.pipeline.wire import Capacities
 
 __all__ = ["CapacityPlanner"]
@@ -76,7 +76,7 @@ class CapacityPlanner:
         p, r, dev = self.world_size, self.rank, self.device
         fetch = torch.zeros(p, dtype=torch.int64, device=dev)
         push = torch.zeros(p, dtype=torch.int64, device=dev)
-        owner = self.exchange._owner_ext  # type: ignore[union-attr]
+        owner = self.exchange.owners()
         inp = self.inputs.copy()
         inp.fill(split_lo=lo, stream=stream)
         with determinism(dev):
@@ -101,7 +101,7 @@ class CapacityPlanner:
 
         mine = torch.tensor(row, dtype=torch.int64, device=self.device)
         allr = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(allr, mine, group=self.exchange.group)  # type: ignore[union-attr]
+        dist.all_gather(allr, mine, group=self.exchange.group)
         return torch.stack(allr).tolist()
 
     def replayed(self, counts: Callable[[], Counts]) -> Capacities:
@@ -123,7 +123,7 @@ class CapacityPlanner:
         caps = self.replayed(lambda: self.measure_range(lo, hi, epoch, num_neg, micro=micro))
         if self.world_size > 1:
             caps = caps.grown(slack)
-        self.exchange.set_capacities("train", caps)  # type: ignore[union-attr]
+        self.exchange.set_capacities("train", caps)
         return caps
 
     def plan_passes(self, mode: str, passes: list[Callable[[], Pass]]) -> None:
@@ -142,4 +142,4 @@ class CapacityPlanner:
                 w = [max(a, c) for a, c in zip(w, ws)]
             return f, w
 
-        self.exchange.set_capacities(mode, self.replayed(counts))  # type: ignore[union-attr]
+        self.exchange.set_capacities(mode, self.replayed(counts))

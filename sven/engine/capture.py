@@ -37,8 +37,8 @@ def torch_determinism_off(active: bool = True) -> Iterator[None]:
     to distinct rows (losers to a scratch row), winners are chosen by max-scatters, and
     duplicate slot writes store equal values. Torch's deterministic mode would add
     nothing to that but a fill of every new tensor and sort-based ``index_put_`` for
-    every scatter (0.7 ms of a 2.0 ms TGN step on an H200). A GPU test checks that two
-    runs give bitwise equal parameters.
+    every scatter (a third of a TGN step on CUDA: docs/performance.md). A GPU test
+    checks that two runs give bitwise equal parameters.
     """
     if not active:
         yield
@@ -132,7 +132,7 @@ class StepGraph:
             self.fn()
             return
         try:
-            self._capture()
+            graph = self._capture()
         except Exception as exc:
             if self.mode == "on":
                 raise
@@ -141,9 +141,10 @@ class StepGraph:
             self.graph = None
             self.fn()
             return
-        self.graph.replay()  # type: ignore[union-attr]
+        graph.replay()
 
-    def _capture(self) -> None:
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Warms up, captures the graph and keeps it (the state put back as it was)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         # The warm-up runs real steps (and a failed capture may run part of one): the
@@ -164,6 +165,7 @@ class StepGraph:
             self.capture_s = time.perf_counter() - t0 - self.warmup_s
         self.graph = graph
         self.captured = True
+        return graph
 
     def rehearse(self) -> None:
         """The warm-up of a capture without the capture: ``warmup`` eager runs, then the

@@ -332,7 +332,7 @@ class Evaluation:
             import torch.distributed as dist
 
             table = table.clone()
-            dist.all_reduce(table, group=self.exchange.group)  # type: ignore[union-attr]
+            dist.all_reduce(table, group=self.exchange.group)
         self.exchange.check()
         scores = table.cpu()
         protocols = self.split_protocols(split)

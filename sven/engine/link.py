@@ -81,10 +81,10 @@ class LinkPrediction:
         tr, cfg, tc = self.tr, self.cfg, self.cfg.train
         wall0 = time.perf_counter()
         main = tr.rank == 0
-        tr._claim_out()
+        tr.claim_out()
         if main:
             tr.out.mkdir(parents=True, exist_ok=True)
-        tr._barrier("start")
+        tr.barrier("start")
         loop = RunLoop(
             self,
             tr.checkpoints,
@@ -93,7 +93,7 @@ class LinkPrediction:
             patience=tc.patience,
             checkpoint_every=tc.checkpoint_every,
             main=main,
-            log=tr._log,
+            log=tr.log,
             on_line=tr.epoch_log.write,
             save=self._save,
             device=tr.device,
@@ -121,7 +121,7 @@ class LinkPrediction:
         )
         hint = start_hint(tr.device.type, tc.epochs - start_epoch, per_epoch - lo)
         if hint is not None and not progress["stopped"]:
-            tr._log(hint)
+            tr.log(hint)
         # The first whole epoch this process runs: one resumed halfway is no measure.
         self._estimate_epoch = start_epoch + (start_batch != 0)
         progress = loop.run(progress, start_epoch, start_batch)
@@ -135,7 +135,7 @@ class LinkPrediction:
         self.where = "test"
         if best is None:
             # The best model could not be written, and another epoch trained after it.
-            tr._log(
+            tr.log(
                 f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
                 "could not be written, and another epoch trained after it",
                 force=True,
@@ -151,7 +151,7 @@ class LinkPrediction:
         summary = self._summary(progress, best, test, test_rate, wall0)
 
         def say(s: dict[str, Any]) -> None:
-            tr._log(
+            tr.log(
                 f"test AP {fmt(s.get('test_ap'))} AUC {fmt(s.get('test_auc'))} "
                 f"(inductive AP {fmt(s.get('test_ap_inductive'))}); "
                 f"summary in {tr.out / 'summary.json'}"
@@ -180,14 +180,14 @@ class LinkPrediction:
         t_ck = time.perf_counter()
         step = ck.newest(ck.best)
         if step is not None and step == progress["best_epoch"]:
-            best = self.tr._load(ck.best, step)
+            best = self.tr.load_checkpoint(ck.best, step)
         elif ck.error_of(ck.best, progress["best_epoch"]) is not None:
             # An older best model is on disk, but it is not the best epoch's.
             return None
         elif step is None:
             raise SvenError(f"no valid best model under {ck.best.root}")
         else:
-            best = self.tr._load(ck.best, step)
+            best = self.tr.load_checkpoint(ck.best, step)
         self._times["checkpoint_s"] += time.perf_counter() - t_ck
         return best
 
@@ -211,7 +211,7 @@ class LinkPrediction:
         lo, hi = tr.ranges["train"]
         b = tc.batch_size
         self._last = last
-        tr._bar = self._bar = tr.progress_bar(
+        tr.bar = self._bar = tr.progress_bar(
             f"epoch {epoch}", min(hi, lo + last * b) - lo, min(hi, lo + first * b) - lo
         )
         if tr.profiler is not None:
@@ -226,10 +226,10 @@ class LinkPrediction:
         accumulates on the device)."""
         tr, b = self.tr, self.cfg.train.batch_size
         lo, hi = tr.ranges["train"]
-        self.where = tr._where = f"epoch {epoch} batch {i}"
+        self.where = tr.where = f"epoch {epoch} batch {i}"
         tr.ctx.set_step(progress["global_step"])
         g_lo, g_hi = lo + i * b, min(lo + (i + 1) * b, hi)
-        for fn in tr._hooks["before_step"]:
+        for fn in tr.hooks["before_step"]:
             fn(tr)
         tr.timeline.lap("wait")
         prof = tr.profiler
@@ -238,10 +238,10 @@ class LinkPrediction:
         t_first = None if tr.startup.done else time.perf_counter()
         tr.step.train_batch(epoch, i, g_lo, g_hi, stop_vote(tr.signals.received, tr.world_size))
         if t_first is not None:
-            tr._first_step_done(t_first, self._bar)
+            tr.first_step_done(t_first, self._bar)
         if prof is not None:
             prof.after(i)
-        for fn in tr._hooks["after_step"]:
+        for fn in tr.hooks["after_step"]:
             fn(tr)
         progress["epoch_batches"] += 1
         progress["train_events"] += g_hi - g_lo
@@ -302,13 +302,13 @@ class LinkPrediction:
         epoch_events = min(hi, lo + self._last * tc.batch_size) - lo
         comm = tr.exchange.epoch_bytes() if tr.distributed else {}
         stages = self._timeline_line(dt)
-        self.where = tr._where = f"epoch {epoch} validation"
+        self.where = tr.where = f"epoch {epoch} validation"
         val, val_rate = self._eval_split("val")
         if epoch == self._estimate_epoch:
             took = time.perf_counter() - self._ep_t0
             note = epoch_estimate(epoch, took, tc.epochs - epoch - 1, tc.patience)
             if note is not None:
-                tr._log(note)
+                tr.log(note)
         return {
             "epoch": epoch,
             "train_loss": progress["epoch_loss"] / max(progress["epoch_batches"], 1),
@@ -488,7 +488,7 @@ class LinkPrediction:
         if tr.device.type == "cuda":
             summary["triton_cache_dir"] = triton_cache_dir()
         if tr.distributed:
-            caps = tr.exchange.capacities.get("train")  # type: ignore[union-attr]
+            caps = tr.exchange.capacities.get("train")
             if caps is not None:
                 summary["exchange_capacities"] = {
                     "events": caps.events,

@@ -5,7 +5,8 @@ work.
 bytes each part of a run holds at its peak (node state, event tables, the sampler's
 index, per-node indexes, evaluation tables, the model, checkpoints kept on disk),
 picks the node-state tier (``state.device=auto``: the GPU when the run fits its budget,
-else host memory, else files), and :meth:`Plan.check` refuses a run that does not fit,
+else host memory, else files; named where the state lives: ``host`` on a CPU run,
+:func:`~sven.models.names.resolve_tier`), and :meth:`Plan.check` refuses a run that does not fit,
 in one line naming the numbers and the setting to change. ``sven train --dry-run``
 prints the plan (:meth:`Plan.describe`) and stops.
 
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from sven.errors import ConfigError
+from sven.models.names import resolve_tier
 
 __all__ = ["Plan", "node_row_bytes", "plan_run"]
 
@@ -171,6 +173,48 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(p).free
 
 
+def _on(where: str, what: str, nbytes: int) -> Item:
+    """An item of ``nbytes`` in ``where`` (gpu, host or disk)."""
+    return Item(what, **{where: int(nbytes)})
+
+
+def _fixed_items(
+    cfg: Any, e: int, n: int, n_all: int, p: int, dims: tuple[int, int, int, int], cuda: bool
+) -> list[Item]:
+    """What a run holds besides node state and checkpoints: the event tables, the
+    sampler's index, per-node indexes, node features, evaluation tables, the step and
+    the process (``dims``: edge width, node width, a state row's bytes, itemsize)."""
+    tc, mc = cfg.train, cfg.model
+    edge_dim, node_dim, row, itemsize = dims
+    compute = "gpu" if cuda else "host"
+    items: list[Item] = []
+    # The event tables on the device: ids and times widened to 64 bits, the edge
+    # features, the rank of every event; the sampler's T-CSR (each event twice: id,
+    # event, time) and its transient build (sorts and permutations of 2E entries).
+    events = e * (8 + 8 + 8 + 8) + e * edge_dim * itemsize
+    items.append(_on(compute, "event tables", events))
+    sampler = 48 * e + 8 * (n_all + 1) if mc.num_neighbors else 0
+    items.append(_on(compute, "sampler index", sampler + 64 * e))
+    # Per-node indexes: owner, owned rows, candidates, winners; on P ranks the
+    # exchange's owner/local maps and winners over every vertex.
+    per_node = 8 * 4 * (n_all + 1) + (8 * 5 * (n_all + 1) if p > 1 else 0)
+    items.append(_on(compute, "per-node indexes", per_node))
+    if node_dim:
+        items.append(_on(compute, "node features", n * node_dim * itemsize))
+    # Evaluation: each of val and test holds a negatives table and its copy, and a
+    # scores table, of (rows, 1 + width) for about 15% of the events each.
+    width = 1 + (cfg.eval.mrr_negatives or 0) + (2 if cfg.eval.all_protocols else 0)
+    items.append(_on(compute, "evaluation tables", 2 * int(0.16 * e) * (1 + width) * 3 * 8))
+    # The step: its batch of B events, their negatives and sampled neighbours' rows
+    # (state rows and embeddings), a few times over for the backward and the ring.
+    slots = tc.batch_size * (2 + tc.num_neg) * (1 + mc.num_neighbors)
+    step = slots * (row + 16 * mc.embed_dim * itemsize) * (2 + cfg.pipeline.prefetch)
+    items.append(_on(compute, "step and prefetch ring", step + (64 << 20)))
+    # The process itself (torch and CUDA's libraries, the Python heap).
+    items.append(_on("host", "process", (3 << 30) if cuda else (1 << 30)))
+    return items
+
+
 def plan_run(
     cfg: Any,
     *,
@@ -209,36 +253,7 @@ def plan_run(
     row = node_row_bytes(mc.memory_dim, mail_dim, mailbox_size, itemsize)
     state = (n + 1) * row
     cuda = device.type == "cuda"
-    compute = "gpu" if cuda else "host"
-
-    def on(where: str, what: str, nbytes: int) -> Item:
-        return Item(what, **{where: int(nbytes)})
-
-    items: list[Item] = []
-    # The event tables on the device: ids and times widened to 64 bits, the edge
-    # features, the rank of every event; the sampler's T-CSR (each event twice: id,
-    # event, time) and its transient build (sorts and permutations of 2E entries).
-    events = e * (8 + 8 + 8 + 8) + e * edge_dim * itemsize
-    items.append(on(compute, "event tables", events))
-    sampler = 48 * e + 8 * (n_all + 1) if mc.num_neighbors else 0
-    items.append(on(compute, "sampler index", sampler + 64 * e))
-    # Per-node indexes: owner, owned rows, candidates, winners; on P ranks the
-    # exchange's owner/local maps and winners over every vertex.
-    per_node = 8 * 4 * (n_all + 1) + (8 * 5 * (n_all + 1) if p > 1 else 0)
-    items.append(on(compute, "per-node indexes", per_node))
-    if node_dim:
-        items.append(on(compute, "node features", n * node_dim * itemsize))
-    # Evaluation: each of val and test holds a negatives table and its copy, and a
-    # scores table, of (rows, 1 + width) for about 15% of the events each.
-    width = 1 + (cfg.eval.mrr_negatives or 0) + (2 if cfg.eval.all_protocols else 0)
-    items.append(on(compute, "evaluation tables", 2 * int(0.16 * e) * (1 + width) * 3 * 8))
-    # The step: its batch of B events, their negatives and sampled neighbours' rows
-    # (state rows and embeddings), a few times over for the backward and the ring.
-    slots = tc.batch_size * (2 + tc.num_neg) * (1 + mc.num_neighbors)
-    step = slots * (row + 16 * mc.embed_dim * itemsize) * (2 + cfg.pipeline.prefetch)
-    items.append(on(compute, "step and prefetch ring", step + (64 << 20)))
-    # The process itself (torch and CUDA's libraries, the Python heap).
-    items.append(on("host", "process", (3 << 30) if cuda else (1 << 30)))
+    items = _fixed_items(cfg, e, n, n_all, p, (edge_dim, node_dim, row, itemsize), cuda)
     tier = sc.device
     budgets: dict[str, int | None] = {
         "gpu": None,
@@ -255,19 +270,20 @@ def plan_run(
         fixed_host = sum(i.host for i in items)
         if cuda and fixed_gpu + state <= budgets["gpu"]:  # type: ignore[operator]
             tier = "gpu"
-        elif not cuda and fixed_host + state <= budgets["host"]:  # type: ignore[operator]
-            tier = "gpu"
-        elif cuda and fixed_host + state <= budgets["host"]:  # type: ignore[operator]
+        elif fixed_host + state <= budgets["host"]:  # type: ignore[operator]
             tier = "host"
         else:
             tier = "disk"
         notes.append(f"state.device=auto chose {tier}")
+    elif resolve_tier(tier, device.type) != tier:
+        notes.append(f"state.device={tier} is host memory on a run without a GPU: tier host")
+    tier = resolve_tier(tier, device.type)
     if tier == "gpu":
-        items.append(on(compute, "node state", state))
+        items.append(_on("gpu", "node state", state))
     elif tier == "host":
-        items.append(on("host", "node state (pinned)" if cuda else "node state", state))
+        items.append(_on("host", "node state (pinned)" if cuda else "node state", state))
     else:
-        items.append(on("disk", "node state (files)", state))
+        items.append(_on("disk", "node state (files)", state))
     # Checkpoints: each holds the node state once (best/ links the latest's files);
     # alive at once: the kept ones, the one being written, and a best model older than
     # all of them.
@@ -277,5 +293,5 @@ def plan_run(
     saves = max(1, tc.epochs * per_epoch)
     kept = min(saves, tc.keep_latest_k + 2)
     if writes:
-        items.append(on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
+        items.append(_on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
     return Plan(tier, items, budgets, device.type, state, out, notes)

@@ -43,11 +43,11 @@ from sven.engine.capacities import CapacityPlanner
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.models import MemoryModel, MemoryState
-from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.pipeline.exchange_api import Exchange
 from sven.pipeline.wire import Capacities
 
 if TYPE_CHECKING:
-    from sven.distributed.grads import GradBucket
+    from sven.distributed.grads import Gradients
 
 __all__ = ["Step", "StepStatus"]
 
@@ -69,31 +69,20 @@ class StepStatus:
 
     Args:
         device: Where the step runs.
-        dtype: Floating type of the vote (the gradients').
-        active: Whether there is a gradient bucket (several ranks or a launcher); else
-            the status is always (0, 0, 0).
+        active: Whether gradients cross ranks (several ranks or a launcher); else the
+            status is always (0, 0, 0).
     """
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, active: bool) -> None:
+    def __init__(self, device: torch.device, active: bool) -> None:
         self.device, self.active = device, active
-        #: () this rank's stop vote, summed with the gradients.
-        self.vote = torch.zeros((), dtype=dtype, device=device)
-        #: [summed stop votes, fetch overflow, push overflow] of the last step.
+        #: [summed stop votes, fetch overflow, push overflow] of the last step, written
+        #: by the gradients (:meth:`~sven.distributed.grads.Gradients.record`).
         self.value = torch.zeros(3, dtype=torch.float64, device=device)
         pin = device.type == "cuda"
         # Two host copies on CUDA: step i's lands while step i - 1's is read.
         self._host = [torch.zeros(3, dtype=torch.float64, pin_memory=pin) for _ in "ab"]
         self._events: list[Any] = [None, None]
         self.steps = 0
-
-    def record(self, grads: GradBucket | None, exchange: LocalExchange | FixedExchange) -> None:
-        """Inside the step: the summed vote (the bucket's slot after the loss) and the
-        exchange's overflow flags."""
-        if grads is None:
-            return
-        n = grads.numel
-        ov = exchange.overflow.to(torch.float64)
-        self.value.copy_(torch.cat([grads.flat[n + 1 : n + 2].double(), ov]))
 
     def after_step(self) -> None:
         """After a step was queued: on CUDA its status starts on its way to the host."""
@@ -124,6 +113,37 @@ class StepStatus:
         return round(vals[0]), int(vals[1]), int(vals[2])
 
 
+def _compiled(
+    model: MemoryModel, compiles: bool, dev: torch.device, log: Callable[[str], None]
+) -> Any:
+    """The model the step calls: ``torch.compile``'d on CUDA where ``train.compile``."""
+    if compiles and dev.type == "cuda":
+        from sven.pipeline.negatives import register_compiled_ops
+
+        register_compiled_ops()
+        # Fixed shapes: one compilation per mode (train, eval) serves every batch.
+        # The batch selection stays eager (its hashes are Triton kernels already).
+        return torch.compile(model, dynamic=False)
+    if compiles:
+        log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
+    return model
+
+
+def _graph_mode(
+    asked: str, memory: MemoryState, dev: torch.device, log: Callable[[str], None]
+) -> str:
+    """``train.cuda_graph``, or off where node-state rows are staged through host copies
+    (which synchronise every step)."""
+    if not memory.storage.staged:
+        return asked
+    if dev.type == "cuda":
+        log(
+            "sven: node state is in files (state.device=disk): rows are staged "
+            "through host copies each step, which runs uncaptured"
+        )
+    return "off"
+
+
 class Step:
     """The step of one rank, for every world size: its parts, its captured graphs, and
     the epoch-level calls the run loop makes (train a batch, evaluate a split).
@@ -142,7 +162,8 @@ class Step:
         optimizer: Its optimizer.
         memory: This rank's node state (the whole state on one process).
         exchange: The exchange (trivial on one process without a process group).
-        grads: The gradient bucket (several ranks or a launcher), or None.
+        grads: How gradients are zeroed and summed (the bucket on several ranks or
+            under a launcher).
         plan_group: Process group of prefetched id exchanges (its own communicator:
             they run on a side stream beside the step's collectives), or None.
         timeline: The rank's :class:`~sven.engine.timeline.Timeline`.
@@ -159,8 +180,8 @@ class Step:
         model: MemoryModel,
         optimizer: torch.optim.Optimizer,
         memory: MemoryState,
-        exchange: LocalExchange | FixedExchange,
-        grads: GradBucket | None,
+        exchange: Exchange,
+        grads: Gradients,
         plan_group: Any,
         timeline: Any,
         log: Callable[[str], None],
@@ -173,26 +194,10 @@ class Step:
         self.device = dev
         self.distributed = exchange.distributed
         fixed = fixed_shapes(dev, self.distributed)
-        self.model: Any = model
-        if tc.compile and dev.type == "cuda":
-            from sven.pipeline.negatives import register_compiled_ops
-
-            register_compiled_ops()
-            # Fixed shapes: one compilation per mode (train, eval) serves every batch.
-            # The batch selection stays eager (its hashes are Triton kernels already).
-            self.model = torch.compile(model, dynamic=False)
-        elif tc.compile:
-            log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
+        self.model: Any = _compiled(model, tc.compile, dev, log)
         #: How the step runs: captured (``train.cuda_graph``) unless node-state rows
         #: are staged through host copies, which synchronise every step.
-        self.graph_mode = tc.cuda_graph
-        if memory.storage.staged:
-            self.graph_mode = "off"
-            if dev.type == "cuda":
-                log(
-                    "sven: node state is in files (state.device=disk): rows are staged "
-                    "through host copies each step, which runs uncaptured"
-                )
+        self.graph_mode = _graph_mode(tc.cuda_graph, memory, dev, log)
         self.shares = Shares(
             data,
             data.rank,
@@ -206,11 +211,10 @@ class Step:
         # nothing to overlap and a share of no fixed size to split).
         self.depth = int(pc.prefetch) if fixed else 0
         if self.depth and memory.storage.tier == "host" and dev.type == "cuda":
-            # Measured on an H200 (10^6 nodes, batch 600): with the batch built ahead on
-            # the side stream, a run with pinned host state drifted from the same run
-            # with state on the GPU (test AP 0.9486 against 0.9430), while depth 0
-            # matched it to the last digit; until that interaction is understood the
-            # host tier builds each batch in its own step.
+            # With the batch built ahead on the side stream, a run over pinned host
+            # state drifted from the same run with state on the GPU, where depth 0
+            # matched it to the last digit (docs/scale.md, "Host memory"): until that
+            # is understood the host tier builds each batch in its own step.
             log("sven: node state in host memory: the prefetch ring is off (depth 0)")
             self.depth = 0
         m = 1 if pc.micro_batches == "auto" else int(pc.micro_batches)
@@ -226,7 +230,7 @@ class Step:
         self.source = BatchSource(data.tables, model, tc.seed, self.shares, exchange)
         self.ring = ring(self.depth, dev, lambda: determinism(dev))
         self.planner = CapacityPlanner(self.source, self.ahead, model, memory.dtype, tc.batch_size)
-        self.status = StepStatus(dev, memory.dtype, grads is not None)
+        self.status = StepStatus(dev, grads.crosses_ranks)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         self.evaluation = Evaluation(
             cfg=cfg,
@@ -242,22 +246,27 @@ class Step:
             log=log,
             progress=progress,
         )
+        self.train_graphs = self._train_graphs(log)
+
+    def _train_graphs(self, log: Callable[[str], None]) -> list[StepGraph]:
+        """One training graph per prefetch-ring position, over the state a step
+        changes (put back after a capture's warm-up)."""
 
         def state() -> list[torch.Tensor]:
             return (
-                [p.data for p in model.parameters()]
+                [p.data for p in self.model_ref.parameters()]
                 + self._node_state()
                 + [self.loss_sum, self.status.value, *self.ring.tensors()]
-                + ([grads.flat] if grads is not None else [])
+                + self.grads.tensors()
             )
 
-        self.train_graphs = [
+        return [
             StepGraph(
                 self._train_fn(k),
                 mode=self.graph_mode,
-                device=dev,
+                device=self.device,
                 state=state,
-                optimizer=optimizer,
+                optimizer=self.optimizer,
                 log=log,
             )
             for k in range(self.depth + 1)
@@ -303,14 +312,11 @@ class Step:
                     self.inp["npred"],
                     lap=lap,
                     grads=self.grads,
-                    vote=self.status.vote,
                 )
                 self.loss_sum += loss
-                if self.grads is not None:
-                    # What the gradient all-reduce sent (the exchange counts every byte
-                    # that crosses ranks, on the device).
-                    self.exchange.counter.value[3] += self.grads.bytes_per_step
-                self.status.record(self.grads, self.exchange)
+                self.grads.record(
+                    self.exchange.counter.value, self.status.value, self.exchange.overflow
+                )
                 self.ring.join()
 
         return fn
@@ -334,8 +340,7 @@ class Step:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
         npred = (g_hi - g_lo) * (1 + self.cfg.train.num_neg)
         self.shares.name(self.inp, g_lo, g_hi, epoch, npred=float(npred))
-        if self.grads is not None:
-            self.status.vote.fill_(float(stop_vote))
+        self.grads.set_vote(stop_vote)
         d = self.depth
         if d:
             self.shares.name(self.ahead, *self._global(i + d), epoch)
@@ -383,7 +388,7 @@ class Step:
             their sources at their times, from the memory before the batch.
         """
         mode = f"encode{lo}-{hi}-{stream}"
-        if self.distributed and mode not in self.exchange.capacities:  # type: ignore[union-attr]
+        if self.distributed and mode not in self.exchange.capacities:
             self.planner.plan_passes(mode, [lambda: (lo, hi, stream, 0, None)])
         model = self.model_ref
         model.eval()

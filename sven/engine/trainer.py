@@ -18,7 +18,6 @@ gradient is the one-process gradient ("Distributed semantics" in docs/design.md)
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -30,7 +29,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sven.config import Config, load_config
+from sven.config import Config
+from sven.config.load import as_config, config_overrides, load_config
+from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
@@ -53,7 +54,11 @@ from sven.engine.timeline import StepProfiler, Timeline
 from sven.errors import ConfigError, first_line
 from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.models.storage import Storage
-from sven.pipeline.exchange import FixedExchange, LocalExchange
+from sven.pipeline.exchange import FixedExchange
+from sven.pipeline.exchange_api import Exchange, LocalExchange
+
+# Under its old name for the callers that import it from here (sven.cli.train, replay).
+_config_overrides = config_overrides
 
 
 class Trainer:
@@ -74,7 +79,7 @@ class Trainer:
     """
 
     # Where training is, for failure messages.
-    _where: str = "start"
+    where: str = "start"
 
     def __init__(
         self,
@@ -102,26 +107,71 @@ class Trainer:
         startup: StartupClock | None,
         purpose: str,
     ) -> None:
-        if isinstance(config, Config):
-            cfg = (
-                config if not overrides else load_config(None, _config_overrides(config, overrides))
-            )
-        elif isinstance(config, dict):
-            cfg = Config.from_dict(config)
-            if overrides:
-                cfg = load_config(None, _config_overrides(cfg, overrides))
-        else:
-            cfg = load_config(config, overrides)
+        """Builds the run's parts, in an order every rank keeps (collectives, seeds)."""
         from sven.config.paths import command_config
 
         # Every path absolute (what the run records) and of the right kind, before any work.
-        cfg = command_config(cfg, writes=purpose == "train")
+        cfg = command_config(as_config(config, overrides), writes=purpose == "train")
         self.cfg = cfg
         self._purpose = purpose
         # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
         # counts from process start.
         self.startup = clock = startup or StartupClock()
-        tc, mc = cfg.train, cfg.model
+        self._start_process(cfg, clock)
+        self.dtype = torch.float64 if cfg.train.dtype == "float64" else torch.float32
+        self.out = Path(cfg.out)
+        self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
+        # The run's parts, each owning its part of the run's state: the store first
+        # (its shape), then the plan, before any work.
+        self.data = Data(
+            cfg,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            dtype=self.dtype,
+            agree=self.agree,
+            clock=clock,
+            load=False,
+        )
+        #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
+        self.plan = plan_for(
+            cfg, self.data.events, self.world_size, self.device, writes=purpose == "train"
+        )
+        self.plan.check()
+        self.data.load()
+        t_model = time.perf_counter()
+        self._build_model_and_state(cfg)
+        clock.add("model", time.perf_counter() - t_model)
+        t_tables = time.perf_counter()
+        self.distributed = self.ctx.backend != "none"
+        plan_group = self._build_exchange(cfg)
+        self.data.attach(self.model)
+        t_opt = time.perf_counter()
+        # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
+        # unless the run compiles anyway.
+        compiles = cfg.train.compile and self.device.type == "cuda"
+        self.optimizer = Optimizer(
+            self.model.parameters(), cfg.train.lr, self.device, lean=not compiles
+        )
+        dt_opt = time.perf_counter() - t_opt
+        clock.add("optimizer", dt_opt)
+        self.grads: Gradients = (
+            GradBucket(self.model.parameters(), None, self.world_size)
+            if self.distributed
+            else LocalGrads(self.optimizer)
+        )
+        self._build_step(cfg, plan_group)
+        self.log(self._describe_run())
+        if self.distributed:
+            self.log(self.ctx.describe())
+        self.predicted_comm = (
+            predict_comm(cfg, self.data, self.model, self.exchange) if self.distributed else None
+        )
+        clock.add("tables", time.perf_counter() - t_tables - dt_opt)
+
+    def _start_process(self, cfg: Config, clock: StartupClock) -> None:
+        """Threads, determinism, the process group and the device (its CUDA context)."""
+        tc = cfg.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
         if tc.deterministic:
@@ -155,30 +205,11 @@ class Trainer:
         clock.add(
             "cuda_init" if self.device.type == "cuda" else "init", time.perf_counter() - t_init
         )
-        self.dtype = torch.float64 if tc.dtype == "float64" else torch.float32
-        self.out = Path(cfg.out)
-        self.epoch_log = EpochLog(self.out / "tb", cfg.log.tensorboard, main=self.rank == 0)
-        # The run's parts, each owning its part of the run's state: the store first
-        # (its shape), then the plan, before any work.
-        self.data = Data(
-            cfg,
-            rank=self.rank,
-            world_size=self.world_size,
-            device=self.device,
-            dtype=self.dtype,
-            agree=self._agree,
-            clock=clock,
-            load=False,
-        )
-        #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
-        self.plan = plan_for(
-            cfg, self.data.events, self.world_size, self.device, writes=purpose == "train"
-        )
-        self.plan.check()
-        self.data.load()
-        t_model = time.perf_counter()
-        torch.manual_seed(tc.seed)
-        d = self.data
+
+    def _build_model_and_state(self, cfg: Config) -> None:
+        """The model (seeded) and this rank's node state in the plan's tier."""
+        mc, d = cfg.model, self.data
+        torch.manual_seed(cfg.train.seed)
         lo, hi = d.ranges["train"]
         self.model: MemoryModel = model_from_config(
             mc,
@@ -188,7 +219,7 @@ class Trainer:
         ).to(self.device, self.dtype)
         # A command that writes nothing keeps its disk-tier scratch in a temporary
         # folder of its own (sven.models.storage), never in the recorded run's.
-        state_dir = (cfg.state.path or self.out / "state") if purpose == "train" else None
+        state_dir = (cfg.state.path or self.out / "state") if self._purpose == "train" else None
         storage = Storage(self.plan.tier, self.device, folder=state_dir, rank=self.rank)
         self.memory = MemoryState(
             int(d.owned.numel()),
@@ -200,46 +231,38 @@ class Trainer:
             time_origin=float(d.t[0]) if d.t.numel() else 0.0,
             storage=storage,
         )
-        clock.add("model", time.perf_counter() - t_model)
-        t_tables = time.perf_counter()
-        self.distributed = self.ctx.backend != "none"
-        self.exchange: LocalExchange | FixedExchange
-        grads = plan_group = None
-        if self.distributed:
-            from datetime import timedelta
 
-            from sven.distributed.grads import GradBucket
+    def _build_exchange(self, cfg: Config) -> Any:
+        """The exchange (local, or across the ranks); returns the process group of
+        prefetched id plans (None on one process)."""
+        if not self.distributed:
+            self.exchange: Exchange = LocalExchange(self.memory)
+            return None
+        from datetime import timedelta
 
-            # Made here, in the same order on every rank: the write-back runs on a side
-            # stream beside the gradient all-reduce, and prefetched id plans beside the
-            # step, each on a communicator of its own (two streams must never drive one).
-            timeout = timedelta(seconds=cfg.dist.timeout_s)
-            ranks = list(range(self.world_size))
-            push_group = dist.new_group(ranks, timeout=timeout)
-            plan_group = dist.new_group(ranks, timeout=timeout)
-            self.exchange = FixedExchange(
-                d.owner,
-                self.rank,
-                self.world_size,
-                self.memory,
-                node_feat=d.owned_node_feat(),
-                push_group=push_group,
-                staleness=cfg.pipeline.staleness,
-            )
-        else:
-            self.exchange = LocalExchange(self.memory)
-        d.attach(self.model)
-        t_opt = time.perf_counter()
-        # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
-        # unless the run compiles anyway.
-        compiles = tc.compile and self.device.type == "cuda"
-        self.optimizer = Optimizer(self.model.parameters(), tc.lr, self.device, lean=not compiles)
-        dt_opt = time.perf_counter() - t_opt
-        clock.add("optimizer", dt_opt)
-        if self.distributed:
-            grads = GradBucket(self.model.parameters(), None, self.world_size)
-        self.grads = grads
-        self._hooks: dict[str, list[Callable[[Trainer], None]]] = {
+        # Made here, in the same order on every rank: the write-back runs on a side
+        # stream beside the gradient all-reduce, and prefetched id plans beside the
+        # step, each on a communicator of its own (two streams must never drive one).
+        timeout = timedelta(seconds=cfg.dist.timeout_s)
+        ranks = list(range(self.world_size))
+        push_group = dist.new_group(ranks, timeout=timeout)
+        plan_group = dist.new_group(ranks, timeout=timeout)
+        self.exchange = FixedExchange(
+            self.data.owner,
+            self.rank,
+            self.world_size,
+            self.memory,
+            node_feat=self.data.owned_node_feat(),
+            push_group=push_group,
+            staleness=cfg.pipeline.staleness,
+        )
+        return plan_group
+
+    def _build_step(self, cfg: Config, plan_group: Any) -> None:
+        """The hooks, the timeline and profiler, the step, the stop signals and the
+        checkpoints."""
+        tc = cfg.train
+        self.hooks: dict[str, list[Callable[[Trainer], None]]] = {
             "before_step": [],
             "after_step": [],
         }
@@ -253,15 +276,15 @@ class Trainer:
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
         self.step = Step(
             cfg=cfg,
-            data=d,
+            data=self.data,
             model=self.model,
             optimizer=self.optimizer,
             memory=self.memory,
             exchange=self.exchange,
-            grads=grads,
+            grads=self.grads,
             plan_group=plan_group,
             timeline=self.timeline,
-            log=lambda msg: self._log(msg, force=True),
+            log=lambda msg: self.log(msg, force=True),
             progress=self.progress_bar,
         )
         #: Evaluation passes and their metrics, on the step's parts.
@@ -274,19 +297,12 @@ class Trainer:
             config=cfg,
             rank=self.rank,
             world_size=self.world_size,
-            barrier=self._barrier,
-            agree=self._agree,
+            barrier=self.barrier,
+            agree=self.agree,
             asynchronous=tc.checkpoint_async,
             threads=tc.checkpoint_threads,
             timeout_s=cfg.dist.timeout_s,
         )
-        self._log(self._describe_run())
-        if self.distributed:
-            self._log(self.ctx.describe())
-        self.predicted_comm = (
-            predict_comm(cfg, d, self.model, self.exchange) if self.distributed else None
-        )
-        clock.add("tables", time.perf_counter() - t_tables - dt_opt)
 
     def add_hook(self, when: str, fn: Callable[[Trainer], None]) -> None:
         """Calls ``fn(trainer)`` before or after every training step, on every rank.
@@ -299,9 +315,9 @@ class Trainer:
             when: "before_step" or "after_step".
             fn: The hook; exceptions propagate out of ``fit``.
         """
-        if when not in self._hooks:
-            raise ValueError(f"when must be one of {sorted(self._hooks)}, got {when!r}")
-        self._hooks[when].append(fn)
+        if when not in self.hooks:
+            raise ValueError(f"when must be one of {sorted(self.hooks)}, got {when!r}")
+        self.hooks[when].append(fn)
 
     def _describe_run(self) -> str:
         """The first line a run prints: what is trained, on what, where it goes."""
@@ -325,7 +341,7 @@ class Trainer:
     # ------------------------------------------------------------------ out
     _out_lock: Any = None
 
-    def _claim_out(self) -> None:
+    def claim_out(self) -> None:
         """Rank 0 locks ``out`` for this run (:func:`sven.ownership.lock_folder`) and
         checks it (see :func:`prepare_out`); every rank learns its verdict before
         anything is written, and all stop together on a refusal. The lock is held
@@ -337,11 +353,11 @@ class Trainer:
         if self.rank == 0:
             try:
                 self._out_lock = lock_folder(self.out, "sven train")
-                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self._log)
+                prepare_out(self.out, resume=tc.resume, overwrite=tc.overwrite, log=self.log)
             except (ConfigError, FolderBusy) as exc:
                 self._release_out()
                 problem = (isinstance(exc, FolderBusy), str(exc))
-        problem = self._agree(problem)
+        problem = self.agree(problem)
         if problem is not None:
             err = (FolderBusy if problem[0] else ConfigError)(problem[1])
             err.quiet = self.rank != 0
@@ -352,17 +368,13 @@ class Trainer:
             self._out_lock.release()
             self._out_lock = None
 
-    def _agree(self, value: Any) -> Any:
+    def agree(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (a no-op on one process)."""
         if self.world_size == 1:
             return value
         from sven.distributed.collectives import broadcast_object
 
         return broadcast_object(value)
-
-    # The data component's batch builders, under the names benchmarks use.
-    _event_index = property(lambda self: self.data.event_index, doc="Data.event_index")
-    _batch = property(lambda self: self.data.batch, doc="Data.batch")
 
     def num_batches(self, split: str) -> int:
         """Number of global batches of a split at the configured batch size."""
@@ -395,7 +407,9 @@ class Trainer:
     )
 
     # ----------------------------------------------------------- checkpoints
-    def _barrier(self, what: str) -> None:
+    def barrier(self, what: str) -> None:
+        """Waits for every rank (a no-op on one process); a rank that does not come is
+        named in a DistError (``what``: where the run is, for the message)."""
         if self.world_size > 1:
             from sven.distributed.collectives import barrier_or_die
 
@@ -465,7 +479,7 @@ class Trainer:
         if "rng" in shard:
             self._set_rng_state(shard["rng"])
 
-    def _load(self, ck: Checkpointer, step: int) -> dict[str, Any]:
+    def load_checkpoint(self, ck: Checkpointer, step: int) -> dict[str, Any]:
         """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
         cks, where = self.checkpoints, f"checkpoint {ck.path(step)}"
         state, shard = cks.load(ck, step, self.device, node_state=False)
@@ -514,15 +528,15 @@ class Trainer:
             else:
                 who = f"another rank died or did not answer within {timeout:.0f} s, see the logs"
             raise DistError(
-                f"rank {self.rank}: a collective failed at {self._where} ({first}); {who}. "
+                f"rank {self.rank}: a collective failed at {self.where} ({first}); {who}. "
                 "The last complete checkpoint is intact: rerun with train.resume=true",
                 ranks=peers,
-                what=self._where,
+                what=self.where,
             ) from exc
         finally:
-            if getattr(self, "_bar", None) is not None:
+            if getattr(self, "bar", None) is not None:
                 # A bar left open by an error would run into the error's one line.
-                self._bar.close()
+                self.bar.close()
             # A commit still in flight (the run ends on an error) finishes or is
             # removed before the process group goes.
             self.checkpoints.close()
@@ -550,7 +564,7 @@ class Trainer:
             dynamic_ncols=True,
         )
 
-    def _first_step_done(self, t_step: float, bar: tqdm) -> None:
+    def first_step_done(self, t_step: float, bar: tqdm) -> None:
         """Ends the start-up clock at the end of the first training step (waited for)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -586,7 +600,7 @@ class Trainer:
         note = check_same_data(state, self.data, p, other_store=other_store)
         self.model.load_state_dict(state["model"])
         if note is not None:
-            self._log(f"sven: note: {note}", force=True)
+            self.log(f"sven: note: {note}", force=True)
             # The saved memory is another store's: every split is re-played from here.
             state = {**state, "memory_phase": None}
         elif state.get("memory_phase") == "val_end":
@@ -608,7 +622,8 @@ class Trainer:
             out.update(trained_on=trained_on, note=note)
         return {**out, **res}
 
-    def _log(self, msg: str, force: bool = False) -> None:
+    def log(self, msg: str, force: bool = False) -> None:
+        """A line on rank 0's stderr, unless ``quiet`` (``force``: regardless)."""
         if self.rank == 0 and (force or not self.cfg.quiet):
             print(msg, file=sys.stderr, flush=True)
 
@@ -621,7 +636,6 @@ def _data_state(state: dict[str, Any]) -> dict[str, Any]:
     return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
 
 
-# Kept under its old name (it moved to sven.engine.checkpoint with the checkpointer).
 def _is_comm_failure(exc: BaseException) -> bool:
     """Whether a RuntimeError comes from a broken or timed-out collective."""
     if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
@@ -631,21 +645,6 @@ def _is_comm_failure(exc: BaseException) -> bool:
     # connection, a hung one trips the application timeout ("... caused pair closure").
     marks = ("gloo", "nccl", "connection", "timed out", "timeout", "broken pipe", "closure")
     return any(s in text for s in marks)
-
-
-def _config_overrides(cfg: Config, overrides: list[str]) -> list[str]:
-    """Flattens a config into dotted overrides, followed by ``overrides``."""
-    flat: list[str] = []
-
-    def walk(d: dict[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat.append(f"{prefix}{k}={json.dumps(v)}")
-
-    walk(cfg.to_dict(), "")
-    return flat + list(overrides)
 
 
 def plan_for(

@@ -4,8 +4,10 @@ Everything sized by the number of nodes (memory, mailbox, last-update times: a
 :class:`~sven.models.memory.MemoryState`) is allocated by a :class:`Storage` of one
 tier (``state.device``):
 
-* ``gpu``: tensors on the compute device (on a CPU run, plain host tensors).
-* ``host``: page-locked ("pinned") host memory. On CUDA each table is registered with
+* ``gpu``: tensors in GPU memory (on a run without a GPU the name is an alias of
+  ``host``: :func:`~sven.models.names.resolve_tier`).
+* ``host``: host memory; on a CPU run plain host tensors. On CUDA page-locked
+  ("pinned") host memory: each table is registered with
   the driver and read and written by the step's own kernels through a CUDA view of
   the same memory (unified virtual addressing): a batch's rows cross the host link
   inside the captured step, with no copy of the whole table anywhere and no host
@@ -33,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from sven.models.names import TIERS, resolve_tier
+
 if TYPE_CHECKING:
     from sven.ownership import FolderLock
 
@@ -46,9 +50,6 @@ __all__ = [
     "is_state_folder",
     "uva_view",
 ]
-
-#: The tiers of ``state.device`` (``auto`` picks one of them).
-TIERS = ("gpu", "host", "disk")
 
 
 class _CudaArray:
@@ -173,7 +174,8 @@ class Storage:
     """Allocates node-state tensors in one tier.
 
     Args:
-        tier: ``gpu``, ``host`` or ``disk`` (:data:`TIERS`).
+        tier: ``gpu``, ``host`` or ``disk`` (:data:`TIERS`); ``gpu`` without a GPU
+            is ``host`` (:attr:`tier` holds the resolved name).
         device: The compute device.
         folder: The ``disk`` tier's folder (``state.path`` or the run's ``state/``,
             claimed by :func:`claim_state_folder`); its files go to
@@ -196,10 +198,11 @@ class Storage:
         *,
         rank: int = 0,
     ) -> None:
-        if tier not in TIERS:
-            raise ValueError(f"state tier must be one of {TIERS}, got {tier!r}")
-        self.tier = tier
         self.device = torch.device(device)
+        tier = resolve_tier(tier, self.device.type)
+        self.tier = tier
+        #: Whether tables are pinned host memory the GPU's kernels read (host on CUDA).
+        self.pinned = tier == "host" and self.device.type == "cuda"
         self.folder: Path | None = None
         # Released (the lock dropped, a temporary folder removed) at close() or when
         # the storage goes, whichever comes first.
@@ -240,13 +243,12 @@ class Storage:
             ``host`` on CUDA the first is a CUDA view of the second; for ``disk`` both
             are the mapped file (a CPU tensor; on CUDA the step stages its rows).
         """
-        if self.tier == "gpu":
-            return torch.empty(shape, dtype=dtype, device=self.device), None
-        if self.tier == "host":
+        if self.pinned:
             host = self._pinned(shape, dtype)
-            if self.device.type == "cuda":
-                return uva_view(host, self.device), host
-            return host, host
+            return uva_view(host, self.device), host
+        if self.tier != "disk":
+            # GPU memory, or host memory beside a CPU's compute.
+            return torch.empty(shape, dtype=dtype, device=self.device), None
         path = self.folder / f"{name}.bin"  # type: ignore[operator]
         if path.exists():
             path.unlink()
@@ -256,8 +258,7 @@ class Storage:
         return host, host
 
     def _pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A page-aligned host tensor, page-locked and registered with CUDA where
-        there is a CUDA device (on a CPU run only allocated: the same memory layout)."""
+        """A page-aligned host tensor, page-locked and registered with CUDA."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * itemsize, 1)
         buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -268,7 +269,7 @@ class Storage:
         host = torch.from_numpy(arr).view(shape)
         # Fault the pages in on torch's threads (the registration then only locks them).
         host.zero_()
-        ptrs = self._register(host.data_ptr(), nbytes) if self.device.type == "cuda" else []
+        ptrs = self._register(host.data_ptr(), nbytes)
         # The finalizer holds the mapping: it is unmapped only after its pages are
         # unregistered.
         self._releases.append(weakref.finalize(arr, _release, ptrs, buf))
@@ -309,8 +310,7 @@ class Storage:
     def describe(self) -> str:
         """The tier as a log line says it."""
         if self.tier == "gpu":
-            return f"on {self.device.type}"
+            return "in GPU memory"
         if self.tier == "host":
-            how = "pinned, read by the step's kernels" if self.device.type == "cuda" else "host"
-            return f"in host memory ({how})"
+            return "in host memory" + (" (pinned, read by the step's kernels)" * self.pinned)
         return f"in memory-mapped files under {self.folder}"

@@ -215,12 +215,13 @@ class NodeClassification:
         if (sub / "summary.json").is_file():
             self._log(f"encoder: the link-prediction run in {sub}")
             return str(sub)
-        from sven.engine.trainer import Trainer, _config_overrides
+        from sven.config.load import config_overrides
+        from sven.engine.trainer import Trainer
 
         self._log(f"encoder: training link prediction first, into {sub}")
         lp = load_config(
             None,
-            _config_overrides(
+            config_overrides(
                 self.cfg, ["task=link_prediction", f"out={sub}", "train.overwrite=false"]
             ),
         )
@@ -265,8 +266,8 @@ class NodeClassification:
             config=cfg,
             rank=tr.rank,
             world_size=tr.world_size,
-            barrier=tr._barrier,
-            agree=tr._agree,
+            barrier=tr.barrier,
+            agree=tr.agree,
             asynchronous=cfg.train.checkpoint_async,
             threads=cfg.train.checkpoint_threads,
             timeout_s=cfg.dist.timeout_s,

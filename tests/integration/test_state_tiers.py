@@ -81,7 +81,8 @@ def _same_runs(a: tuple[list, dict, str], b: tuple[list, dict, str], label: str)
 @pytest.mark.parametrize("model", MODELS)
 def test_host_and_disk_state_equal_device_state(store, tmp_path, model: str) -> None:
     ref = _run(store, tmp_path / "gpu", model, "gpu")
-    assert ref[2] == "gpu"
+    # state.device=gpu is GPU memory, or host memory (and named so) without a GPU.
+    assert ref[2] == ("gpu" if torch.cuda.is_available() else "host")
     for tier in TIERS:
         got = _run(store, tmp_path / tier, model, tier)
         assert got[2] == tier
@@ -199,7 +200,12 @@ def test_auto_picks_files_when_host_memory_is_short(store, tmp_path) -> None:
     from sven.engine.trainer import dry_run
 
     over = _overrides(store, tmp_path / "run", "tgn", "auto", "state.host_budget_gb=100")
-    assert dry_run(None, over).tier == "gpu"
+    # Node state beside a CPU's compute is in host memory, and the plan names it so.
+    assert dry_run(None, over).tier == "host"
+    # The old name of that tier is accepted, and the plan shows what it resolved to.
+    alias = dry_run(None, [*over, "state.device=gpu"])
+    assert alias.tier == "host"
+    assert "state.device=gpu is host memory on a run without a GPU: tier host" in alias.notes
     plan = dry_run(None, [*over, "state.host_budget_gb=0.0001"])
     # Everything else does not fit either: the plan says so rather than running.
     assert plan.tier == "disk" and plan.shortfall() is not None

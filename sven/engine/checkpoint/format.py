@@ -19,7 +19,6 @@ import json
 import os
 import re
 import sys
-import threading
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,14 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from sven.digest import sha256_file, sha256_range
 from sven.errors import SvenError
 
 #: The format :mod:`~sven.engine.checkpoint.writer` writes (``meta.json``'s ``format``).
 FORMAT = 2
 #: Bytes per digest chunk: the unit of work of a writer thread and of verification.
 CHUNK = 64 << 20
-#: Bytes a verifying thread reads at a time (its buffer).
-_READ = 8 << 20
 PREFIX = "step-"
 #: The node-state fields of a checkpoint's shard (:class:`~sven.models.MemoryState`'s);
 #: other names are written and read the same way.
@@ -63,24 +61,9 @@ def bytes_digest(data: bytes | memoryview) -> str:
     return combine(hashlib.sha256(mv[a : a + CHUNK]).digest() for a in range(0, len(mv), CHUNK))
 
 
-_local = threading.local()
-
-
 def chunk_digest(path: str | Path, k: int) -> bytes:
-    """The raw sha256 of chunk ``k`` of a file, read through this thread's buffer."""
-    buf = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = bytearray(_READ)
-    h = hashlib.sha256()
-    pos, end = k * CHUNK, (k + 1) * CHUNK
-    with open(path, "rb", buffering=0) as f:
-        while pos < end:
-            n = os.preadv(f.fileno(), [memoryview(buf)[: min(_READ, end - pos)]], pos)
-            if n <= 0:
-                break
-            h.update(memoryview(buf)[:n])
-            pos += n
-    return h.digest()
+    """The raw sha256 of chunk ``k`` of a file."""
+    return bytes(sha256_range(path, k * CHUNK, (k + 1) * CHUNK).digest())
 
 
 def num_chunks(size: int) -> int:
@@ -102,15 +85,6 @@ def file_digests(paths: list[Path], threads: int = 0) -> list[str]:
 def file_digest(path: str | Path, threads: int = 0) -> str:
     """The format-2 digest of one file (what ``meta.json`` records for it)."""
     return file_digests([Path(path)], threads)[0]
-
-
-def plain_sha256(path: str | Path) -> str:
-    """The sha256 of a file's bytes (format 1's digest)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
@@ -136,7 +110,7 @@ def verify_folder(folder: str | Path, threads: int = 0) -> bool:
             got = file_digests(paths, threads)
         else:
             with ThreadPoolExecutor(default_threads(threads)) as pool:
-                got = list(pool.map(plain_sha256, paths))
+                got = list(pool.map(sha256_file, paths))
         return all(g == files[n] for g, n in zip(got, names))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False

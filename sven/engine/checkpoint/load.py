@@ -120,12 +120,6 @@ def _to(v: Any, where: str | torch.device) -> Any:
     return v
 
 
-def node_state_rows(folder: str | Path) -> int:
-    """N: the number of vertices whose node state a checkpoint holds (0: none)."""
-    src = _Source(Path(folder))
-    return src.num_nodes
-
-
 class _Source:
     """A checkpoint's node state as arrays: the owner map and each rank's fields."""
 
