@@ -11,6 +11,7 @@ deterministic by construction), on without its fill of new tensors on CPU.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +19,13 @@ from typing import Any
 import torch
 
 from sven.engine.startup import set_deterministic
+
+#: Held while a CUDA graph is captured, and by the threads that issue CUDA work beside
+#: the run (the checkpoint's background commit copies node state to the host): in
+#: CUDA's global capture mode a copy, a synchronisation or a pinned allocation from any
+#: thread of the process invalidates the capture in progress
+#: (``cudaErrorStreamCaptureInvalidated``), so the two take turns.
+CUDA_SIDE_WORK = threading.Lock()
 
 __all__ = [
     "StepGraph",
@@ -159,7 +167,7 @@ class StepGraph:
             torch.cuda.synchronize()
             self.warmup_s = time.perf_counter() - t0
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with CUDA_SIDE_WORK, torch.cuda.graph(graph):
                 self.fn()
             torch.cuda.synchronize()
             self.capture_s = time.perf_counter() - t0 - self.warmup_s

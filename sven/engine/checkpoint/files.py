@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sven.engine.capture import CUDA_SIDE_WORK
 from sven.engine.checkpoint import format as fmt
 from sven.engine.checkpoint.format import (
     bytes_digest,
@@ -157,14 +158,17 @@ def _write_chunk_of(f: Npy, k: int, ready: Any) -> bytes:
         _pwrite_all(f.fd, part, hl + lo)
         h.update(part)
         return h.digest()
-    buf, stream = _bounce(f.src.device)
+    with CUDA_SIDE_WORK:
+        buf, stream = _bounce(f.src.device)
     for pos in range(lo, hi, _BOUNCE):
         n = min(_BOUNCE, hi - pos)
-        with torch.cuda.stream(stream):
-            if ready is not None:
-                stream.wait_event(ready)
-            buf[:n].copy_(f.src[pos : pos + n], non_blocking=True)
-        stream.synchronize()
+        # Not while the run captures a graph: the copy and its wait would invalidate it.
+        with CUDA_SIDE_WORK:
+            with torch.cuda.stream(stream):
+                if ready is not None:
+                    stream.wait_event(ready)
+                buf[:n].copy_(f.src[pos : pos + n], non_blocking=True)
+            stream.synchronize()
         part = buf[:n].numpy()
         _pwrite_all(f.fd, part, hl + pos)
         h.update(part)

@@ -72,6 +72,7 @@ from typing import Any
 
 import torch
 
+from sven.engine.capture import CUDA_SIDE_WORK
 from sven.engine.checkpoint.files import (
     Npy,
     WriterPool,
@@ -356,9 +357,12 @@ class Checkpointer:
                     os.close(f.fd)
                 except OSError:
                     pass
-            job.npy.clear()  # the device snapshot's memory goes back now
+            # The device snapshot's memory goes back now, and the event with it: not
+            # while the run captures a graph (CUDA calls of this thread would spoil it).
+            with CUDA_SIDE_WORK:
+                job.npy.clear()
+                job.ready = None
             job.blobs.clear()
-            job.ready = None
             job.finished = time.perf_counter()
             job.done.set()
 
