@@ -36,8 +36,8 @@ Usage (GPU machine, repository root)::
 
     python3 benchmarks/bench_scale.py --graph 1e7 --out $OUT --deadline-s 560
     python3 benchmarks/bench_scale.py --graph 1e8 --out $OUT --deadline-s 560
-    python3 benchmarks/bench_scale.py --device cpu --quick --out /tmp/scale  # the script
-    python3 benchmarks/bench_scale.py --graph predict --device cpu --out /tmp/scale
+    python3 benchmarks/bench_scale.py --device cpu --quick --out OUT  # the script
+    python3 benchmarks/bench_scale.py --graph predict --device cpu --out OUT
 
 ``--quick`` shrinks every size (a check of the script on a machine without a GPU).
 """
@@ -49,6 +49,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graph", choices=["1e7", "1e8", "predict"], default="1e7")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--scratch", type=Path, default=Path("/tmp/sven-scale"))
+    ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "sven-scale")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", type=int, default=0, help="training batches (0: the graph's)")
     ap.add_argument("--deadline-s", type=float, default=560)
