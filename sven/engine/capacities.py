@@ -19,7 +19,7 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource
 from sven.engine.capture import determinism
-from sven.models.base import endpoint_keys
+from sven.models.base import endpoints
 from sven.pipeline.exchange_api import read_occurrences
 from sven.pipeline.wire import Capacities
 
@@ -86,8 +86,7 @@ class CapacityPlanner:
                 for mb in self.source.select_share(inp, num_neg, neg_table, micro):
                     reads.append(mb.nodes[read_occurrences(mb) > 0])
                     zeros = torch.zeros(mb.size, 1, dtype=self.dtype, device=dev)
-                    ends = (torch.cat([mb.src, mb.dst]), endpoint_keys(mb))
-                    recv, _, _, keys = self.model.mail_receivers(mb, zeros, zeros, ends)
+                    recv, _, _, keys = self.model.mail_receivers(mb, zeros, zeros, endpoints(mb))
                     writes.append(recv[keys >= 0])
                 for ids, acc in ((reads, fetch), (writes, push)):
                     own = owner[torch.unique(torch.cat(ids))]

@@ -75,6 +75,12 @@ def endpoint_keys(batch: Batch, side_offsets: tuple[int, int] = (0, 1)) -> torch
     return torch.where(valid, keys, torch.full_like(keys, -1))
 
 
+def endpoints(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The memory writers of a batch: (2B,) ``[src, dst]`` and their (2B,)
+    :func:`endpoint_keys` (what :meth:`MemoryModel.mail_receivers` is given)."""
+    return torch.cat([batch.src, batch.dst]), endpoint_keys(batch)
+
+
 @dataclass
 class ModelOutput:
     """What a forward pass returns.
@@ -352,7 +358,7 @@ class MemoryModel(nn.Module):
         memory = memory.detach()
         rp = batch.root_pos[: 2 * b]
         mail_src, mail_dst = self.event_mail(batch, memory)
-        nodes, key = torch.cat([batch.src, batch.dst]), endpoint_keys(batch)
+        nodes, key = endpoints(batch)
         recv, mails, ts, keys = self.mail_receivers(batch, mail_src, mail_dst, (nodes, key))
         return DenseUpdate(
             nodes=nodes,
