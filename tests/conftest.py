@@ -30,6 +30,9 @@ def _deterministic_torch():
     import torch
 
     torch.manual_seed(0)
+    # A CUDA run's trainer sets TF32 process-wide (train.matmul_precision, "high" by
+    # default): each test starts from torch's default, IEEE float32 products.
+    torch.backends.cuda.matmul.allow_tf32 = False
     yield
 
 

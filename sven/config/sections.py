@@ -184,12 +184,13 @@ class TrainConfig:
     first steps of each graph pay the compilation (tens of seconds; Inductor caches it on
     disk for later runs), so it pays on long runs. Ignored, with a notice, on CPU, where
     the exact-size eager step runs."""
-    matmul_precision: str = "highest"
-    """float32 matrix products on CUDA: ``highest`` (IEEE float32 FMAs) or ``high``
-    (TF32 tensor cores: products of 10-bit-mantissa operands summed in float32, the
-    matrix units' float32 mode; several times the rate on an H100/H200, relative
-    error near 1e-3 per product). float64 runs and CPU runs are unaffected.
-    docs/performance.md has its speed and test AP against ``highest``."""
+    matmul_precision: str = "high"
+    """float32 matrix products on CUDA, cuBLAS's and Sven's Triton kernels' alike:
+    ``high`` (the default: TF32 tensor cores, products of 10-bit-mantissa operands
+    summed in float32, the matrix units' float32 mode; several times the rate on an
+    H100/H200, relative error near 1e-3 per product) or ``highest`` (IEEE float32
+    FMAs). float64 runs and CPU runs are unaffected. docs/performance.md has the speed
+    and test AP of both."""
 
     def __post_init__(self) -> None:
         _check_numbers(self, "train")

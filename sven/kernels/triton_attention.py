@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.precision import tf32_dots
+
 __all__ = ["temporal_attention", "temporal_attention_fused"]
 
 
@@ -205,7 +207,7 @@ def _fused_kv(
     kvn_ptr, pos_ptr, dt_ptr, tw_ptr, tb_ptr, wt_ptr, kve_ptr,
     D, OD, T,
     sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sw_o, sw_t, se_r, se_k, se_c,
-    HAS_EDGE: tl.constexpr, BF16_DOT: tl.constexpr,
+    HAS_EDGE: tl.constexpr, BF16_DOT: tl.constexpr, TF32: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     """Keys and values (BLOCK_K, BLOCK_D) of head h of root r, in fp32; 0 where masked."""
@@ -237,6 +239,7 @@ def _fused_kv(
             # tf32 dot of the rounded operands is a bf16 dot (and the interpreter, whose
             # bf16 dot is wrong in triton 3.9, runs it in fp32).
             te = te.to(tl.bfloat16).to(tl.float32)
+        if BF16_DOT or TF32:
             key += tl.dot(te, wk.to(tl.float32), input_precision="tf32")
             val += tl.dot(te, wv.to(tl.float32), input_precision="tf32")
         else:
@@ -251,7 +254,7 @@ def _fused_fwd_kernel(
     K, D, OD, T, scale,
     sq_r, sq_h, sq_d,
     sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, sw_o, sw_t, se_r, se_k, se_c,
-    HAS_EDGE: tl.constexpr, BF16_DOT: tl.constexpr,
+    HAS_EDGE: tl.constexpr, BF16_DOT: tl.constexpr, TF32: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0).to(tl.int64)
@@ -263,7 +266,7 @@ def _fused_fwd_kernel(
     key, val = _fused_kv(
         r, h, ok, od, valid, dm, kvn_ptr, pos_ptr, dt_ptr, tw_ptr, tb_ptr, wt_ptr, kve_ptr,
         D, OD, T, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sw_o, sw_t, se_r, se_k, se_c,
-        HAS_EDGE, BF16_DOT, BLOCK_K, BLOCK_D, BLOCK_T,
+        HAS_EDGE, BF16_DOT, TF32, BLOCK_K, BLOCK_D, BLOCK_T,
     )  # fmt: skip
     q = tl.load(q_ptr + r * sq_r + h * sq_h + od * sq_d, mask=dm, other=0.0).to(tl.float32)
     p = _softmax_valid(tl.sum(key * q[None, :], axis=1) * scale, valid)
@@ -279,7 +282,7 @@ def _fused_bwd_kernel(
     sq_r, sq_h, sq_d,
     sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, sw_o, sw_t, se_r, se_k, se_c,
     sdo_r, sdo_c,
-    HAS_EDGE: tl.constexpr, BF16_DOT: tl.constexpr,
+    HAS_EDGE: tl.constexpr, BF16_DOT: tl.constexpr, TF32: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
     # dq is (R, H, D) contiguous; dkv (R, K, 2 O) fp32 contiguous: the gradient of each
@@ -294,7 +297,7 @@ def _fused_bwd_kernel(
     key, val = _fused_kv(
         r, h, ok, od, valid, dm, kvn_ptr, pos_ptr, dt_ptr, tw_ptr, tb_ptr, wt_ptr, kve_ptr,
         D, OD, T, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sw_o, sw_t, se_r, se_k, se_c,
-        HAS_EDGE, BF16_DOT, BLOCK_K, BLOCK_D, BLOCK_T,
+        HAS_EDGE, BF16_DOT, TF32, BLOCK_K, BLOCK_D, BLOCK_T,
     )  # fmt: skip
     q = tl.load(q_ptr + r * sq_r + h * sq_h + od * sq_d, mask=dm, other=0.0).to(tl.float32)
     do = tl.load(do_ptr + r * sdo_r + (h * D + od) * sdo_c, mask=dm, other=0.0).to(tl.float32)
@@ -323,6 +326,7 @@ def _fused_args(q, kv_node, nbr_pos, dt, m8, time_w, time_b, w_kv_time, kv_edge)
     meta = {
         "HAS_EDGE": kv_edge is not None,
         "BF16_DOT": q.dtype == torch.bfloat16,
+        "TF32": tf32_dots(q),
         "BLOCK_K": _pow2(kk, 16),
         "BLOCK_D": _pow2(d, 16),
         "BLOCK_T": min(_pow2(t, 16), 32),

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.precision import tf32_dots
+
 __all__ = ["link_decoder"]
 
 # Rows (pairs) per program and the tiles of the products: 16 x 32 blocks keep a program
@@ -40,7 +42,7 @@ def _decoder_fwd_kernel(
     x_ptr, a_ptr, wd_ptr, bd_ptr, wo_ptr, bo_ptr, z_ptr, out_ptr,
     M, B, D, D2,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_O: tl.constexpr,
-    KEEP_Z: tl.constexpr,
+    KEEP_Z: tl.constexpr, TF32: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rm = rows < M
@@ -59,7 +61,10 @@ def _decoder_fwd_kernel(
             x = tl.load(x_ptr + rows[:, None] * D + kd[None, :], mask=xm, other=0.0)
             wmask = km[:, None] & om[None, :]
             w = tl.load(wd_ptr + oc[None, :] * D + kd[:, None], mask=wmask, other=0.0)
-            c += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            if TF32:
+                c += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="tf32")
+            else:
+                c += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         tile = rm[:, None] & om[None, :]
         a = tl.load(a_ptr + src[:, None] * D2 + oc[None, :], mask=tile, other=0.0).to(tl.float32)
         bd = tl.load(bd_ptr + oc, mask=om, other=0.0).to(tl.float32)
@@ -78,6 +83,7 @@ def _decoder_bwd_kernel(
     g_ptr, z_ptr, wd_ptr, wo_ptr, dz_ptr, dx_ptr,
     M, D, D2,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_O: tl.constexpr,
+    TF32: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rm = rows < M
@@ -97,7 +103,10 @@ def _decoder_bwd_kernel(
         # W_dst chunk: (BLOCK_O, BLOCK_D).
         wmask = om[:, None] & km[None, :]
         w = tl.load(wd_ptr + oc[:, None] * D + kd[None, :], mask=wmask, other=0.0)
-        dx += tl.dot(dz, w.to(tl.float32), input_precision="ieee")
+        if TF32:
+            dx += tl.dot(dz, w.to(tl.float32), input_precision="tf32")
+        else:
+            dx += tl.dot(dz, w.to(tl.float32), input_precision="ieee")
     tl.store(dx_ptr + rows[:, None] * D + kd[None, :], dx.to(dx_ptr.dtype.element_ty),
              mask=rm[:, None] & km[None, :])  # fmt: skip
 
@@ -133,6 +142,7 @@ class _LinkDecoder(torch.autograd.Function):
             x, a, w_dst.contiguous(), b_dst, w_out.contiguous(), b_out, z, out,
             m, b, d, d2,
             BLOCK_M=_BLOCK_M, BLOCK_K=_BLOCK_K, BLOCK_O=_BLOCK_O, KEEP_Z=keep,
+            TF32=tf32_dots(h),
         )  # fmt: skip
         ctx.save_for_backward(h, z, w_src, w_dst, w_out)
         ctx.b = b
@@ -151,7 +161,7 @@ class _LinkDecoder(torch.autograd.Function):
         _decoder_bwd_kernel[grid](
             g, z, w_dst.contiguous(), w_out.contiguous(), dz, dh[b:],
             m, d, d2,
-            BLOCK_M=_BLOCK_M, BLOCK_D=_block_d(d), BLOCK_O=_BLOCK_O,
+            BLOCK_M=_BLOCK_M, BLOCK_D=_block_d(d), BLOCK_O=_BLOCK_O, TF32=tf32_dots(g),
         )  # fmt: skip
         # The source projection is shared by a source's pairs: its gradient sums them.
         da = dz.view(m // b, b, d2).sum(0)

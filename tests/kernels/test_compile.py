@@ -33,6 +33,7 @@ for dt in ("fp32", "bf16"):
     for fn in (ta._fused_fwd_kernel, ta._fused_bwd_kernel):
         for edge, bd, bt in ((True, 64, 32), (False, 16, 16)):
             cases.append((fn, dt, {"HAS_EDGE": edge, "BF16_DOT": dt == "bf16",
+                                   "TF32": edge and dt == "fp32",
                                    "BLOCK_K": 16, "BLOCK_D": bd, "BLOCK_T": bt}))
     for wide in (False, True):
         cases.append((tr._encode_kernel, dt, {"BLOCK": 1024, "WIDE": wide}))
@@ -43,9 +44,12 @@ for dt in ("fp32", "bf16"):
                         (fn, dt, {"GRU": gru, "MASKED": masked, "BLOCK": 1024, "WIDE": wide})
                     )
     for keep in (True, False):
+        # TF32 products (train.matmul_precision=high) and IEEE ones, both compiled.
         cases.append((td._decoder_fwd_kernel, dt,
-                      {"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_O": 32, "KEEP_Z": keep}))
-    cases.append((td._decoder_bwd_kernel, dt, {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32}))
+                      {"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_O": 32, "KEEP_Z": keep, "TF32": keep}))
+    for tf32 in (True, False):
+        cases.append((td._decoder_bwd_kernel, dt,
+                      {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32, "TF32": tf32}))
 failures = []
 for fn, dt, consts in cases:
     sig = {}
@@ -78,5 +82,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 58
+    assert report["cases"] == 60
     assert report["failures"] == []
