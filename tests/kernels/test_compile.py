@@ -50,14 +50,22 @@ for dt in ("fp32", "bf16"):
     for tf32 in (True, False):
         cases.append((td._decoder_bwd_kernel, dt,
                       {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32, "TF32": tf32}))
+from sven.kernels import triton_sampler as tsm
+for tdt in ("i64", "fp64"):
+    for has_valid in (True, False):
+        ptrs = {"ts_ptr": "*" + tdt, "times_ptr": "*" + tdt, "out_ts_ptr": "*" + tdt,
+                "valid_ptr": "*u8", "out_mask_ptr": "*i8"}
+        cases.append((tsm._recent_kernel, "i64",
+                      {"HAS_VALID": has_valid, "BLOCK_R": 128, "BLOCK_K": 16}, ptrs))
 failures = []
-for fn, dt, consts in cases:
+for fn, dt, consts, *over in cases:
+    pointee = {**POINTEE, **(over[0] if over else {})}
     sig = {}
     for a in fn.arg_names:
         if a in consts:
             sig[a] = "constexpr"
         elif a.endswith("_ptr"):
-            sig[a] = POINTEE.get(a, "*" + dt)
+            sig[a] = pointee.get(a, "*" + dt)
         else:
             sig[a] = "fp32" if a == "scale" else "i32"
     idx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
@@ -82,5 +90,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 60
+    assert report["cases"] == 64
     assert report["failures"] == []

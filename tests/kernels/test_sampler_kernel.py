@@ -1,0 +1,98 @@
+"""The Triton "recent" sampler against the reference path of ``TemporalSampler``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sven import kernels
+from sven.pipeline.sampler import TCSR, TemporalSampler, search_steps
+
+
+def _blocks(sampler: TemporalSampler, backend: str, nodes, times, valid):
+    """The sampler's layers with ``sample_recent`` on ``backend``."""
+    import os
+
+    old = os.environ.get("SVEN_KERNELS")
+    os.environ["SVEN_KERNELS"] = f"auto,sample_recent={backend}"
+    kernels.reset_backend()
+    try:
+        return sampler.sample(nodes, times, root_mask=valid)
+    finally:
+        if old is None:
+            os.environ.pop("SVEN_KERNELS")
+        else:
+            os.environ["SVEN_KERNELS"] = old
+        kernels.reset_backend()
+
+
+def _same(got, want) -> None:
+    for g, w in zip(got, want):
+        for name in ("nodes", "times", "nbr", "eid", "ts", "mask"):
+            a, b = getattr(g, name), getattr(w, name)
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert torch.equal(a, b), name
+
+
+def test_search_steps() -> None:
+    """Halvings that cover the widest segment: a segment of w entries needs
+    bit_length(w) of them."""
+    assert search_steps(torch.tensor([0])) == 0
+    assert search_steps(torch.tensor([0, 0, 0])) == 0
+    assert search_steps(torch.tensor([0, 1, 1])) == 1
+    assert search_steps(torch.tensor([0, 3, 10])) == 3
+    assert search_steps(torch.tensor([0, 8])) == 4
+
+
+def test_recent_by_hand(device: str) -> None:
+    """Node 0's events at times 1, 2, 2, 5 (ids 0..3 with nodes 1, 2, 1, 3): at time 2
+    only the event at 1 is before; at 5.5 all four, latest first, K = 3 of them; the
+    padding id (N = 4) and a root marked invalid get none."""
+    src = torch.tensor([0, 0, 1, 0])
+    dst = torch.tensor([1, 2, 0, 3])
+    t = torch.tensor([1.0, 2.0, 2.0, 5.0], dtype=torch.float64)
+    tcsr = TCSR.from_events(src, dst, t, 4, device=device)
+    sampler = TemporalSampler(tcsr, [3], "recent")
+    nodes = torch.tensor([0, 0, 4, 0, 3], device=device)
+    times = torch.tensor([2.0, 5.5, 9.0, 9.0, 5.0], dtype=torch.float64, device=device)
+    valid = torch.tensor([True, True, True, False, True], device=device)
+    (got,) = _blocks(sampler, "triton", nodes, times, valid)
+    assert got.nbr.tolist() == [[1, 0, 0], [3, 1, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert got.eid.tolist() == [[0, 0, 0], [3, 2, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert got.ts.tolist() == [[1, 0, 0], [5, 2, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert got.mask.tolist() == [
+        [True, False, False],
+        [True, True, True],
+        [False, False, False],
+        [False, False, False],
+        [False, False, False],
+    ]
+    _same([got], _blocks(sampler, "reference", nodes, times, valid))
+
+
+@pytest.mark.parametrize("float_times", [False, True])
+@pytest.mark.parametrize("fanouts", [[1], [10], [5, 3]])
+def test_recent_matches_reference(device: str, float_times: bool, fanouts: list[int]) -> None:
+    """Random graphs with hubs and silent nodes, roots at event times and between them
+    (float roots over integer times round up), some invalid, two layers: the same
+    integers as the reference, slot for slot."""
+    gen = torch.Generator().manual_seed(len(fanouts) * 10 + fanouts[0] + float_times)
+    n, e = 50, 400
+    src = torch.randint(0, n, (e,), generator=gen)
+    src[:100] = 7  # a hub, wider than any K
+    dst = torch.randint(0, n - 5, (e,), generator=gen)  # nodes 45..49 only as sources
+    t = torch.sort(torch.randint(0, 60, (e,), generator=gen)).values
+    if float_times:
+        t = t.to(torch.float64) / 3
+    tcsr = TCSR.from_events(src, dst, t, n, device=device)
+    sampler = TemporalSampler(tcsr, fanouts, "recent")
+    r = 300
+    nodes = torch.randint(0, n + 1, (r,), generator=gen)  # n: the padding id
+    times = torch.rand(r, generator=gen, dtype=torch.float64) * 70
+    valid = torch.rand(r, generator=gen) < 0.9
+    args = (nodes.to(device), times.to(device), valid.to(device))
+    _same(_blocks(sampler, "triton", *args), _blocks(sampler, "reference", *args))
+    _same(
+        _blocks(sampler, "triton", args[0], args[1], None),
+        _blocks(sampler, "reference", args[0], args[1], None),
+    )
