@@ -166,13 +166,16 @@ class _LinkDecoder(torch.autograd.Function):
         # The source projection is shared by a source's pairs: its gradient sums them.
         da = dz.view(m // b, b, d2).sum(0)
         torch.mm(da, w_src, out=dh[:b])
+        # Both biases add to every pair's pre-activation, so their gradients are one
+        # sum: taken once, over da's b rows (autograd gives each parameter its copy).
+        db = da.sum(0)
         return (
             dh,
             None,
             da.t() @ h[:b],
-            da.sum(0),
+            db,
             dz.t() @ h[b:],
-            dz.sum(0),
+            db,
             (g[None, :] @ z).view_as(w_out),
             g.sum().view(1),
         )
