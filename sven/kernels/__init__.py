@@ -49,9 +49,7 @@ __all__ = [
 _MODES = ("auto", "reference", "triton")
 #: The functions ``auto`` runs in Triton on CUDA: those measured faster than their
 #: reference inside the captured TGN step on an H200 (docs/kernels.md has the figures).
-AUTO_TRITON = frozenset(
-    {"link_decoder", "recurrent_update", "sample_recent", "temporal_attention"}
-)
+AUTO_TRITON = frozenset({"link_decoder", "recurrent_update", "sample_recent", "temporal_attention"})
 # Which Triton module implements each public name.
 _TRITON_MODULE = {
     "temporal_attention": "sven.kernels.triton_attention",
