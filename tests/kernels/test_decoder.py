@@ -51,14 +51,20 @@ def _check(device: str, b: int, n: int, d: int, *, tf32: bool = False) -> None:
         got = _run(triton_decoder.link_decoder, xs, b)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
-    scale = 300.0 if tf32 else 1.0
     assert got[0].shape == (b,) and got[1].shape == (b, n)
-    torch.testing.assert_close(got[0], ref[0], rtol=1e-5 * scale, atol=1e-5 * scale)
-    torch.testing.assert_close(got[1], ref[1], rtol=1e-5 * scale, atol=1e-5 * scale)
+    if tf32:
+        # Element-wise bounds do not fit TF32's error on sums of cancelling terms: the
+        # error of each whole tensor relative to its size, as TF32 is usually judged.
+        for name, g, r in zip(["pos", "neg", *NAMES], [*got[:2], *got[2]], [*ref[:2], *ref[2]]):
+            err = float((g - r).norm() / r.norm().clamp(min=1e-6))
+            assert err < 1e-2, f"{name}: relative error {err:.2e}"
+        return
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
     for name, g, r in zip(NAMES, got[2], ref[2]):
         # Sums over up to 3,800 pairs: the bound scales with the gradient's size.
-        tol = 2e-5 * scale * max(1.0, float(r.abs().max()))
-        torch.testing.assert_close(g, r, rtol=1e-4 * scale, atol=tol, msg=f"d{name}")
+        tol = 2e-5 * max(1.0, float(r.abs().max()))
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=tol, msg=f"d{name}")
 
 
 @pytest.mark.parametrize(("b", "n", "d"), SMALL)
