@@ -512,7 +512,7 @@ class TemporalAttentionLayer(nn.Module):
         r = mask.shape[0]
         dtype = z.dtype
         h_root = take_rows(z, root_pos)
-        zero = self.time_enc(torch.zeros(r, device=z.device, dtype=dtype)).to(dtype)
+        zero = self.time_enc.at_zero(r).to(dtype)
         q = self.w_q(torch.cat([h_root, zero], dim=1))
         w_edge = None if self.w_kv_edge is None else self.w_kv_edge.weight
         args = (

@@ -378,6 +378,14 @@ class TimeEncoding(nn.Module):
         dt = dt.to(self.weight.dtype)
         return torch.cos(dt[..., None] * self.weight + self.bias)
 
+    def at_zero(self, rows: int) -> torch.Tensor:
+        """The encoding of dt = 0 for ``rows`` rows: (rows, d), a broadcast view.
+
+        ``forward(zeros(rows))`` to the bit (0 * w + b is b for finite w) in one kernel
+        instead of four (a fill, the product, the sum, the cosine).
+        """
+        return torch.cos(self.bias)[None, :].expand(rows, -1)
+
 
 class RecurrentUpdater(nn.Module):
     """Applies pending mail to memory with a GRU or RNN cell.

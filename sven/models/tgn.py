@@ -65,7 +65,7 @@ class TGN(MemoryModel):
         """Attention of every root over its sampled neighbours; (R, embed_dim)."""
         z = self.node_state(batch, memory)
         block = batch.block
-        dt = (batch.root_t[:, None] - block.ts.to(torch.float64)).masked_fill(~block.mask, 0.0)
+        dt = torch.where(block.mask, batch.root_t[:, None] - block.ts.to(torch.float64), 0.0)
         return self.attn(
             z, batch.root_pos, batch.nbr_pos, dt, block.mask, batch.nbr_edge_feat, batch.root_key
         )

@@ -356,3 +356,17 @@ def test_time_gap_scale_by_hand() -> None:
     assert time_gap_scale(src, dst, t) == pytest.approx((8 / 9) ** 0.5)
     # No node seen twice: no gap, the scale is 1.
     assert time_gap_scale(np.array([0]), np.array([1]), np.array([3.0])) == 1.0
+
+
+def test_time_encoding_at_zero_is_forward_of_zeros() -> None:
+    """The attention's query encoding of dt = 0 (``at_zero``, one kernel) equals the
+    encoder applied to zeros to the bit, with trained weights and biases too."""
+    from sven.models.memory import TimeEncoding
+
+    enc = TimeEncoding(16, trainable=True)
+    assert torch.equal(enc.at_zero(3), torch.ones(3, 16))
+    with torch.no_grad():
+        enc.bias.copy_(torch.linspace(-4.0, 4.0, 16))
+        enc.weight.mul_(-3.0)
+    assert torch.equal(enc.at_zero(5), enc(torch.zeros(5)))
+    assert enc.at_zero(0).shape == (0, 16)
