@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from sven import kernels
+
 __all__ = ["dedupe_fixed", "slot_count"]
+
+# The widest id list the one-program Triton compaction takes (a training batch); wider
+# ones (MRR evaluation) run the reference's parallel kernels.
+_COMPACT_MAX_IDS = 32768
 
 
 def slot_count(num_ids: int, pad_id: int) -> int:
@@ -54,16 +60,22 @@ def dedupe_fixed(
         # Sorted as int32: a radix sort does half the passes of an int64 one (4 of 8 on
         # CUDA, the step's largest kernels after the GEMMs), for the same order.
         sorted_ids, perm = torch.sort(ids.to(torch.int32))
-        sorted_ids = sorted_ids.to(ids.dtype)
     else:
         sorted_ids, perm = torch.sort(ids)
+    u = ids.shape[0] if slots is None else slots
+    if ids.shape[0] <= _COMPACT_MAX_IDS and kernels.backend_for(ids, "dedupe_compact") == "triton":
+        from sven.kernels.triton_dedupe import compact_sorted
+
+        # One kernel for what follows the sort (the same two outputs).
+        return compact_sorted(sorted_ids, perm, pad_id, u)
+    if pad_id < 2**31:
+        sorted_ids = sorted_ids.to(ids.dtype)
     first = torch.ones_like(sorted_ids, dtype=torch.bool)
     first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     slot = torch.cumsum(first, 0) - 1
     # perm is a permutation, so these scatters write each target once.
     inverse = torch.empty_like(slot).scatter_(0, perm, slot)
     # Duplicate ids write the same value into their slot: the result is order-free.
-    u = ids.shape[0] if slots is None else slots
     nodes = torch.full((u,), pad_id, dtype=ids.dtype, device=ids.device)
     nodes.scatter_(0, slot, sorted_ids)
     return nodes, inverse

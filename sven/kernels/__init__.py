@@ -49,7 +49,9 @@ __all__ = [
 _MODES = ("auto", "reference", "triton")
 #: The functions ``auto`` runs in Triton on CUDA: those measured faster than their
 #: reference inside the captured TGN step on an H200 (docs/kernels.md has the figures).
-AUTO_TRITON = frozenset({"link_decoder", "recurrent_update", "sample_recent", "temporal_attention"})
+AUTO_TRITON = frozenset(
+    {"dedupe_compact", "link_decoder", "recurrent_update", "sample_recent", "temporal_attention"}
+)
 # Which Triton module implements each public name.
 _TRITON_MODULE = {
     "temporal_attention": "sven.kernels.triton_attention",
@@ -60,6 +62,8 @@ _TRITON_MODULE = {
     "link_decoder": "sven.kernels.triton_decoder",
     # The reference is the sampler's own code (sven.pipeline.sampler), the CPU path.
     "sample_recent": "sven.kernels.triton_sampler",
+    # The reference is pipeline.dedupe.dedupe_fixed's own code after its sort.
+    "dedupe_compact": "sven.kernels.triton_dedupe",
 }
 # The cached choice: (mode, interpreter on, triton importable, per-function backends);
 # None until first read.

@@ -57,6 +57,9 @@ for tdt in ("i64", "fp64"):
                 "valid_ptr": "*u8", "out_mask_ptr": "*i8"}
         cases.append((tsm._recent_kernel, "i64",
                       {"HAS_VALID": has_valid, "BLOCK_R": 128, "BLOCK_K": 16}, ptrs))
+from sven.kernels import triton_dedupe as tdd
+for sdt in ("i32", "i64"):
+    cases.append((tdd._compact_kernel, "i64", {"BLOCK": 4096}, {"sorted_ptr": "*" + sdt}))
 failures = []
 for fn, dt, consts, *over in cases:
     pointee = {**POINTEE, **(over[0] if over else {})}
@@ -90,5 +93,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 64
+    assert report["cases"] == 66
     assert report["failures"] == []
