@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from sven.kernels.precision import tf32_dots
+from sven.kernels.sums import column_sum
 
 __all__ = ["link_decoder"]
 
@@ -164,11 +165,11 @@ class _LinkDecoder(torch.autograd.Function):
             BLOCK_M=_BLOCK_M, BLOCK_D=_block_d(d), BLOCK_O=_BLOCK_O, TF32=tf32_dots(g),
         )  # fmt: skip
         # The source projection is shared by a source's pairs: its gradient sums them.
-        da = dz.view(m // b, b, d2).sum(0)
+        da = dz if m == b else column_sum(dz.view(m // b, b * d2)).view(b, d2)
         torch.mm(da, w_src, out=dh[:b])
         # Both biases add to every pair's pre-activation, so their gradients are one
         # sum: taken once, over da's b rows (autograd gives each parameter its copy).
-        db = da.sum(0)
+        db = column_sum(da)
         return (
             dh,
             None,

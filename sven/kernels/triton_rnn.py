@@ -17,6 +17,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sven.kernels.sums import column_sum
+
 __all__ = ["gru_cell", "recurrent_update", "rnn_cell"]
 
 _BLOCK = 1024
@@ -202,8 +204,8 @@ def _linear_grads(ctx, d_gi, d_gh, dh_direct):
             dh = dh + dh_direct
     dw_ih = d_gi.t() @ x if need[2] else None
     dw_hh = d_gh.t() @ h if need[3] else None
-    db_ih = d_gi.sum(0) if need[4] else None
-    db_hh = d_gh.sum(0) if need[5] else None
+    db_ih = column_sum(d_gi) if need[4] else None
+    db_hh = column_sum(d_gh) if need[5] else None
     return dx, dh, dw_ih, dw_hh, db_ih, db_hh
 
 
@@ -374,8 +376,8 @@ class _RecurrentUpdate(torch.autograd.Function):
             d_h = torch.addmm(direct, d_gh, w_hh)
         d_wih = d_gi.t() @ x if need[8] else None
         d_whh = d_gh.t() @ hs if need[9] else None
-        d_bih = d_gi.sum(0) if need[10] else None
-        d_bhh = d_gh.sum(0) if need[11] else None
+        d_bih = column_sum(d_gi) if need[10] else None
+        d_bhh = column_sum(d_gh) if need[11] else None
         return None, d_mail, None, None, None, d_h, d_tw, d_tb, d_wih, d_whh, d_bih, d_bhh
 
 
