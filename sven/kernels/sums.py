@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["column_sum"]
+__all__ = ["column_sum", "linear"]
 
 _ONES: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
 
@@ -31,3 +31,45 @@ def column_sum(x: torch.Tensor) -> torch.Tensor:
             return x.sum(0)
         ones = _ONES[key] = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
     return torch.mv(x.t(), ones)
+
+
+class _Linear(torch.autograd.Function):
+    """``x w^T + b`` whose bias gradient is :func:`column_sum` (autograd's is the
+    generic column reduction)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        return torch.addmm(bias, x, weight.t())
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx = g @ weight if need[0] else None
+        dw = g.t() @ x if need[1] else None
+        db = column_sum(g) if need[2] else None
+        return dx, dw, db
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; on CUDA, for a 2-D ``x`` with a bias, with the
+    bias gradient on cuBLAS (:func:`column_sum`).
+
+    Args:
+        x: (M, K) inputs (any shape off that case).
+        weight: (N, K).
+        bias: (N,) or None.
+
+    Returns:
+        (M, N).
+    """
+    if (
+        x.is_cuda
+        and x.dim() == 2
+        and bias is not None
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()  # Inductor fuses the bias gradient itself
+    ):
+        return _Linear.apply(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)

@@ -405,6 +405,18 @@ class MemoryModel(nn.Module):
         return ModelOutput(pos=pos, neg=neg, dense=dense)
 
 
+class Projection(nn.Linear):
+    """``nn.Linear`` (the same parameters and state), whose bias gradient on CUDA is a
+    cuBLAS product (``sven.kernels.sums.linear``) rather than autograd's column
+    reduction; elsewhere ``nn.Linear`` itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(M, in) -> (M, out)."""
+        from sven.kernels.sums import linear
+
+        return linear(x, self.weight, self.bias)
+
+
 class TimeProjection(nn.Linear):
     """JODIE's time projection of an embedding: h = z (1 + W dt / scale + b).
 
@@ -475,11 +487,11 @@ class TemporalAttentionLayer(nn.Module):
             raise ValueError(f"embedding dim {out_dim} not divisible by {num_heads} heads")
         self.num_heads = num_heads
         self.time_enc = TimeEncoding(time_dim)
-        self.w_q = nn.Linear(in_dim + time_dim, out_dim)
-        self.w_kv_node = nn.Linear(in_dim, 2 * out_dim)
+        self.w_q = Projection(in_dim + time_dim, out_dim)
+        self.w_kv_node = Projection(in_dim, 2 * out_dim)
         self.w_kv_edge = nn.Linear(edge_dim, 2 * out_dim, bias=False) if edge_dim > 0 else None
         self.w_kv_time = nn.Linear(time_dim, 2 * out_dim, bias=False)
-        self.w_out = nn.Linear(out_dim + in_dim, out_dim)
+        self.w_out = Projection(out_dim + in_dim, out_dim)
         self.dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(out_dim)
 
