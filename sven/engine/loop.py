@@ -2,7 +2,7 @@
 signals, resume.
 
 The loop is short and plain; what it drives is a :class:`Task` (link prediction,
-:mod:`sven.engine.link`; node classification, :mod:`sven.tasks.nodeclass`), whose
+:mod:`sven.tasks.link`; node classification, :mod:`sven.tasks.nodeclass`), whose
 parts are built from the config and say what a checkpoint holds through their
 ``state_dict`` / ``load_state_dict``. Per epoch::
 

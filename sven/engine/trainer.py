@@ -5,7 +5,7 @@ data (:class:`~sven.engine.data.Data`: store, splits, partition, event tables), 
 model, this rank's node state and the exchange that reads and writes it (the whole
 state on one process; vertex-owned shards on P ranks), the optimizer, the step
 (:class:`~sven.engine.step.Step`, with its evaluation) and the run's checkpoints.
-:meth:`Trainer.fit` trains link prediction on them (:mod:`sven.engine.link`, on the run
+:meth:`Trainer.fit` trains link prediction on them (:mod:`sven.tasks.link`, on the run
 loop of :mod:`sven.engine.loop`); a checkpoint is the parts' state_dicts
 (:meth:`Trainer.state_dict`).
 
@@ -42,7 +42,6 @@ from sven.engine.checkpoint import (
 from sven.engine.comm import predict_comm
 from sven.engine.data import Data
 from sven.engine.evaluation import EvalResult
-from sven.engine.link import LinkPrediction
 from sven.engine.loop import StopSignals
 from sven.engine.optim import Optimizer
 from sven.engine.plan import Plan, plan_run
@@ -493,7 +492,7 @@ class Trainer:
     # ------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
         """Trains link prediction with early stopping on validation, then evaluates the
-        best model on test (:class:`~sven.engine.link.LinkPrediction`).
+        best model on test (:class:`~sven.tasks.link.LinkPrediction`).
 
         SIGTERM and SIGUSR1 (:data:`~sven.engine.loop.STOP_SIGNALS`) stop training after
         the step that follows them, on every rank at the same step, with a checkpoint;
@@ -506,6 +505,10 @@ class Trainer:
             Stopped: A stop signal arrived; the checkpoint is written (exit code 75).
             DistError: A rank died or hung; the message names it (exit code 4).
         """
+        # Imported here: the task takes the run by its public members and imports no
+        # trainer, and the trainer names the task only where it runs it.
+        from sven.tasks.link import LinkPrediction
+
         restore = self.signals.install()
         try:
             return LinkPrediction(self).run()

@@ -1,5 +1,6 @@
 """Link prediction, the task a :class:`~sven.engine.trainer.Trainer` trains: its epochs
-on the run loop, the best model by validation, test, and the run's summary.
+on the run loop, the best model by validation, test, and the run's summary. It takes
+the built run through its public members (:class:`~sven.tasks.run.Run`).
 
 One epoch walks the training events in time order in global batches of B
 (:meth:`LinkPrediction.train_batch` queues one captured step each; nothing is read back
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,9 +27,7 @@ from sven.engine.run_folder import finite_or_none, fmt
 from sven.engine.startup import triton_cache_dir
 from sven.engine.timeline import STAGES, timeline_line
 from sven.errors import Diverged, SvenError
-
-if TYPE_CHECKING:
-    from sven.engine.trainer import Trainer
+from sven.tasks.run import Run
 
 __all__ = ["LinkPrediction", "improved"]
 
@@ -55,18 +54,18 @@ def improved(select: str, val: dict[str, float], best: dict[str, Any]) -> bool:
 
 
 class LinkPrediction:
-    """The link-prediction task of a trainer, driven by the run loop.
+    """The link-prediction task of a built run, driven by the run loop.
 
     Args:
-        tr: The trainer (its components: data, model, node state, exchange, step,
-            checkpoints, timeline).
+        tr: The run (its parts: data, model, node state, exchange, step, checkpoints,
+            timeline; :class:`~sven.tasks.run.Run`).
     """
 
     #: The best model's node state is the one of the latest checkpoint saved just
     #: before it (the end of validation).
     best_links_latest = True
 
-    def __init__(self, tr: Trainer) -> None:
+    def __init__(self, tr: Run) -> None:
         self.tr = tr
         self.cfg = tr.cfg
         self.device = tr.device
@@ -344,11 +343,11 @@ class LinkPrediction:
     def state_dict(
         self, epoch: int, next_batch: int, progress: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The trainer's resumable checkpoint (:meth:`Trainer.state_dict`)."""
+        """The run's resumable checkpoint (:meth:`~sven.tasks.run.Run.state_dict`)."""
         return self.tr.state_dict(epoch, next_batch, progress)
 
     def load_state_dict(self, state: dict[str, Any], shard: dict[str, Any]) -> None:
-        """Loads a resumable checkpoint into the trainer's components."""
+        """Loads a resumable checkpoint into the run's parts."""
         self.tr.load_state_dict(state, shard, "checkpoint")
 
     def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
