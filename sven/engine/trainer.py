@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from sven.config import Config
-from sven.config.load import as_config, config_overrides, load_config
+from sven.config.load import as_config
 from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine.checkpoint import (
     Checkpointer,
@@ -44,8 +44,9 @@ from sven.engine.data import Data
 from sven.engine.evaluation import EvalResult
 from sven.engine.loop import StopSignals
 from sven.engine.optim import Optimizer
-from sven.engine.plan import Plan, plan_run
+from sven.engine.plan import plan_for
 from sven.engine.run_folder import prepare_out
+from sven.engine.spec import RunSpec, resolve_spec
 from sven.engine.startup import StartupClock, set_deterministic
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
@@ -55,9 +56,6 @@ from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.models.storage import Storage
 from sven.pipeline.exchange import FixedExchange
 from sven.pipeline.exchange_api import Exchange, LocalExchange
-
-# Under its old name for the callers that import it from here (sven.cli.train, replay).
-_config_overrides = config_overrides
 
 
 class Trainer:
@@ -79,6 +77,12 @@ class Trainer:
 
     # Where training is, for failure messages.
     where: str = "start"
+    spec: RunSpec
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the run spans a process group (:attr:`RunSpec.distributed`)."""
+        return self.spec.distributed
 
     def __init__(
         self,
@@ -142,7 +146,18 @@ class Trainer:
         self._build_model_and_state(cfg)
         clock.add("model", time.perf_counter() - t_model)
         t_tables = time.perf_counter()
-        self.distributed = self.ctx.backend != "none"
+        #: How the run runs, decided once (:mod:`sven.engine.spec`).
+        self.spec = resolve_spec(
+            cfg,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            distributed=self.ctx.backend != "none",
+            tier=self.memory.storage.tier,
+            staged=self.memory.storage.staged,
+            data=self.data,
+            log=lambda msg: self.log(msg, force=True),
+        )
         plan_group = self._build_exchange(cfg)
         self.data.attach(self.model)
         t_opt = time.perf_counter()
@@ -154,17 +169,18 @@ class Trainer:
         )
         dt_opt = time.perf_counter() - t_opt
         clock.add("optimizer", dt_opt)
+        distributed = self.spec.distributed
         self.grads: Gradients = (
             GradBucket(self.model.parameters(), None, self.world_size)
-            if self.distributed
+            if distributed
             else LocalGrads(self.optimizer)
         )
         self._build_step(cfg, plan_group)
         self.log(self._describe_run())
-        if self.distributed:
+        if distributed:
             self.log(self.ctx.describe())
         self.predicted_comm = (
-            predict_comm(cfg, self.data, self.model, self.exchange) if self.distributed else None
+            predict_comm(cfg, self.data, self.model, self.exchange) if distributed else None
         )
         clock.add("tables", time.perf_counter() - t_tables - dt_opt)
 
@@ -234,7 +250,7 @@ class Trainer:
     def _build_exchange(self, cfg: Config) -> Any:
         """The exchange (local, or across the ranks); returns the process group of
         prefetched id plans (None on one process)."""
-        if not self.distributed:
+        if not self.spec.distributed:
             self.exchange: Exchange = LocalExchange(self.memory)
             return None
         from datetime import timedelta
@@ -253,7 +269,7 @@ class Trainer:
             self.memory,
             node_feat=self.data.owned_node_feat(),
             push_group=push_group,
-            staleness=cfg.pipeline.staleness,
+            staleness=self.spec.staleness,
         )
         return plan_group
 
@@ -275,6 +291,7 @@ class Trainer:
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
         self.step = Step(
             cfg=cfg,
+            spec=self.spec,
             data=self.data,
             model=self.model,
             optimizer=self.optimizer,
@@ -450,7 +467,7 @@ class Trainer:
         }
         shard = {
             "memory": self.memory.state_dict(),
-            "exchange": self.exchange.state_dict() if self.distributed else {},
+            "exchange": self.exchange.state_dict(),
             "rng": self._rng_state(),
         }
         return state, shard
@@ -473,7 +490,8 @@ class Trainer:
         self.evaluator.load_state_dict(state.get("evaluator", {}))
         self.memory.load_state_dict(shard["memory"])
         counters = shard.get("exchange", shard.get("comm"))
-        if self.distributed and counters:
+        if counters:
+            # Kept across ranks; one process has none to restore.
             self.exchange.load_state_dict(counters)
         if "rng" in shard:
             self._set_rng_state(shard["rng"])
@@ -648,53 +666,3 @@ def _is_comm_failure(exc: BaseException) -> bool:
     # connection, a hung one trips the application timeout ("... caused pair closure").
     marks = ("gloo", "nccl", "connection", "timed out", "timeout", "broken pipe", "closure")
     return any(s in text for s in marks)
-
-
-def plan_for(
-    cfg: Config, events: Any, world_size: int, device: torch.device, writes: bool = True
-) -> Plan:
-    """The plan (:func:`~sven.engine.plan.plan_run`) of a run of ``cfg`` on an opened
-    store: the model's widths from a model built on the CPU (cheap: parameters only)."""
-    mc = cfg.model
-    edge_dim = 0 if events.edge_feat is None else int(events.edge_feat.shape[1])
-    node_dim = 0 if events.node_feat is None else int(events.node_feat.shape[1])
-    with torch.random.fork_rng(devices=[]):
-        # Its initialisation draws nothing from the run's generator.
-        probe = model_from_config(mc, edge_dim=edge_dim, node_dim=node_dim)
-    return plan_run(
-        cfg,
-        num_events=int(events.num_events),
-        num_nodes=int(events.num_nodes),
-        edge_dim=edge_dim,
-        node_dim=node_dim,
-        mail_dim=probe.mail_dim,
-        mailbox_size=probe.mailbox_size,
-        world_size=world_size,
-        device=device,
-        writes=writes,
-    )
-
-
-def dry_run(config: Config | str | Path | None, overrides: list[str] | None = None) -> Plan:
-    """The plan of a run without running it (``sven train --dry-run``): the store is
-    opened (not read), the device and the ranks are those a run would get here."""
-    from sven.datasets.synth import default_dataset_shape
-    from sven.distributed.launcher import detect_launcher
-    from sven.distributed.process_group import _pick_device
-
-    cfg = config if isinstance(config, Config) else load_config(config, overrides)
-    info = detect_launcher(os.environ)
-    device = _pick_device(cfg.train.device, info)
-    # The built-in dataset not generated yet: planned from its shape, not written.
-    events = None if cfg.data.path else default_dataset_shape()
-    if events is None:
-        events = Data(
-            cfg,
-            rank=0,
-            world_size=info.world_size,
-            device=device,
-            dtype=torch.float32,
-            agree=lambda value: value,
-            load=False,
-        ).events
-    return plan_for(cfg, events, info.world_size, device)

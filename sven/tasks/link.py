@@ -72,6 +72,7 @@ class LinkPrediction:
         self.where = "start"
         self._times = {"eval_s": 0.0, "eval_events": 0, "checkpoint_s": 0.0}
         self._capacities_planned = False
+        self._stop = self._voted_signal if tr.spec.distributed else self._own_signal
 
     # -------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
@@ -255,9 +256,15 @@ class LinkPrediction:
         same step. The same read stops the run if a batch overflowed an exchange
         capacity.
         """
+        return self._stop()
+
+    def _own_signal(self) -> int:
+        """One process: the signal it received, or 0."""
+        return self.tr.signals.received or 0
+
+    def _voted_signal(self) -> int:
+        """P ranks: the signal the votes of the step before agree on, or 0."""
         tr = self.tr
-        if not tr.distributed:
-            return tr.signals.received or 0
         votes, fetch_over, push_over = tr.step.status.read()
         if fetch_over > 0 or push_over > 0:
             tr.exchange.check()
@@ -299,7 +306,7 @@ class LinkPrediction:
         self._bar.close()
         lo, hi = tr.ranges["train"]
         epoch_events = min(hi, lo + self._last * tc.batch_size) - lo
-        comm = tr.exchange.epoch_bytes() if tr.distributed else {}
+        comm = tr.exchange.epoch_bytes()
         stages = self._timeline_line(dt)
         self.where = tr.where = f"epoch {epoch} validation"
         val, val_rate = self._eval_split("val")
@@ -474,9 +481,9 @@ class LinkPrediction:
             # on disk (both from the start of its save).
             checkpoint_stall_max_s=max((c["stall_s"] for c in written), default=0.0),
             checkpoint_on_disk_max_s=max((c.get("on_disk_s", 0.0) for c in written), default=0.0),
-            pipeline_prefetch=st.depth,
-            pipeline_micro_batches=st.micro_batches,
-            pipeline_staleness=st.staleness,
+            pipeline_prefetch=tr.spec.depth,
+            pipeline_micro_batches=tr.spec.micro_batches,
+            pipeline_staleness=tr.spec.staleness,
             step_captured=any(g.captured for g in st.train_graphs),
         )
         # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
@@ -486,7 +493,7 @@ class LinkPrediction:
             summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
         if tr.device.type == "cuda":
             summary["triton_cache_dir"] = triton_cache_dir()
-        if tr.distributed:
+        if tr.spec.distributed:
             caps = tr.exchange.capacities.get("train")
             if caps is not None:
                 summary["exchange_capacities"] = {

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from sven.engine.evaluation import EvalResult
     from sven.engine.loop import StopSignals
     from sven.engine.plan import Plan
+    from sven.engine.spec import RunSpec
     from sven.engine.startup import StartupClock
     from sven.engine.step import Step
     from sven.engine.tblog import EpochLog
@@ -46,8 +47,8 @@ class Run(Protocol):
     ctx: DistContext
     rank: int
     world_size: int
-    #: Whether the run spans a process group (the P-rank step and exchange).
-    distributed: bool
+    #: How the run runs, decided once (device, ranks, fixed shapes, tier, pipeline).
+    spec: RunSpec
     device: torch.device
     dtype: torch.dtype
     out: Path

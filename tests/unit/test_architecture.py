@@ -327,6 +327,45 @@ def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
     return False
 
 
+#: Where the run's modes are read from the config: the config itself, the run's
+#: description (resolved once) and the plan (which counts the prefetch ring's bytes
+#: before the description exists).
+MODE_READERS = ("sven.config", "sven.engine.spec", "sven.engine.plan")
+
+
+def _mode_reads(tree: ast.AST) -> list[str]:
+    """``<config>.pipeline`` and ``<anything>.cuda_graph`` reads, where ``<config>`` is
+    a name or attribute ``cfg``/``config``."""
+
+    def is_config(node: ast.expr) -> bool:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        return name in ("cfg", "config")
+
+    return sorted(
+        f"{node.lineno}: .{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and (node.attr == "cuda_graph" or (node.attr == "pipeline" and is_config(node.value)))
+    )
+
+
+def test_mode_reads_are_found() -> None:
+    tree = ast.parse("cfg.pipeline.prefetch\nself.cfg.pipeline\ntc.cuda_graph\nsven.pipeline\n")
+    assert _mode_reads(tree) == ["1: .pipeline", "2: .pipeline", "3: .cuda_graph"]
+
+
+def test_only_the_run_description_reads_the_modes_from_the_config() -> None:
+    """The prefetch depth, micro-batches, staleness and graph mode are decided once
+    (``sven.engine.spec.RunSpec``); the parts read them there."""
+    found = [
+        f"{m} {use}"
+        for m, path in _modules().items()
+        if not m.startswith(MODE_READERS)
+        for use in _mode_reads(ast.parse(path.read_text()))
+    ]
+    assert not found, f"modes read from the config outside the run's description: {found}"
+
+
 #: The tasks: what a trained or training run is used for. They use the trainer through
 #: its public members only.
 TASKS = ("sven.tasks",)
