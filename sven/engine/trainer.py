@@ -35,6 +35,8 @@ from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
+    Snapshot,
+    Stateful,
     find_checkpoint,
     load_node_state,
     read_state,
@@ -42,7 +44,7 @@ from sven.engine.checkpoint import (
 from sven.engine.comm import predict_comm
 from sven.engine.data import Data
 from sven.engine.evaluation import EvalResult
-from sven.engine.loop import StopSignals
+from sven.engine.loop import StopSignals, TrainingState
 from sven.engine.optim import Optimizer
 from sven.engine.plan import plan_for
 from sven.engine.run_folder import prepare_out
@@ -431,81 +433,68 @@ class Trainer:
 
             barrier_or_die(self.ctx, what)
 
-    def _rng_state(self) -> dict[str, Any]:
-        # Negatives, uniform sampling and dropout are keyed by event and batch (see
-        # pipeline/negatives.py) and need no state; torch's is kept for user code.
-        return {"torch": torch.get_rng_state()}
+    def _parts(self) -> dict[str, Stateful]:
+        """Rank 0's parts of a checkpoint besides the data identity, by the key each is
+        saved under."""
+        return {"model": self.model, "optimizer": self.optimizer, "evaluator": self.evaluator}
 
-    def _set_rng_state(self, s: dict[str, Any]) -> None:
-        # Shards load onto the run's device, but torch's RNG state must be a CPU tensor
-        # (on a GPU run, resume otherwise fails: "RNG state must be a torch.ByteTensor").
-        torch.set_rng_state(s["torch"].cpu())
+    def _rank_parts(self) -> dict[str, Stateful]:
+        """This rank's small parts of a checkpoint (its node state goes apart)."""
+        return {"exchange": self.exchange, "rng": _TorchRNG()}
 
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A resumable checkpoint, assembled from the components' state_dicts.
+    def state_dict(self, training: TrainingState) -> Snapshot:
+        """A resumable checkpoint of this rank, assembled from the parts' state_dicts.
 
         Taken at a drained boundary (no step queued, no write-back in flight).
 
         Args:
-            epoch: The epoch to resume in.
-            next_batch: Its first batch not yet trained.
-            progress: The epoch loop's counters, history and early-stopping state.
+            training: Where to resume and the loop's progress.
 
         Returns:
             Rank 0's state (data identity, model, optimizer, evaluator, cursor,
-            progress) and this rank's shard (memory, exchange counters, RNG).
+            progress), this rank's shard (exchange counters, RNG), its node state and
+            the owner map (taken out of the data identity: the format keeps it apart).
         """
-        state = {
-            "data": self.data.state_dict(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "evaluator": self.evaluator.state_dict(),
-            "cursor": {"epoch": epoch, "next_batch": next_batch},
-            "progress": progress,
-        }
-        shard = {
-            "memory": self.memory.state_dict(),
-            "exchange": self.exchange.state_dict(),
-            "rng": self._rng_state(),
-        }
-        return state, shard
+        data, owner = self.data.identity_and_owner()
+        state = {"data": data, **{k: part.state_dict() for k, part in self._parts().items()}}
+        shard = {k: part.state_dict() for k, part in self._rank_parts().items()}
+        state.update(training.state_dict())
+        return Snapshot(state, shard, node_state=self.memory.state_dict(), owner=owner)
 
-    def load_state_dict(
-        self, state: dict[str, Any], shard: dict[str, Any], where: str = "checkpoint"
-    ) -> None:
-        """Loads a checkpoint into the components (the inverse of :meth:`state_dict`).
+    def load_state_dict(self, snap: Snapshot, where: str = "checkpoint") -> None:
+        """Loads a checkpoint into the parts (the inverse of :meth:`state_dict`).
 
         A part the checkpoint lacks is left as it is: the best model's checkpoint holds
-        only the data identity, the model and the memory.
+        only the data identity, the model and the node state.
 
         Raises:
             ConfigError: The checkpoint's ranks or partition are not this run's.
         """
-        self.data.load_state_dict(_data_state(state), where)
+        state, shard = snap.state, snap.shard
+        self.data.load_state_dict(_data_state(state, snap.owner), where)
         self.model.load_state_dict(state["model"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         self.evaluator.load_state_dict(state.get("evaluator", {}))
-        self.memory.load_state_dict(shard["memory"])
+        if snap.node_state is not None:
+            self.memory.load_state_dict(snap.node_state)
         counters = shard.get("exchange", shard.get("comm"))
         if counters:
             # Kept across ranks; one process has none to restore.
             self.exchange.load_state_dict(counters)
         if "rng" in shard:
-            self._set_rng_state(shard["rng"])
+            _TorchRNG().load_state_dict(shard["rng"])
 
     def load_checkpoint(self, ck: Checkpointer, step: int) -> dict[str, Any]:
-        """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
+        """Loads checkpoint ``step`` of ``ck`` into the parts; returns rank 0's state."""
         cks, where = self.checkpoints, f"checkpoint {ck.path(step)}"
-        state, shard = cks.load(ck, step, self.device, node_state=False)
+        snap = cks.load(ck, step, self.device, node_state=False)
         # The data identity first: the node state is read only for this run's vertices,
         # straight into the node state's own tensors (no second copy of it).
-        self.data.load_state_dict(_data_state(state), where)
-        shard["memory"] = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
-        self.load_state_dict(state, shard, where)
-        return state
+        self.data.load_state_dict(_data_state(snap.state), where)
+        snap.node_state = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
+        self.load_state_dict(snap, where)
+        return snap.state
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
@@ -649,12 +638,27 @@ class Trainer:
             print(msg, file=sys.stderr, flush=True)
 
 
-def _data_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The data component's part of a checkpoint's state; checkpoints written before the
-    components kept the owner map and world size at the top."""
-    if "data" in state:
-        return state["data"]
-    return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
+def _data_state(state: dict[str, Any], owner: torch.Tensor | None = None) -> dict[str, Any]:
+    """The data part's state in a checkpoint's state, with its owner map (``owner``
+    where a snapshot holds it apart); checkpoints written before the parts kept the
+    owner map and world size at the top."""
+    if "data" not in state:
+        return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
+    return state["data"] if owner is None else {**state["data"], "owner": owner}
+
+
+class _TorchRNG:
+    """Torch's global RNG as a checkpoint part. Negatives, uniform sampling and dropout
+    are keyed by event and batch (pipeline/negatives.py) and need no state; torch's is
+    kept for user code."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Shards load onto the run's device, but torch's RNG state must be a CPU tensor
+        # (on a GPU run, resume otherwise fails: "RNG state must be a torch.ByteTensor").
+        torch.set_rng_state(state["torch"].cpu())
 
 
 def _is_comm_failure(exc: BaseException) -> bool:

@@ -21,8 +21,16 @@ import torch.distributed as dist
 
 from sven.config import dump_config
 from sven.datasets.identity import fingerprint
+from sven.engine.checkpoint import Snapshot
 from sven.engine.expect import epoch_estimate, start_hint
-from sven.engine.loop import RunLoop, end_run, new_progress, stop_from_votes, stop_vote
+from sven.engine.loop import (
+    RunLoop,
+    TrainingState,
+    end_run,
+    new_progress,
+    stop_from_votes,
+    stop_vote,
+)
 from sven.engine.run_folder import finite_or_none, fmt
 from sven.engine.startup import triton_cache_dir
 from sven.engine.timeline import STAGES, timeline_line
@@ -159,11 +167,9 @@ class LinkPrediction:
 
         return end_run(ck, summary, missing, out=tr.out, main=main, say=say)
 
-    def _save(
-        self, ck: Any, step: int, state: dict[str, Any], shard: dict[str, Any], **kw: Any
-    ) -> None:
+    def _save(self, ck: Any, step: int, snap: Snapshot, **kw: Any) -> None:
         t_ck = time.perf_counter()
-        self.tr.checkpoints.save(ck, step, state, shard, **kw)
+        self.tr.checkpoints.save(ck, step, snap, **kw)
         self._times["checkpoint_s"] += time.perf_counter() - t_ck
 
     def _best_for_test(
@@ -347,28 +353,27 @@ class LinkPrediction:
         return True
 
     # ------------------------------------------------------- checkpoints
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def state_dict(self, training: TrainingState) -> Snapshot:
         """The run's resumable checkpoint (:meth:`~sven.tasks.run.Run.state_dict`)."""
-        return self.tr.state_dict(epoch, next_batch, progress)
+        return self.tr.state_dict(training)
 
-    def load_state_dict(self, state: dict[str, Any], shard: dict[str, Any]) -> None:
+    def load_state_dict(self, snap: Snapshot) -> None:
         """Loads a resumable checkpoint into the run's parts."""
-        self.tr.load_state_dict(state, shard, "checkpoint")
+        self.tr.load_state_dict(snap, "checkpoint")
 
-    def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def best_state(self, epoch: int) -> Snapshot:
         """The best model with the node state at the end of validation, which test
         continues (no optimizer: it is not resumed from). The node state is the latest
         checkpoint's, saved just before (:attr:`best_links_latest`)."""
         tr = self.tr
+        data, owner = tr.data.identity_and_owner()
         state = {
-            "data": tr.data.state_dict(),
+            "data": data,
             "model": tr.model.state_dict(),
             "epoch": epoch,
             "memory_phase": "val_end",
         }
-        return state, {}
+        return Snapshot(state, owner=owner)
 
     # ----------------------------------------------------------- helpers
     def _flush_step(self, progress: dict[str, Any]) -> None:

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 
     from sven.config import Config
     from sven.distributed.process_group import DistContext
-    from sven.engine.checkpoint import Checkpointer, RunCheckpoints
+    from sven.engine.checkpoint import Checkpointer, RunCheckpoints, Snapshot
     from sven.engine.data import Data
     from sven.engine.evaluation import EvalResult
-    from sven.engine.loop import StopSignals
+    from sven.engine.loop import StopSignals, TrainingState
     from sven.engine.plan import Plan
     from sven.engine.spec import RunSpec
     from sven.engine.startup import StartupClock
@@ -118,15 +118,11 @@ class Run(Protocol):
         """Ends the start-up clock at the end of the first training step."""
         ...
 
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A resumable checkpoint: rank 0's state and this rank's shard."""
+    def state_dict(self, training: TrainingState) -> Snapshot:
+        """A resumable checkpoint of this rank, with ``training``."""
         ...
 
-    def load_state_dict(
-        self, state: dict[str, Any], shard: dict[str, Any], where: str = "checkpoint"
-    ) -> None:
+    def load_state_dict(self, snap: Snapshot, where: str = "checkpoint") -> None:
         """Loads a checkpoint into the parts."""
         ...
 

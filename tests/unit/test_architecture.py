@@ -366,6 +366,25 @@ def test_only_the_run_description_reads_the_modes_from_the_config() -> None:
     assert not found, f"modes read from the config outside the run's description: {found}"
 
 
+#: Keys of a run's checkpoint that are the run's to name (its parts, its progress).
+RUN_KEYS = {
+    "memory", "owner", "data", "model", "optimizer", "evaluator", "cursor", "progress",
+    "exchange", "rng", "epoch", "memory_phase",
+}  # fmt: skip
+
+
+def test_the_run_checkpointer_names_no_key_of_the_run() -> None:
+    """RunCheckpoints writes and reads a run's Snapshot: which part is saved under which
+    key is the run's (the trainer's, a task's), never the checkpointer's."""
+    path = _modules()["sven.engine.checkpoint.run"]
+    found = sorted(
+        f"{node.lineno}: {node.value!r}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in RUN_KEYS
+    )
+    assert not found, f"run keys named in sven/engine/checkpoint/run.py: {found}"
+
+
 #: The tasks: what a trained or training run is used for. They use the trainer through
 #: its public members only.
 TASKS = ("sven.tasks",)
