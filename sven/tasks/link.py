@@ -86,7 +86,7 @@ class LinkPrediction:
     def run(self) -> dict[str, Any]:
         """Trains with early stopping on validation, then evaluates the best model on
         test; returns the summary (written to ``<out>/summary.json`` by rank 0)."""
-        tr, cfg, tc = self.tr, self.cfg, self.cfg.train
+        tr, tc = self.tr, self.cfg.train
         wall0 = time.perf_counter()
         main = tr.rank == 0
         tr.claim_out()
@@ -106,6 +106,32 @@ class LinkPrediction:
             save=self._save,
             device=tr.device,
         )
+        progress, start_epoch, start_batch = self._start(loop, main)
+        # The first whole epoch this process runs: one resumed halfway is no measure.
+        self._estimate_epoch = start_epoch + (start_batch != 0)
+        progress = loop.run(progress, start_epoch, start_batch)
+        tr.startup.finish()
+        ck = tr.checkpoints
+        t_ck = time.perf_counter()
+        # The run's end waits for the commits in flight.
+        missing = ck.finish()
+        self._times["checkpoint_s"] += time.perf_counter() - t_ck
+        best, test, test_rate = self._test(loop.best_live, progress)
+        summary = self._summary(progress, best, test, test_rate, wall0)
+
+        def say(s: dict[str, Any]) -> None:
+            tr.log(
+                f"test AP {fmt(s.get('test_ap'))} AUC {fmt(s.get('test_auc'))} "
+                f"(inductive AP {fmt(s.get('test_ap_inductive'))}); "
+                f"summary in {tr.out / 'summary.json'}"
+            )
+
+        return end_run(ck, summary, missing, out=tr.out, main=main, say=say)
+
+    def _start(self, loop: RunLoop, main: bool) -> tuple[dict[str, Any], int, int]:
+        """The progress to train from, fresh or resumed, with its epoch and batch; the
+        run's config.json, and a hint of the run's length where it is long."""
+        tr, tc = self.tr, self.cfg.train
         progress = new_progress(
             best_val_ap=-1.0,
             best_val_auc=-1.0,
@@ -121,7 +147,7 @@ class LinkPrediction:
         if main:
             # After the resume's checks (config, store, partition): a refused resume
             # leaves the run's config.json saying what its checkpoints hold.
-            dump_config(cfg, tr.out / "config.json")
+            dump_config(self.cfg, tr.out / "config.json")
         nb = tr.num_batches("train")
         lo, hi = tr.ranges["train"]
         per_epoch = min(
@@ -130,42 +156,30 @@ class LinkPrediction:
         hint = start_hint(tr.device.type, tc.epochs - start_epoch, per_epoch - lo)
         if hint is not None and not progress["stopped"]:
             tr.log(hint)
-        # The first whole epoch this process runs: one resumed halfway is no measure.
-        self._estimate_epoch = start_epoch + (start_batch != 0)
-        progress = loop.run(progress, start_epoch, start_batch)
-        tr.startup.finish()
-        ck = tr.checkpoints
-        t_ck = time.perf_counter()
-        # The run's end waits for the commits in flight.
-        missing = ck.finish()
-        self._times["checkpoint_s"] += time.perf_counter() - t_ck
-        best = self._best_for_test(loop.best_live, progress)
+        return progress, start_epoch, start_batch
+
+    def _test(
+        self, best_live: int | None, progress: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], float]:
+        """The best model's test metrics and events/s (n/a where the best model could
+        not be written and another epoch trained after it), with the best model's
+        epoch."""
+        best = self._best_for_test(best_live, progress)
         self.where = "test"
-        if best is None:
-            # The best model could not be written, and another epoch trained after it.
-            tr.log(
-                f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
-                "could not be written, and another epoch trained after it",
-                force=True,
-            )
-            best = {"epoch": progress["best_epoch"]}
-            test_rate = float("nan")
-            test: dict[str, Any] = dict.fromkeys(
-                ("test_ap", "test_auc", "test_ap_pooled", "test_ap_inductive")
-            )
-            test["test_auc_inductive"] = None
-        else:
+        if best is not None:
             test, test_rate = self._eval_split("test")
-        summary = self._summary(progress, best, test, test_rate, wall0)
-
-        def say(s: dict[str, Any]) -> None:
-            tr.log(
-                f"test AP {fmt(s.get('test_ap'))} AUC {fmt(s.get('test_auc'))} "
-                f"(inductive AP {fmt(s.get('test_ap_inductive'))}); "
-                f"summary in {tr.out / 'summary.json'}"
-            )
-
-        return end_run(ck, summary, missing, out=tr.out, main=main, say=say)
+            return best, test, test_rate
+        # The best model could not be written, and another epoch trained after it.
+        self.tr.log(
+            f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
+            "could not be written, and another epoch trained after it",
+            force=True,
+        )
+        na: dict[str, Any] = dict.fromkeys(
+            ("test_ap", "test_auc", "test_ap_pooled", "test_ap_inductive")
+        )
+        na["test_auc_inductive"] = None
+        return {"epoch": progress["best_epoch"]}, na, float("nan")
 
     def _save(self, ck: Any, step: int, snap: Snapshot, **kw: Any) -> None:
         t_ck = time.perf_counter()
@@ -446,6 +460,8 @@ class LinkPrediction:
         test_rate: float,
         wall0: float,
     ) -> dict[str, Any]:
+        """The run's summary: what ran on what, the best epoch's validation and its
+        test, the rates and times, the plan, the pipeline and the communication."""
         tr, cfg = self.tr, self.cfg
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(best["epoch"], {})
@@ -472,10 +488,17 @@ class LinkPrediction:
             **tr.startup.summary(),
             "wall_s": time.perf_counter() - wall0,
         }
+        summary.update(self._run_fields())
+        summary.update(self._comm_fields(hist, best_line))
+        return finite_or_none(summary)
+
+    def _run_fields(self) -> dict[str, Any]:
+        """The summary's plan, checkpoint, pipeline and graph fields."""
+        tr, spec = self.tr, self.tr.spec
         st = tr.step
         written = tr.checkpoints.timings
         need = tr.plan.to_dict()["need"]
-        summary.update(
+        out = dict(
             state_tier=tr.memory.storage.tier,
             state_bytes=tr.plan.state_bytes,
             plan_gpu_bytes=need["gpu"],
@@ -486,22 +509,30 @@ class LinkPrediction:
             # on disk (both from the start of its save).
             checkpoint_stall_max_s=max((c["stall_s"] for c in written), default=0.0),
             checkpoint_on_disk_max_s=max((c.get("on_disk_s", 0.0) for c in written), default=0.0),
-            pipeline_prefetch=tr.spec.depth,
-            pipeline_micro_batches=tr.spec.micro_batches,
-            pipeline_staleness=tr.spec.staleness,
+            pipeline_prefetch=spec.depth,
+            pipeline_micro_batches=spec.micro_batches,
+            pipeline_staleness=spec.staleness,
             step_captured=any(g.captured for g in st.train_graphs),
         )
         # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
         evals = st.evaluation.graphs()
         for name, graphs in (("train", st.train_graphs), ("eval", evals)):
-            summary[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
-            summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
+            out[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
+            out[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
         if tr.device.type == "cuda":
-            summary["triton_cache_dir"] = triton_cache_dir()
+            out["triton_cache_dir"] = triton_cache_dir()
+        return out
+
+    def _comm_fields(
+        self, hist: dict[int, dict[str, Any]], best_line: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The summary's communication: the exchange's capacities, the best epoch's
+        bytes, and the cost model's prediction beside epoch 0's measure (P ranks)."""
+        tr, out = self.tr, {}
         if tr.spec.distributed:
             caps = tr.exchange.capacities.get("train")
             if caps is not None:
-                summary["exchange_capacities"] = {
+                out["exchange_capacities"] = {
                     "events": caps.events,
                     "fetch": caps.fetch,
                     "push": caps.push,
@@ -516,15 +547,13 @@ class LinkPrediction:
             "comm_max_over_mean",
         ):
             if key in best_line:
-                summary[key] = best_line[key]
+                out[key] = best_line[key]
         if tr.predicted_comm is not None:
-            summary.update(tr.predicted_comm)
+            out.update(tr.predicted_comm)
             first = hist.get(0, {})
             if "comm_bytes_exchange_per_rank" in first:
-                summary["comm_bytes_measured_epoch0_per_rank"] = first[
-                    "comm_bytes_exchange_per_rank"
-                ]
-                summary["comm_bytes_naive_measured_epoch0_per_rank"] = first[
+                out["comm_bytes_measured_epoch0_per_rank"] = first["comm_bytes_exchange_per_rank"]
+                out["comm_bytes_naive_measured_epoch0_per_rank"] = first[
                     "comm_bytes_naive_per_rank"
                 ]
-        return finite_or_none(summary)
+        return out

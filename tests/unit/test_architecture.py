@@ -511,9 +511,7 @@ LONG_FUNCTIONS = {
     "sven.partition.assign:assign_events": 112,
     "sven.pipeline.batch:make_batch": 106,
     "sven.datasets.cli:add_parser": 106,
-    "sven.tasks.link:_summary": 90,
     "sven.pipeline.stages:select_batch": 84,
-    "sven.tasks.link:run": 83,
 }
 
 
