@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sven
-import sven.engine.step as step_module
+import sven.engine.spec as spec_module
 
 _ROOTS = ("sven", "pipeline", "partition", "datasets")
 # Operators that allocate, alias or read metadata: no kernel.
@@ -140,7 +140,7 @@ def main() -> None:
         _dispatch_as_cuda()
         args.overrides = ["model.attention_form=fused", *args.overrides]
     # The step that CUDA captures, on any device.
-    step_module.fixed_shapes = lambda device, distributed: True  # type: ignore[assignment]
+    spec_module.fixed_shapes = lambda device, distributed: True  # type: ignore[assignment]
     census = Census()
     _count_triton(census)
     with tempfile.TemporaryDirectory() as run:

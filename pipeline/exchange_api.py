@@ -111,6 +111,14 @@ class Exchange:
         """The ``comm_*`` fields of the epoch so far (none without ranks)."""
         return {}
 
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps of the exchange (its byte counters across ranks;
+        nothing without ranks)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores :meth:`state_dict` (nothing to restore without ranks)."""
+
 
 class LocalExchange(Exchange):
     """The exchange of one process without a process group: every row is local.

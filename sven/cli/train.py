@@ -118,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
         err.quiet = info.rank != 0
         raise
     if args.dry_run:
-        from sven.engine.trainer import dry_run
+        from sven.engine.plan import dry_run
 
         plan = dry_run(cfg)
         print(plan.describe())
@@ -204,12 +204,13 @@ def _say_fallback(given: Path, folder: Path) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     from sven.config import checkpoint_fixed, load_config
+    from sven.config.load import config_overrides
     from sven.config.paths import recorded_config
     from sven.distributed.launcher import detect_launcher
     from sven.engine.checkpoint import find_checkpoint, load_file
     from sven.engine.run_folder import finite_or_none
     from sven.engine.store_check import check_store_first
-    from sven.engine.trainer import Trainer, _config_overrides
+    from sven.engine.trainer import Trainer
 
     folder = find_checkpoint(args.checkpoint)
     st = load_file(folder / "state.pt")
@@ -222,7 +223,7 @@ def _eval(args: argparse.Namespace) -> int:
             f"{folder} is a node-classification run: its AUCs are in its summary.json; "
             f"sven eval evaluates link prediction (its encoder: {st.get('encoder', '?')})"
         )
-    overrides = [*_config_overrides(cfg, []), "train.resume=false", *args.overrides]
+    overrides = [*config_overrides(cfg, []), "train.resume=false", *args.overrides]
     current = load_config(None, overrides)
     fixed = checkpoint_fixed(cfg, current)
     if fixed:

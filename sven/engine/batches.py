@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from sven.engine.body import StepInput
+from sven.engine.spec import RunSpec
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed, slot_count
 from sven.pipeline.exchange_api import Exchange, read_occurrences
@@ -161,47 +162,23 @@ class Shares:
     holds), so that every step has one shape.
 
     Args:
-        data: The run's data (``assign``, ``ranges``).
-        rank: This rank.
-        world_size: P.
-        batch_size: The global batch size B.
-        fixed: Whether steps have a static shape (CUDA, or a process group).
-        distributed: Whether this rank runs under a process group.
+        data: The run's data (``assign``).
+        spec: How the run runs (its ranks, and the share's capacity:
+            :attr:`~sven.engine.spec.RunSpec.capacity`).
     """
 
-    def __init__(
-        self,
-        data: Any,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        *,
-        fixed: bool,
-        distributed: bool,
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, data: Any, spec: RunSpec) -> None:
+        self.rank, self.world_size = spec.rank, spec.world_size
+        #: Events of a share on a fixed-shape step, or None (exact-size step).
+        self.capacity = spec.capacity
         self.order: torch.Tensor | None = None
         self._order_host: np.ndarray | None = None
-        if distributed:
-            mine = (data.assign == rank).nonzero().squeeze(1)
+        if spec.distributed:
+            mine = (data.assign == spec.rank).nonzero().squeeze(1)
             self._order_host = mine.cpu().numpy()
             # A filler entry: a padded slot repeats the share's last event.
             filler = mine[-1:] if mine.numel() else mine.new_zeros(1)
             self.order = torch.cat([mine, filler])
-            self.capacity: int | None = self._largest_share(data, batch_size)
-        else:
-            self.capacity = batch_size if fixed else None
-
-    def _largest_share(self, data: Any, b: int) -> int:
-        assign = data.assign.cpu().numpy()
-        p, most = self.world_size, 1
-        for lo, hi in data.ranges.values():
-            if hi <= lo:
-                continue
-            batch = (np.arange(lo, hi) - lo) // b
-            per = np.bincount(batch * p + assign[lo:hi], minlength=(batch[-1] + 1) * p)
-            most = max(most, int(per.max()))
-        return most
 
     def of(self, g_lo: int, g_hi: int) -> tuple[int, int]:
         """Where a global batch's share of this rank lies in ``order``."""
@@ -229,6 +206,8 @@ class BatchSource:
         shares: This rank's shares.
         exchange: Where rows come from: a :class:`FixedExchange` plans each share's
             remote rows with their owners; a :class:`LocalExchange` reads them in place.
+        spec: How the run runs: across ranks a share's rows are planned through the
+            exchange; on one process they are read in place (chosen here, once).
     """
 
     def __init__(
@@ -238,11 +217,12 @@ class BatchSource:
         seed: int,
         shares: Shares,
         exchange: Exchange,
+        spec: RunSpec,
     ) -> None:
         self.tables, self.model, self.seed = tables, model, seed
         self.shares = shares
         self.exchange = exchange
-        self.distributed = exchange.distributed
+        self._rows = self._planned_rows if spec.distributed else self._local_rows
 
     def select(
         self,
@@ -308,26 +288,40 @@ class BatchSource:
         lap = lap or _no_lap
         batches = self.select_share(inp, num_neg, neg_table, micro)
         lap("sample")
-        if not self.distributed and micro == 1:
+        return self._rows(batches, mode, group, lap)
+
+    def _local_rows(self, batches: list[Batch], mode: str, group: Any, lap: Lap) -> StepInput:
+        """One process: rows are read in place, a whole share's from its batch; a share
+        in micro-batches reads each node once."""
+        if len(batches) == 1:
             return StepInput(batches)
-        at = None
-        if micro == 1:
-            nodes, occ = batches[0].nodes, read_occurrences(batches[0])
-        else:
-            # One fetch for the whole share: each node is read once, by whichever
-            # micro-batch needs it, so the bytes are those of the unsplit share.
-            cat = torch.cat([mb.nodes for mb in batches])
-            n = self.tables.num_nodes
-            nodes, inverse = dedupe_fixed(cat, n, slot_count(cat.shape[0], n))
-            at = list(torch.split(inverse, [mb.nodes.shape[0] for mb in batches]))
-            occ = torch.zeros_like(nodes)
-            for mb, pos in zip(batches, at):
-                occ.index_add_(0, pos, read_occurrences(mb))
-        if not self.distributed:
-            return StepInput(batches, nodes, at)
+        nodes, _, at = self._share_nodes(batches)
+        return StepInput(batches, nodes, at)
+
+    def _planned_rows(self, batches: list[Batch], mode: str, group: Any, lap: Lap) -> StepInput:
+        """P ranks: the share's rows planned with their owners through the exchange."""
+        nodes, occ, at = self._share_nodes(batches)
         plan = self.exchange.plan(nodes, occ, mode, group=group)
         lap("id_exchange")
         return StepInput(batches, plan, at)
+
+    def _share_nodes(
+        self, batches: list[Batch]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
+        """The (U,) nodes a share reads, their (U,) read counts, and where each
+        micro-batch's nodes are among them (None for a whole share)."""
+        if len(batches) == 1:
+            return batches[0].nodes, read_occurrences(batches[0]), None
+        # One fetch for the whole share: each node is read once, by whichever
+        # micro-batch needs it, so the bytes are those of the unsplit share.
+        cat = torch.cat([mb.nodes for mb in batches])
+        n = self.tables.num_nodes
+        nodes, inverse = dedupe_fixed(cat, n, slot_count(cat.shape[0], n))
+        at = list(torch.split(inverse, [mb.nodes.shape[0] for mb in batches]))
+        occ = torch.zeros_like(nodes)
+        for mb, pos in zip(batches, at):
+            occ.index_add_(0, pos, read_occurrences(mb))
+        return nodes, occ, at
 
 
 class Inline:

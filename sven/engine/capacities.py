@@ -7,7 +7,9 @@ batch of a pass exactly as the step will (same selection, negatives, sampling an
 de-duplication; :class:`~sven.engine.batches.BatchSource`) without touching node state,
 counting each rank's distinct remote reads and writes per peer, and all-gathering the
 maxima into P x P matrices. Training's grow by ``dist.capacity_slack`` (later epochs draw
-other negatives); evaluation's are exact (its negatives are fixed by the seed).
+other negatives); evaluation's are exact (its negatives are fixed by the seed). One
+process has no peer to size buffers for: :class:`OneProcess` plans nothing
+(:func:`capacity_planner` chooses, once).
 """
 
 from __future__ import annotations
@@ -19,18 +21,42 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource
 from sven.engine.capture import determinism
+from sven.engine.spec import RunSpec
 from sven.models.base import endpoints
 from sven.pipeline.exchange_api import read_occurrences
 from sven.pipeline.wire import Capacities
 
-__all__ = ["CapacityPlanner"]
+__all__ = ["CapacityPlanner", "OneProcess", "Planner", "capacity_planner"]
 
 Counts = tuple[list[int], list[int]]
 #: (lo, hi, stream, num_neg, neg_table) of one replayed pass.
 Pass = tuple[int, int, int, int, "torch.Tensor | None"]
 
 
-class CapacityPlanner:
+class Planner:
+    """What the step asks of the exchange's capacities: set those of training (from
+    an epoch) and of a kind of pass (evaluation, encoding) before the first such step.
+
+    Attributes:
+        shares: The step's shares.
+        dtype: Floating type of node state.
+    """
+
+    shares: Any
+    dtype: torch.dtype
+
+    def plan_train(
+        self, lo: int, hi: int, epoch: int, num_neg: int, micro: int, slack: float
+    ) -> Capacities:
+        """Sets and returns the training capacities for ``epoch``'s batches of [lo, hi)."""
+        raise NotImplementedError
+
+    def plan_passes(self, mode: str, passes: list[Callable[[], Pass]]) -> None:
+        """Sets the capacities of ``mode`` for every pass listed."""
+        raise NotImplementedError
+
+
+class CapacityPlanner(Planner):
     """Measures and sets the capacities of every kind of step of one rank.
 
     Args:
@@ -55,7 +81,6 @@ class CapacityPlanner:
         self.dtype, self.batch_size = dtype, batch_size
         self.rank, self.world_size = self.shares.rank, self.shares.world_size
         self.device = inputs.device
-        self.distributed = self.exchange.distributed
 
     @torch.no_grad()
     def measure_range(
@@ -117,8 +142,6 @@ class CapacityPlanner:
     ) -> Capacities:
         """Sets the training capacities from an exact replay of ``epoch``'s batches of
         events [lo, hi), grown by ``slack`` for later epochs (whose draws differ)."""
-        if not self.distributed:
-            return Capacities(self.shares.capacity or 0, [[0]], [[0]])
         caps = self.replayed(lambda: self.measure_range(lo, hi, epoch, num_neg, micro=micro))
         if self.world_size > 1:
             caps = caps.grown(slack)
@@ -130,8 +153,6 @@ class CapacityPlanner:
         readies its pass (fills its negatives table) and returns ``(lo, hi, stream,
         num_neg, neg_table)`` (the evaluation splits of one width, or one replayed
         range)."""
-        if not self.distributed:
-            return
 
         def counts() -> Counts:
             f, w = [0] * self.world_size, [0] * self.world_size
@@ -142,3 +163,40 @@ class CapacityPlanner:
             return f, w
 
         self.exchange.set_capacities(mode, self.replayed(counts))
+
+
+class OneProcess(Planner):
+    """The capacities of a run without a process group: every row is local, so there
+    is nothing to measure or set.
+
+    Args:
+        shares: The step's shares (their capacity).
+        dtype: Floating type of node state.
+    """
+
+    def __init__(self, shares: Any, dtype: torch.dtype) -> None:
+        self.shares, self.dtype = shares, dtype
+
+    def plan_train(
+        self, lo: int, hi: int, epoch: int, num_neg: int, micro: int, slack: float
+    ) -> Capacities:
+        """The share's capacity (0 on the exact-size step) and no peer."""
+        return Capacities(self.shares.capacity or 0, [[0]], [[0]])
+
+    def plan_passes(self, mode: str, passes: list[Callable[[], Pass]]) -> None:
+        """Nothing to set: no pass is replayed."""
+
+
+def capacity_planner(
+    spec: RunSpec,
+    source: BatchSource,
+    inputs: BatchInputs,
+    model: Any,
+    dtype: torch.dtype,
+    batch_size: int,
+) -> Planner:
+    """The step's capacity planner: the exact replay across ranks (under a process
+    group), :class:`OneProcess` without one (arguments as :class:`CapacityPlanner`'s)."""
+    if spec.distributed:
+        return CapacityPlanner(source, inputs, model, dtype, batch_size)
+    return OneProcess(source.shares, dtype)

@@ -505,6 +505,13 @@ class Data:
             "store": store_identity(self.events),
         }
 
+    def identity_and_owner(self) -> tuple[dict[str, Any], torch.Tensor]:
+        """:meth:`state_dict` without the owner map, and the (N,) owner map: a
+        checkpoint keeps the two apart (the map is node-sized; one process has none to
+        write)."""
+        state = self.state_dict()
+        return state, state.pop("owner")
+
     def load_state_dict(self, state: dict[str, Any], where: str | Path = "checkpoint") -> None:
         """Checks that a checkpoint's data identity is this run's; changes nothing.
 

@@ -21,9 +21,10 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Inline, Ring, batch_bounds, ring
 from sven.engine.body import StepInput, eval_step
-from sven.engine.capacities import CapacityPlanner
+from sven.engine.capacities import Planner
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.metrics import average_precision, batched_link_metrics, mrr
+from sven.engine.spec import RunSpec
 from sven.pipeline.eval_negatives import protocol_order
 
 __all__ = [
@@ -108,6 +109,11 @@ def gather_rows(
     return gi_t[keep], gr_t[keep]
 
 
+def _own(table: torch.Tensor) -> torch.Tensor:
+    """A pass's score table on one rank: its own."""
+    return table
+
+
 class _NoBar:
     def update(self, n: int) -> None:
         pass
@@ -134,7 +140,9 @@ class Evaluation:
     split and the event), so its state_dict is empty.
 
     Args:
-        cfg: The run's config (``train``, ``eval``, ``pipeline`` sections).
+        cfg: The run's config (``train``, ``eval`` sections).
+        spec: How the run runs (fixed shapes, prefetch depth D, graph mode; on P ranks
+            a pass's score table is summed over the ranks, chosen here, once).
         data: The run's :class:`~sven.engine.data.Data`.
         model: The model the step runs (compiled or not).
         model_ref: The model itself (its flags).
@@ -142,8 +150,6 @@ class Evaluation:
         planner: The step's capacity planner.
         node_state: Returns the tensors a pass changes besides its own (node state,
             exchange counters): a capture's warm-up restores them.
-        depth: Prefetch depth D (0 on the exact-size step).
-        graph_mode: How the step runs (:class:`~sven.engine.capture.StepGraph`'s mode).
         plan_group: Process group of prefetched id exchanges, or None.
         log: Where notices go.
         progress: ``progress(split, events)`` -> a bar with ``update(n)`` and
@@ -154,14 +160,13 @@ class Evaluation:
         self,
         *,
         cfg: Any,
+        spec: RunSpec,
         data: Any,
         model: Any,
         model_ref: Any,
         source: BatchSource,
-        planner: CapacityPlanner,
+        planner: Planner,
         node_state: Callable[[], list[torch.Tensor]],
-        depth: int,
-        graph_mode: str,
         plan_group: Any,
         log: Callable[[str], None],
         progress: Callable[[str, int], Any] | None = None,
@@ -172,14 +177,15 @@ class Evaluation:
         self.exchange = source.exchange
         self.shares = source.shares
         self._node_state = node_state
-        self.depth, self.plan_group = depth, plan_group
-        self.graph_mode = graph_mode
-        self.device = data.device
-        self.distributed = self.exchange.distributed
-        fixed = planner.inputs.fixed
+        self.depth, self.plan_group = spec.depth, plan_group
+        self.graph_mode = spec.graph_mode
+        self.device = spec.device
+        # Each event is scored by one rank; the others' rows stay zero, so on P ranks a
+        # sum over the ranks assembles a pass's table.
+        self._assemble = self._summed if spec.world_size > 1 else _own
         #: The batch being scored, and the one built ahead of it.
-        self.inp = BatchInputs(fixed, self.device)
-        self.ahead = BatchInputs(fixed, self.device)
+        self.inp = BatchInputs(spec.fixed_shapes, self.device)
+        self.ahead = BatchInputs(spec.fixed_shapes, self.device)
         ec = cfg.eval
         # One column per protocol the split reports (test: all of them, with
         # eval.all_protocols), then the MRR negatives.
@@ -289,6 +295,14 @@ class Evaluation:
         return fn
 
     # --------------------------------------------------------------- pass
+    def _summed(self, table: torch.Tensor) -> torch.Tensor:
+        """A pass's (n, 1 + width) score table summed over the ranks (a copy)."""
+        import torch.distributed as dist
+
+        table = table.clone()
+        dist.all_reduce(table, group=self.exchange.group)
+        return table
+
     def run(self, split: str) -> EvalResult:
         """Walks a split through the evaluation step (every rank scores its share);
         returns all scores, on every rank."""
@@ -302,10 +316,8 @@ class Evaluation:
         stream, depth = EVAL_STREAM[split], self.depth
         self.inp.fill(split_lo=lo, stream=stream)
         self.ahead.fill(split_lo=lo, stream=stream)
-        if self.distributed:
-            # Each event is scored by one rank; the others' rows stay zero, so a sum
-            # over ranks assembles the table.
-            wd.scores.zero_()
+        # The rows of events another rank scores stay zero here.
+        wd.scores.zero_()
 
         def bounds(i: int) -> tuple[int, int]:
             return batch_bounds(lo, hi, b, i)
@@ -327,12 +339,7 @@ class Evaluation:
             wd.graphs[i % (depth + 1)]()
             bar.update(g_hi - g_lo)
         bar.close()
-        table = wd.scores[: hi - lo]
-        if self.distributed and self.shares.world_size > 1:
-            import torch.distributed as dist
-
-            table = table.clone()
-            dist.all_reduce(table, group=self.exchange.group)
+        table = self._assemble(wd.scores[: hi - lo])
         self.exchange.check()
         scores = table.cpu()
         protocols = self.split_protocols(split)

@@ -2,9 +2,11 @@
 signals, resume.
 
 The loop is short and plain; what it drives is a :class:`Task` (link prediction,
-:mod:`sven.engine.link`; node classification, :mod:`sven.tasks.nodeclass`), whose
+:mod:`sven.tasks.link`; node classification, :mod:`sven.tasks.nodeclass`), whose
 parts are built from the config and say what a checkpoint holds through their
-``state_dict`` / ``load_state_dict``. Per epoch::
+``state_dict`` / ``load_state_dict``: a task hands the loop a
+:class:`~sven.engine.checkpoint.Snapshot` of them with the :class:`TrainingState`
+(where to resume, the loop's progress). Per epoch::
 
     begin_epoch -> train_batch (each batch; a periodic checkpoint or a stop signal
     after any) -> end_epoch (drain, validate: the epoch's metrics line) -> the line
@@ -21,10 +23,11 @@ import json
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sven.engine.checkpoint import RunCheckpoints
+from sven.engine.checkpoint import RunCheckpoints, Snapshot
 from sven.engine.run_folder import atomic_write_text, finite_or_none
 from sven.errors import CheckpointError, Stopped, SvenError
 
@@ -33,6 +36,7 @@ __all__ = [
     "RunLoop",
     "StopSignals",
     "Task",
+    "TrainingState",
     "end_run",
     "stop_from_votes",
     "stop_vote",
@@ -94,6 +98,36 @@ class StopSignals:
         return restore
 
 
+@dataclass
+class TrainingState:
+    """Where a run resumes and the loop's progress, as a resumable checkpoint keeps them.
+
+    Attributes:
+        epoch: The epoch to resume in.
+        next_batch: Its first batch not yet trained.
+        progress: The loop's counters, history and early-stopping state, with the
+            task's own keys (:func:`new_progress`).
+    """
+
+    epoch: int
+    next_batch: int
+    progress: dict[str, Any]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's ``cursor`` and ``progress``."""
+        return {
+            "cursor": {"epoch": self.epoch, "next_batch": self.next_batch},
+            "progress": self.progress,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> TrainingState:
+        """The training state of a checkpoint's state (one written before the cursor
+        existed resumes at the start of its ``epoch``)."""
+        cursor = state.get("cursor") or {"epoch": int(state["epoch"]), "next_batch": 0}
+        return cls(int(cursor["epoch"]), int(cursor["next_batch"]), state["progress"])
+
+
 class Task(Protocol):
     """What a task gives the run loop. ``progress`` is the loop's dict of counters,
     history and early-stopping state (saved in every checkpoint), to which a task adds
@@ -127,15 +161,13 @@ class Task(Protocol):
     def improved(self, line: dict[str, Any], progress: dict[str, Any]) -> bool:
         """Whether the epoch improves on the best (updating the best in ``progress``)."""
 
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A resumable checkpoint: rank 0's state and this rank's shard."""
+    def state_dict(self, training: TrainingState) -> Snapshot:
+        """A resumable checkpoint of this rank, with ``training``."""
 
-    def load_state_dict(self, state: dict[str, Any], shard: dict[str, Any]) -> None:
+    def load_state_dict(self, snap: Snapshot) -> None:
         """Loads a checkpoint of :meth:`state_dict`."""
 
-    def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def best_state(self, epoch: int) -> Snapshot:
         """The best model of epoch ``epoch`` as a checkpoint (what test reloads)."""
 
     def describe(self, line: dict[str, Any]) -> str:
@@ -167,8 +199,8 @@ class RunLoop:
         main: Whether this is the rank that writes files.
         log: Where messages go.
         on_line: Called with each epoch's line (e.g. TensorBoard), on every rank.
-        save: Writes a checkpoint (``save(ck, step, state, shard)``; the run measures
-            and may survive a failed write).
+        save: Writes a checkpoint (``save(ck, step, snapshot)``; the run measures and
+            may survive a failed write).
         device: Where a loaded checkpoint's tensors go.
     """
 
@@ -206,12 +238,12 @@ class RunLoop:
         if step is None:
             self._log(f"no checkpoint under {self.out}, starting fresh")
             return progress, 0, 0
-        state, shard = ck.load(ck.latest, step, self.device)
-        self.task.load_state_dict(state, shard)
-        cursor = state.get("cursor") or {"epoch": int(state["epoch"]), "next_batch": 0}
-        epoch, batch = int(cursor["epoch"]), int(cursor["next_batch"])
+        snap = ck.load(ck.latest, step, self.device)
+        self.task.load_state_dict(snap)
+        saved = TrainingState.from_state(snap.state)
+        epoch, batch = saved.epoch, saved.next_batch
         self._log(f"resumed from {ck.latest.path(step)} (epoch {epoch}, batch {batch})")
-        return {**progress, **state["progress"]}, epoch, batch
+        return {**progress, **saved.progress}, epoch, batch
 
     def run(
         self, progress: dict[str, Any], start_epoch: int = 0, start_batch: int = 0
@@ -243,8 +275,8 @@ class RunLoop:
                 if due or stop:
                     snap = task.pause(progress)
                     if due:
-                        state = task.state_dict(epoch, i + 1, snap)
-                        self._save(ck.latest, progress["global_step"], *state)
+                        state = task.state_dict(TrainingState(epoch, i + 1, snap))
+                        self._save(ck.latest, progress["global_step"], state)
                     task.unpause()
                     if stop:
                         raise self._stopped(stop, epoch, i + 1, last, snap, saved=due)
@@ -265,12 +297,12 @@ class RunLoop:
                     progress["stopped"] = True
             progress["global_step"] += 1
             step = progress["global_step"]
-            self._save(ck.latest, step, *task.state_dict(epoch + 1, 0, progress))
+            self._save(ck.latest, step, task.state_dict(TrainingState(epoch + 1, 0, progress)))
             if is_best:
                 # The latest checkpoint just saved holds the best model's node state:
                 # best/ links its files rather than writing them again.
                 link = {"link_latest": step} if task.best_links_latest else {}
-                self._save(ck.best, epoch, *task.best_state(epoch), **link)
+                self._save(ck.best, epoch, task.best_state(epoch), **link)
                 # Test continues from this state, unless another epoch trains after it.
                 self.best_live = epoch
         return progress
@@ -293,7 +325,8 @@ class RunLoop:
         step = progress["global_step"]
         ck = self.ck
         if not saved:
-            self._save(ck.latest, step, *self.task.state_dict(epoch, next_batch, progress))
+            training = TrainingState(epoch, next_batch, progress)
+            self._save(ck.latest, step, self.task.state_dict(training))
         ck.finish()
         name = signal.Signals(signum).name
         path = ck.latest.path(step)

@@ -27,7 +27,7 @@ import torch
 from sven.errors import ConfigError
 from sven.models.names import resolve_tier
 
-__all__ = ["Plan", "node_row_bytes", "plan_run"]
+__all__ = ["Plan", "dry_run", "node_row_bytes", "plan_for", "plan_run"]
 
 GB = 1e9
 # What a budget of 0 leaves to everything the plan does not count.
@@ -295,3 +295,63 @@ def plan_run(
     if writes:
         items.append(_on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
     return Plan(tier, items, budgets, device.type, state, out, notes)
+
+
+def plan_for(
+    cfg: Any, events: Any, world_size: int, device: torch.device, writes: bool = True
+) -> Plan:
+    """The plan (:func:`plan_run`) of a run of ``cfg`` on an opened store: the model's
+    widths from a model built on the CPU (cheap: parameters only)."""
+    from sven.models import model_from_config
+
+    mc = cfg.model
+    edge_dim = 0 if events.edge_feat is None else int(events.edge_feat.shape[1])
+    node_dim = 0 if events.node_feat is None else int(events.node_feat.shape[1])
+    with torch.random.fork_rng(devices=[]):
+        # Its initialisation draws nothing from the run's generator.
+        probe = model_from_config(mc, edge_dim=edge_dim, node_dim=node_dim)
+    return plan_run(
+        cfg,
+        num_events=int(events.num_events),
+        num_nodes=int(events.num_nodes),
+        edge_dim=edge_dim,
+        node_dim=node_dim,
+        mail_dim=probe.mail_dim,
+        mailbox_size=probe.mailbox_size,
+        world_size=world_size,
+        device=device,
+        writes=writes,
+    )
+
+
+def dry_run(config: Any, overrides: list[str] | None = None) -> Plan:
+    """The plan of a run without running it (``sven train --dry-run``): the store is
+    opened (not read), the device and the ranks are those a run would get here.
+
+    Args:
+        config: A :class:`~sven.config.Config`, or what :func:`~sven.config.load_config`
+            reads (a preset's path, or None for the defaults).
+        overrides: Dotted ``key=value`` overrides, where ``config`` is not a Config.
+    """
+    from sven.config import Config, load_config
+    from sven.datasets.synth import default_dataset_shape
+    from sven.distributed.launcher import detect_launcher
+    from sven.distributed.process_group import _pick_device
+    from sven.engine.data import Data
+
+    cfg = config if isinstance(config, Config) else load_config(config, overrides)
+    info = detect_launcher(os.environ)
+    device = _pick_device(cfg.train.device, info)
+    # The built-in dataset not generated yet: planned from its shape, not written.
+    events = None if cfg.data.path else default_dataset_shape()
+    if events is None:
+        events = Data(
+            cfg,
+            rank=0,
+            world_size=info.world_size,
+            device=device,
+            dtype=torch.float32,
+            agree=lambda value: value,
+            load=False,
+        ).events
+    return plan_for(cfg, events, info.world_size, device)

@@ -39,9 +39,10 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Shares, batch_bounds, ring
 from sven.engine.body import StepInput, encode_step, train_step
-from sven.engine.capacities import CapacityPlanner
+from sven.engine.capacities import capacity_planner
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
+from sven.engine.spec import RunSpec
 from sven.models import MemoryModel, MemoryState
 from sven.pipeline.exchange_api import Exchange
 from sven.pipeline.wire import Capacities
@@ -50,13 +51,6 @@ if TYPE_CHECKING:
     from sven.distributed.grads import Gradients
 
 __all__ = ["Step", "StepStatus"]
-
-
-def fixed_shapes(device: torch.device, distributed: bool) -> bool:
-    """Whether a step runs on static shapes: on CUDA, where a graph captures it, and
-    across ranks, whose collectives move buffers of fixed sizes. (On one CPU process an
-    exact-size batch computes less.)"""
-    return device.type == "cuda" or distributed
 
 
 class StepStatus:
@@ -129,21 +123,6 @@ def _compiled(
     return model
 
 
-def _graph_mode(
-    asked: str, memory: MemoryState, dev: torch.device, log: Callable[[str], None]
-) -> str:
-    """``train.cuda_graph``, or off where node-state rows are staged through host copies
-    (which synchronise every step)."""
-    if not memory.storage.staged:
-        return asked
-    if dev.type == "cuda":
-        log(
-            "sven: node state is in files (state.device=disk): rows are staged "
-            "through host copies each step, which runs uncaptured"
-        )
-    return "off"
-
-
 class Step:
     """The step of one rank, for every world size: its parts, its captured graphs, and
     the epoch-level calls the run loop makes (train a batch, evaluate a split).
@@ -156,7 +135,9 @@ class Step:
     there).
 
     Args:
-        cfg: The run's config (``train``, ``eval``, ``pipeline``, ``dist`` sections).
+        cfg: The run's config (``train``, ``eval``, ``dist`` sections).
+        spec: How the run runs (:class:`~sven.engine.spec.RunSpec`: fixed shapes, graph
+            mode, prefetch depth, micro-batches, staleness), decided once.
         data: The run's :class:`~sven.engine.data.Data` (event tables, splits, owners).
         model: The model.
         optimizer: Its optimizer.
@@ -176,6 +157,7 @@ class Step:
         self,
         *,
         cfg: Any,
+        spec: RunSpec,
         data: Any,
         model: MemoryModel,
         optimizer: torch.optim.Optimizer,
@@ -187,66 +169,46 @@ class Step:
         log: Callable[[str], None],
         progress: Callable[[str, int], Any] | None = None,
     ) -> None:
-        tc, pc, dev = cfg.train, cfg.pipeline, data.device
-        self.cfg, self.data, self.model_ref = cfg, data, model
+        tc, dev = cfg.train, spec.device
+        self.cfg, self.spec, self.data, self.model_ref = cfg, spec, data, model
         self.optimizer, self.memory, self.exchange = optimizer, memory, exchange
         self.grads, self.plan_group, self.timeline = grads, plan_group, timeline
         self.device = dev
-        self.distributed = exchange.distributed
-        fixed = fixed_shapes(dev, self.distributed)
         self.model: Any = _compiled(model, tc.compile, dev, log)
-        #: How the step runs: captured (``train.cuda_graph``) unless node-state rows
-        #: are staged through host copies, which synchronise every step.
-        self.graph_mode = _graph_mode(tc.cuda_graph, memory, dev, log)
-        self.shares = Shares(
-            data,
-            data.rank,
-            data.world_size,
-            tc.batch_size,
-            fixed=fixed,
-            distributed=self.distributed,
-        )
-        self.capacity = self.shares.capacity
-        # The pipeline's knobs act on fixed-shape steps (an exact-size eager step has
-        # nothing to overlap and a share of no fixed size to split).
-        self.depth = int(pc.prefetch) if fixed else 0
-        if self.depth and memory.storage.tier == "host" and dev.type == "cuda":
-            # With the batch built ahead on the side stream, a run over pinned host
-            # state drifted from the same run with state on the GPU, where depth 0
-            # matched it to the last digit (docs/scale.md, "Host memory"): until that
-            # is understood the host tier builds each batch in its own step.
-            log("sven: node state in host memory: the prefetch ring is off (depth 0)")
-            self.depth = 0
-        m = 1 if pc.micro_batches == "auto" else int(pc.micro_batches)
-        if not fixed or self.capacity is None:
-            m = 1
-        self.micro_batches = max(1, min(m, self.capacity or 1))
-        self.staleness = pc.staleness if self.distributed else 0
+        self.shares = Shares(data, spec)
         # The current batch's inputs (with its prediction count) and those of the
         # training batch built ahead.
-        self.inp = BatchInputs(fixed, dev, extra={"npred": torch.float64})
+        self.inp = BatchInputs(spec.fixed_shapes, dev, extra={"npred": torch.float64})
         self.inp.fill(npred=1.0)
-        self.ahead = BatchInputs(fixed, dev)
-        self.source = BatchSource(data.tables, model, tc.seed, self.shares, exchange)
-        self.ring = ring(self.depth, dev, lambda: determinism(dev))
-        self.planner = CapacityPlanner(self.source, self.ahead, model, memory.dtype, tc.batch_size)
+        self.ahead = BatchInputs(spec.fixed_shapes, dev)
+        self.source = BatchSource(data.tables, model, tc.seed, self.shares, exchange, spec)
+        self.ring = ring(spec.depth, dev, lambda: determinism(dev))
+        self.planner = capacity_planner(
+            spec, self.source, self.ahead, model, memory.dtype, tc.batch_size
+        )
         self.status = StepStatus(dev, grads.crosses_ranks)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         self.evaluation = Evaluation(
             cfg=cfg,
+            spec=spec,
             data=data,
             model=self.model,
             model_ref=model,
             source=self.source,
             planner=self.planner,
             node_state=self._node_state,
-            depth=self.depth,
-            graph_mode=self.graph_mode,
             plan_group=plan_group,
             log=log,
             progress=progress,
         )
         self.train_graphs = self._train_graphs(log)
+
+    # The pipeline's settings, as the run's description resolved them.
+    depth = property(lambda self: self.spec.depth, doc="Prefetch depth D.")
+    micro_batches = property(lambda self: self.spec.micro_batches, doc="Parts of a share.")
+    staleness = property(lambda self: self.spec.staleness, doc="Steps a write-back is held.")
+    graph_mode = property(lambda self: self.spec.graph_mode, doc="How the step runs.")
+    capacity = property(lambda self: self.spec.capacity, doc="Events of a share, or None.")
 
     def _train_graphs(self, log: Callable[[str], None]) -> list[StepGraph]:
         """One training graph per prefetch-ring position, over the state a step
@@ -388,7 +350,8 @@ class Step:
             their sources at their times, from the memory before the batch.
         """
         mode = f"encode{lo}-{hi}-{stream}"
-        if self.distributed and mode not in self.exchange.capacities:
+        if mode not in self.exchange.capacities:
+            # Measured on P ranks; one process has no capacity to set.
             self.planner.plan_passes(mode, [lambda: (lo, hi, stream, 0, None)])
         model = self.model_ref
         model.eval()

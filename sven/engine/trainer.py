@@ -5,7 +5,7 @@ data (:class:`~sven.engine.data.Data`: store, splits, partition, event tables), 
 model, this rank's node state and the exchange that reads and writes it (the whole
 state on one process; vertex-owned shards on P ranks), the optimizer, the step
 (:class:`~sven.engine.step.Step`, with its evaluation) and the run's checkpoints.
-:meth:`Trainer.fit` trains link prediction on them (:mod:`sven.engine.link`, on the run
+:meth:`Trainer.fit` trains link prediction on them (:mod:`sven.tasks.link`, on the run
 loop of :mod:`sven.engine.loop`); a checkpoint is the parts' state_dicts
 (:meth:`Trainer.state_dict`).
 
@@ -30,11 +30,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from sven.config import Config
-from sven.config.load import as_config, config_overrides, load_config
+from sven.config.load import as_config
 from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
+    Snapshot,
+    Stateful,
     find_checkpoint,
     load_node_state,
     read_state,
@@ -42,11 +44,11 @@ from sven.engine.checkpoint import (
 from sven.engine.comm import predict_comm
 from sven.engine.data import Data
 from sven.engine.evaluation import EvalResult
-from sven.engine.link import LinkPrediction
-from sven.engine.loop import StopSignals
+from sven.engine.loop import StopSignals, TrainingState
 from sven.engine.optim import Optimizer
-from sven.engine.plan import Plan, plan_run
+from sven.engine.plan import plan_for
 from sven.engine.run_folder import prepare_out
+from sven.engine.spec import RunSpec, resolve_spec
 from sven.engine.startup import StartupClock, set_deterministic
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
@@ -56,9 +58,6 @@ from sven.models import MemoryModel, MemoryState, model_from_config
 from sven.models.storage import Storage
 from sven.pipeline.exchange import FixedExchange
 from sven.pipeline.exchange_api import Exchange, LocalExchange
-
-# Under its old name for the callers that import it from here (sven.cli.train, replay).
-_config_overrides = config_overrides
 
 
 class Trainer:
@@ -80,6 +79,12 @@ class Trainer:
 
     # Where training is, for failure messages.
     where: str = "start"
+    spec: RunSpec
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the run spans a process group (:attr:`RunSpec.distributed`)."""
+        return self.spec.distributed
 
     def __init__(
         self,
@@ -143,7 +148,18 @@ class Trainer:
         self._build_model_and_state(cfg)
         clock.add("model", time.perf_counter() - t_model)
         t_tables = time.perf_counter()
-        self.distributed = self.ctx.backend != "none"
+        #: How the run runs, decided once (:mod:`sven.engine.spec`).
+        self.spec = resolve_spec(
+            cfg,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            distributed=self.ctx.backend != "none",
+            tier=self.memory.storage.tier,
+            staged=self.memory.storage.staged,
+            data=self.data,
+            log=lambda msg: self.log(msg, force=True),
+        )
         plan_group = self._build_exchange(cfg)
         self.data.attach(self.model)
         t_opt = time.perf_counter()
@@ -155,17 +171,18 @@ class Trainer:
         )
         dt_opt = time.perf_counter() - t_opt
         clock.add("optimizer", dt_opt)
+        distributed = self.spec.distributed
         self.grads: Gradients = (
             GradBucket(self.model.parameters(), None, self.world_size)
-            if self.distributed
+            if distributed
             else LocalGrads(self.optimizer)
         )
         self._build_step(cfg, plan_group)
         self.log(self._describe_run())
-        if self.distributed:
+        if distributed:
             self.log(self.ctx.describe())
         self.predicted_comm = (
-            predict_comm(cfg, self.data, self.model, self.exchange) if self.distributed else None
+            predict_comm(cfg, self.data, self.model, self.exchange) if distributed else None
         )
         clock.add("tables", time.perf_counter() - t_tables - dt_opt)
 
@@ -235,7 +252,7 @@ class Trainer:
     def _build_exchange(self, cfg: Config) -> Any:
         """The exchange (local, or across the ranks); returns the process group of
         prefetched id plans (None on one process)."""
-        if not self.distributed:
+        if not self.spec.distributed:
             self.exchange: Exchange = LocalExchange(self.memory)
             return None
         from datetime import timedelta
@@ -254,7 +271,7 @@ class Trainer:
             self.memory,
             node_feat=self.data.owned_node_feat(),
             push_group=push_group,
-            staleness=cfg.pipeline.staleness,
+            staleness=self.spec.staleness,
         )
         return plan_group
 
@@ -276,6 +293,7 @@ class Trainer:
             self.profiler = StepProfiler(trace, self.device, lc.profile_start, lc.profile_steps)
         self.step = Step(
             cfg=cfg,
+            spec=self.spec,
             data=self.data,
             model=self.model,
             optimizer=self.optimizer,
@@ -415,85 +433,73 @@ class Trainer:
 
             barrier_or_die(self.ctx, what)
 
-    def _rng_state(self) -> dict[str, Any]:
-        # Negatives, uniform sampling and dropout are keyed by event and batch (see
-        # pipeline/negatives.py) and need no state; torch's is kept for user code.
-        return {"torch": torch.get_rng_state()}
+    def _parts(self) -> dict[str, Stateful]:
+        """Rank 0's parts of a checkpoint besides the data identity, by the key each is
+        saved under."""
+        return {"model": self.model, "optimizer": self.optimizer, "evaluator": self.evaluator}
 
-    def _set_rng_state(self, s: dict[str, Any]) -> None:
-        # Shards load onto the run's device, but torch's RNG state must be a CPU tensor
-        # (on a GPU run, resume otherwise fails: "RNG state must be a torch.ByteTensor").
-        torch.set_rng_state(s["torch"].cpu())
+    def _rank_parts(self) -> dict[str, Stateful]:
+        """This rank's small parts of a checkpoint (its node state goes apart)."""
+        return {"exchange": self.exchange, "rng": _TorchRNG()}
 
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A resumable checkpoint, assembled from the components' state_dicts.
+    def state_dict(self, training: TrainingState) -> Snapshot:
+        """A resumable checkpoint of this rank, assembled from the parts' state_dicts.
 
         Taken at a drained boundary (no step queued, no write-back in flight).
 
         Args:
-            epoch: The epoch to resume in.
-            next_batch: Its first batch not yet trained.
-            progress: The epoch loop's counters, history and early-stopping state.
+            training: Where to resume and the loop's progress.
 
         Returns:
             Rank 0's state (data identity, model, optimizer, evaluator, cursor,
-            progress) and this rank's shard (memory, exchange counters, RNG).
+            progress), this rank's shard (exchange counters, RNG), its node state and
+            the owner map (taken out of the data identity: the format keeps it apart).
         """
-        state = {
-            "data": self.data.state_dict(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "evaluator": self.evaluator.state_dict(),
-            "cursor": {"epoch": epoch, "next_batch": next_batch},
-            "progress": progress,
-        }
-        shard = {
-            "memory": self.memory.state_dict(),
-            "exchange": self.exchange.state_dict() if self.distributed else {},
-            "rng": self._rng_state(),
-        }
-        return state, shard
+        data, owner = self.data.identity_and_owner()
+        state = {"data": data, **{k: part.state_dict() for k, part in self._parts().items()}}
+        shard = {k: part.state_dict() for k, part in self._rank_parts().items()}
+        state.update(training.state_dict())
+        return Snapshot(state, shard, node_state=self.memory.state_dict(), owner=owner)
 
-    def load_state_dict(
-        self, state: dict[str, Any], shard: dict[str, Any], where: str = "checkpoint"
-    ) -> None:
-        """Loads a checkpoint into the components (the inverse of :meth:`state_dict`).
+    def load_state_dict(self, snap: Snapshot, where: str = "checkpoint") -> None:
+        """Loads a checkpoint into the parts (the inverse of :meth:`state_dict`).
 
         A part the checkpoint lacks is left as it is: the best model's checkpoint holds
-        only the data identity, the model and the memory.
+        only the data identity, the model and the node state.
 
         Raises:
             ConfigError: The checkpoint's ranks or partition are not this run's.
         """
-        self.data.load_state_dict(_data_state(state), where)
+        state, shard = snap.state, snap.shard
+        self.data.load_state_dict(_data_state(state, snap.owner), where)
         self.model.load_state_dict(state["model"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         self.evaluator.load_state_dict(state.get("evaluator", {}))
-        self.memory.load_state_dict(shard["memory"])
+        if snap.node_state is not None:
+            self.memory.load_state_dict(snap.node_state)
         counters = shard.get("exchange", shard.get("comm"))
-        if self.distributed and counters:
+        if counters:
+            # Kept across ranks; one process has none to restore.
             self.exchange.load_state_dict(counters)
         if "rng" in shard:
-            self._set_rng_state(shard["rng"])
+            _TorchRNG().load_state_dict(shard["rng"])
 
     def load_checkpoint(self, ck: Checkpointer, step: int) -> dict[str, Any]:
-        """Loads checkpoint ``step`` of ``ck`` into the components; returns rank 0's state."""
+        """Loads checkpoint ``step`` of ``ck`` into the parts; returns rank 0's state."""
         cks, where = self.checkpoints, f"checkpoint {ck.path(step)}"
-        state, shard = cks.load(ck, step, self.device, node_state=False)
+        snap = cks.load(ck, step, self.device, node_state=False)
         # The data identity first: the node state is read only for this run's vertices,
         # straight into the node state's own tensors (no second copy of it).
-        self.data.load_state_dict(_data_state(state), where)
-        shard["memory"] = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
-        self.load_state_dict(state, shard, where)
-        return state
+        self.data.load_state_dict(_data_state(snap.state), where)
+        snap.node_state = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
+        self.load_state_dict(snap, where)
+        return snap.state
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
         """Trains link prediction with early stopping on validation, then evaluates the
-        best model on test (:class:`~sven.engine.link.LinkPrediction`).
+        best model on test (:class:`~sven.tasks.link.LinkPrediction`).
 
         SIGTERM and SIGUSR1 (:data:`~sven.engine.loop.STOP_SIGNALS`) stop training after
         the step that follows them, on every rank at the same step, with a checkpoint;
@@ -506,6 +512,10 @@ class Trainer:
             Stopped: A stop signal arrived; the checkpoint is written (exit code 75).
             DistError: A rank died or hung; the message names it (exit code 4).
         """
+        # Imported here: the task takes the run by its public members and imports no
+        # trainer, and the trainer names the task only where it runs it.
+        from sven.tasks.link import LinkPrediction
+
         restore = self.signals.install()
         try:
             return LinkPrediction(self).run()
@@ -628,12 +638,27 @@ class Trainer:
             print(msg, file=sys.stderr, flush=True)
 
 
-def _data_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The data component's part of a checkpoint's state; checkpoints written before the
-    components kept the owner map and world size at the top."""
-    if "data" in state:
-        return state["data"]
-    return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
+def _data_state(state: dict[str, Any], owner: torch.Tensor | None = None) -> dict[str, Any]:
+    """The data part's state in a checkpoint's state, with its owner map (``owner``
+    where a snapshot holds it apart); checkpoints written before the parts kept the
+    owner map and world size at the top."""
+    if "data" not in state:
+        return {"owner": state["owner"], "world_size": int(state.get("world_size", 1))}
+    return state["data"] if owner is None else {**state["data"], "owner": owner}
+
+
+class _TorchRNG:
+    """Torch's global RNG as a checkpoint part. Negatives, uniform sampling and dropout
+    are keyed by event and batch (pipeline/negatives.py) and need no state; torch's is
+    kept for user code."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Shards load onto the run's device, but torch's RNG state must be a CPU tensor
+        # (on a GPU run, resume otherwise fails: "RNG state must be a torch.ByteTensor").
+        torch.set_rng_state(state["torch"].cpu())
 
 
 def _is_comm_failure(exc: BaseException) -> bool:
@@ -645,53 +670,3 @@ def _is_comm_failure(exc: BaseException) -> bool:
     # connection, a hung one trips the application timeout ("... caused pair closure").
     marks = ("gloo", "nccl", "connection", "timed out", "timeout", "broken pipe", "closure")
     return any(s in text for s in marks)
-
-
-def plan_for(
-    cfg: Config, events: Any, world_size: int, device: torch.device, writes: bool = True
-) -> Plan:
-    """The plan (:func:`~sven.engine.plan.plan_run`) of a run of ``cfg`` on an opened
-    store: the model's widths from a model built on the CPU (cheap: parameters only)."""
-    mc = cfg.model
-    edge_dim = 0 if events.edge_feat is None else int(events.edge_feat.shape[1])
-    node_dim = 0 if events.node_feat is None else int(events.node_feat.shape[1])
-    with torch.random.fork_rng(devices=[]):
-        # Its initialisation draws nothing from the run's generator.
-        probe = model_from_config(mc, edge_dim=edge_dim, node_dim=node_dim)
-    return plan_run(
-        cfg,
-        num_events=int(events.num_events),
-        num_nodes=int(events.num_nodes),
-        edge_dim=edge_dim,
-        node_dim=node_dim,
-        mail_dim=probe.mail_dim,
-        mailbox_size=probe.mailbox_size,
-        world_size=world_size,
-        device=device,
-        writes=writes,
-    )
-
-
-def dry_run(config: Config | str | Path | None, overrides: list[str] | None = None) -> Plan:
-    """The plan of a run without running it (``sven train --dry-run``): the store is
-    opened (not read), the device and the ranks are those a run would get here."""
-    from sven.datasets.synth import default_dataset_shape
-    from sven.distributed.launcher import detect_launcher
-    from sven.distributed.process_group import _pick_device
-
-    cfg = config if isinstance(config, Config) else load_config(config, overrides)
-    info = detect_launcher(os.environ)
-    device = _pick_device(cfg.train.device, info)
-    # The built-in dataset not generated yet: planned from its shape, not written.
-    events = None if cfg.data.path else default_dataset_shape()
-    if events is None:
-        events = Data(
-            cfg,
-            rank=0,
-            world_size=info.world_size,
-            device=device,
-            dtype=torch.float32,
-            agree=lambda value: value,
-            load=False,
-        ).events
-    return plan_for(cfg, events, info.world_size, device)

@@ -40,7 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sven.config import Config, dump_config, load_config
+from sven.engine.checkpoint import Snapshot
 from sven.engine.evaluation import gather_rows
+from sven.engine.loop import TrainingState
 from sven.engine.metrics import roc_auc
 from sven.engine.run_folder import finite_or_none
 from sven.errors import ConfigError, DataError
@@ -512,29 +514,23 @@ class _Classification:
             state["model"] = self.tr.model.state_dict()
         return state
 
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Classifier, optimizer, progress, cursor (and the encoder, fine-tuning)."""
-        state = {
-            **self._models(),
-            "optimizer": self.opt.state_dict(),
-            "progress": progress,
-            "cursor": {"epoch": epoch, "next_batch": next_batch},
-        }
-        return state, {}
+    def state_dict(self, training: TrainingState) -> Snapshot:
+        """Classifier, optimizer, cursor, progress (and the encoder, fine-tuning)."""
+        state = {**self._models(), "optimizer": self.opt.state_dict(), **training.state_dict()}
+        return Snapshot(state)
 
-    def load_state_dict(self, state: dict[str, Any], shard: dict[str, Any]) -> None:
+    def load_state_dict(self, snap: Snapshot) -> None:
         """Loads :meth:`state_dict`'s checkpoint (also one of a run written before the
         run loop, whose cursor was its ``epoch``)."""
+        state = snap.state
         self.clf.load_state_dict(state["classifier"])
         self.opt.load_state_dict(state["optimizer"])
         if self.finetune:
             self.tr.model.load_state_dict(state["model"])
 
-    def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def best_state(self, epoch: int) -> Snapshot:
         """The classifier (and the encoder, fine-tuning) of the best epoch."""
-        return {**self._models(), "epoch": epoch}, {}
+        return Snapshot({**self._models(), "epoch": epoch})
 
 
 def _fmt(x: float | None) -> str:

@@ -87,9 +87,10 @@ def open_run(
         SvenError: No usable checkpoint, or one trained on other data.
     """
     from sven.config import load_config
+    from sven.config.load import config_overrides
     from sven.config.paths import recorded_config
     from sven.distributed.launcher import detect_launcher
-    from sven.engine.trainer import Trainer, _config_overrides
+    from sven.engine.trainer import Trainer
 
     folder, state = read_checkpoint(checkpoint)
     # The run's paths as its run meant them, from wherever this command runs.
@@ -99,7 +100,7 @@ def open_run(
     # compiler for nothing.
     extra = ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
     check_store_first(
-        state, load_config(None, _config_overrides(cfg, extra)), folder, other_store=other_store
+        state, load_config(None, config_overrides(cfg, extra)), folder, other_store=other_store
     )
     tr = Trainer(cfg, extra, purpose="replay")
     note = check_same_data(state, tr.data, folder, other_store=other_store)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import sven
-import sven.engine.link as link_mod
+import sven.tasks.link as link_mod
 from sven.cli import main
 from sven.datasets.store import TemporalEvents
 from sven.engine.checkpoint import Checkpointer, load_file, read_meta, read_state

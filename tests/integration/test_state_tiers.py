@@ -197,7 +197,7 @@ def test_plan_refuses_a_run_that_does_not_fit_before_any_work(store, tmp_path) -
 
 
 def test_auto_picks_files_when_host_memory_is_short(store, tmp_path) -> None:
-    from sven.engine.trainer import dry_run
+    from sven.engine.plan import dry_run
 
     over = _overrides(store, tmp_path / "run", "tgn", "auto", "state.host_budget_gb=100")
     # Node state beside a CPU's compute is in host memory, and the plan names it so.

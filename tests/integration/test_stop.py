@@ -174,7 +174,7 @@ def test_a_resumed_run_estimates_after_its_first_whole_epoch(
     tiny_store, tmp_path, monkeypatch
 ) -> None:
     """Stopped in epoch 0, the resumed process measures epoch 1, the first it runs whole."""
-    import sven.engine.link as link
+    import sven.tasks.link as link
 
     asked: list[int] = []
     monkeypatch.setattr(link, "epoch_estimate", lambda epoch, *a: asked.append(epoch))

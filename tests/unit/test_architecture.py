@@ -284,11 +284,10 @@ def test_no_import_circle() -> None:
 
 
 #: Circles through imports for type checking only, left when the rule came (issue 38):
-#: link prediction and the trainer (link prediction moves to sven/tasks/ on a public
-#: run), the synthetic generator and its stream. None may join.
+#: the synthetic generator and its stream. None may join (link prediction and the
+#: trainer were one; link prediction now takes the run as a protocol, sven.tasks.run).
 TYPE_CIRCLES = {
     "sven.datasets.synth -> sven.datasets.synth_stream -> sven.datasets.synth",
-    "sven.engine.link -> sven.engine.trainer -> sven.engine.link",
 }
 
 
@@ -299,9 +298,96 @@ def test_no_new_import_circle_through_types() -> None:
     assert not gone, f"circles broken, take them off TYPE_CIRCLES: {gone}"
 
 
+def test_no_task_is_in_a_circle_with_the_trainer() -> None:
+    """The trainer runs its tasks; a task takes the run (:class:`sven.tasks.run.Run`)
+    and reaches the trainer through no chain of imports, those for types included."""
+    graph = _graph(types=True)
+    assert "sven.tasks.link" in graph["sven.engine.trainer"]
+    reached, todo = set(), ["sven.engine.trainer"]
+    while todo:
+        for m in graph[todo.pop()] - reached:
+            reached.add(m)
+            todo.append(m)
+    back = sorted(
+        m for m in reached if m.startswith(TASKS) and _reaches(graph, m, "sven.engine.trainer")
+    )
+    assert not back, f"tasks the trainer imports that import it back: {back}"
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    """Whether ``goal`` is reachable from ``start`` in ``graph``."""
+    seen, todo = {start}, [start]
+    while todo:
+        for m in graph[todo.pop()]:
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return False
+
+
+#: Where the run's modes are read from the config: the config itself, the run's
+#: description (resolved once) and the plan (which counts the prefetch ring's bytes
+#: before the description exists).
+MODE_READERS = ("sven.config", "sven.engine.spec", "sven.engine.plan")
+
+
+def _mode_reads(tree: ast.AST) -> list[str]:
+    """``<config>.pipeline`` and ``<anything>.cuda_graph`` reads, where ``<config>`` is
+    a name or attribute ``cfg``/``config``."""
+
+    def is_config(node: ast.expr) -> bool:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        return name in ("cfg", "config")
+
+    return sorted(
+        f"{node.lineno}: .{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and (node.attr == "cuda_graph" or (node.attr == "pipeline" and is_config(node.value)))
+    )
+
+
+def test_mode_reads_are_found() -> None:
+    tree = ast.parse("cfg.pipeline.prefetch\nself.cfg.pipeline\ntc.cuda_graph\nsven.pipeline\n")
+    assert _mode_reads(tree) == ["1: .pipeline", "2: .pipeline", "3: .cuda_graph"]
+
+
+def test_only_the_run_description_reads_the_modes_from_the_config() -> None:
+    """The prefetch depth, micro-batches, staleness and graph mode are decided once
+    (``sven.engine.spec.RunSpec``); the parts read them there."""
+    found = [
+        f"{m} {use}"
+        for m, path in _modules().items()
+        if not m.startswith(MODE_READERS)
+        for use in _mode_reads(ast.parse(path.read_text()))
+    ]
+    assert not found, f"modes read from the config outside the run's description: {found}"
+
+
+#: Keys of a run's checkpoint that are the run's to name (its parts, its progress).
+RUN_KEYS = {
+    "memory", "owner", "data", "model", "optimizer", "evaluator", "cursor", "progress",
+    "exchange", "rng", "epoch", "memory_phase",
+}  # fmt: skip
+
+
+def test_the_run_checkpointer_names_no_key_of_the_run() -> None:
+    """RunCheckpoints writes and reads a run's Snapshot: which part is saved under which
+    key is the run's (the trainer's, a task's), never the checkpointer's."""
+    path = _modules()["sven.engine.checkpoint.run"]
+    found = sorted(
+        f"{node.lineno}: {node.value!r}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in RUN_KEYS
+    )
+    assert not found, f"run keys named in sven/engine/checkpoint/run.py: {found}"
+
+
 #: The tasks: what a trained or training run is used for. They use the trainer through
 #: its public members only.
-TASKS = ("sven.engine.link", "sven.tasks")
+TASKS = ("sven.tasks",)
 
 
 def _private_trainer_uses(tree: ast.AST) -> list[str]:
@@ -425,9 +511,7 @@ LONG_FUNCTIONS = {
     "sven.partition.assign:assign_events": 112,
     "sven.pipeline.batch:make_batch": 106,
     "sven.datasets.cli:add_parser": 106,
-    "sven.engine.link:_summary": 90,
     "sven.pipeline.stages:select_batch": 84,
-    "sven.engine.link:run": 83,
 }
 
 

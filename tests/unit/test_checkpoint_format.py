@@ -22,6 +22,7 @@ import torch
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
+    Snapshot,
     file_digest,
     find_checkpoint,
     load_node_state,
@@ -199,8 +200,9 @@ def test_best_links_the_latest_files_and_outlives_its_pruning(tmp_path) -> None:
     cfg = _Cfg()
     run = RunCheckpoints(tmp_path / "run", 1, config=cfg, asynchronous=True)
     full = _state(N, 5)
-    run.save(run.latest, 10, {"data": {"num_nodes": N, "owner": torch.zeros(N)}}, {"memory": full})
-    run.save(run.best, 0, {"data": {"num_nodes": N, "owner": torch.zeros(N)}}, {}, link_latest=10)
+    data = {"num_nodes": N}
+    run.save(run.latest, 10, Snapshot({"data": data}, node_state=full, owner=torch.zeros(N)))
+    run.save(run.best, 0, Snapshot({"data": data}, owner=torch.zeros(N)), link_latest=10)
     assert run.finish() == []
     latest, best = run.latest.path(10), run.best.path(0)
     for k in full:
@@ -212,7 +214,7 @@ def test_best_links_the_latest_files_and_outlives_its_pruning(tmp_path) -> None:
     assert not (latest / "owner.npy").exists()
     assert torch.equal(read_state(best)["data"]["owner"], torch.zeros(N, dtype=torch.int64))
     # The next latest checkpoint prunes step 10; best's files live on (one link each).
-    run.save(run.latest, 11, {"x": 0}, {"memory": _state(N, 6)})
+    run.save(run.latest, 11, Snapshot({"x": 0}, node_state=_state(N, 6)))
     run.finish()
     assert run.latest.steps() == [11]
     assert verify_folder(best) and (best / "nodes/rank0/memory.npy").stat().st_nlink == 1

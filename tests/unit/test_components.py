@@ -11,8 +11,15 @@ import torch
 import sven
 from sven.config import load_config
 from sven.datasets.store import write_events
-from sven.engine.checkpoint import RunCheckpoints
+from sven.engine.checkpoint import (
+    RunCheckpoints,
+    Snapshot,
+    find_checkpoint,
+    load_file,
+    read_state,
+)
 from sven.engine.data import Data
+from sven.engine.loop import TrainingState
 from sven.engine.optim import Optimizer
 from sven.errors import ConfigError
 from sven.models import MemoryState, model_from_config
@@ -168,12 +175,14 @@ def test_checkpointer_state_and_files_round_trip(store, tmp_path) -> None:
     fresh.load_state_dict(ck.state_dict())
     assert fresh.state_dict() == ck.state_dict()
     state = {"cursor": {"epoch": 1, "next_batch": 2}, "w": torch.arange(3)}
-    shard = {"memory": {"m": torch.ones(2, 2)}}
-    ck.save(ck.latest, 7, state, shard)
+    shard = {"c": torch.tensor([4])}
+    node_state = {"m": torch.ones(2, 2)}
+    ck.save(ck.latest, 7, Snapshot(state, shard, node_state))
     assert fresh.newest(fresh.latest) == 7
-    got_state, got_shard = fresh.load(fresh.latest, 7)
-    assert _same(got_state, {**state, "config": cfg.to_dict()})
-    assert _same(got_shard, {**shard, "rank": 0, "world_size": 1})
+    got = fresh.load(fresh.latest, 7)
+    assert _same(got.state, {**state, "config": cfg.to_dict()})
+    assert _same(got.shard, {**shard, "rank": 0, "world_size": 1})
+    assert _same(got.node_state, node_state) and got.owner is None
     other = load_config(None, _overrides(store, tmp_path / "run", "train.lr=0.5"))
     with pytest.raises(ConfigError, match=r"differing keys: train\.lr"):
         RunCheckpoints(tmp_path / "run", 3, config=other).load(ck.latest, 7)
@@ -187,17 +196,45 @@ def test_evaluator_state_is_empty(store, tmp_path) -> None:
         ev.load_state_dict({"x": 1})
 
 
+def test_a_trainer_checkpoint_keeps_the_format_2_layout(store, tmp_path) -> None:
+    """What the trainer's snapshot becomes on disk is what format 2 documents (and what
+    runs before the snapshot wrote): the owner map apart from state.pt (none on one
+    process), the node state in nodes/, each rank's small state in rank{r}.pt."""
+    run = tmp_path / "run"
+    over = _overrides(store, run, "train.epochs=1", "train.max_batches=3")
+    sven.Trainer(None, over).fit()
+    folder = find_checkpoint(run / "checkpoints")
+    state = load_file(folder / "state.pt")
+    assert list(state) == [
+        "data", "model", "optimizer", "evaluator", "cursor", "progress", "config"
+    ]  # fmt: skip
+    assert "owner" not in state["data"] and not (folder / "owner.npy").exists()
+    assert list(load_file(folder / "rank0.pt")) == ["exchange", "rng", "rank", "world_size"]
+    fields = sorted(p.name for p in (folder / "nodes" / "rank0").iterdir())
+    assert fields == ["last_update.npy", "mail.npy", "mail_ts.npy", "mail_valid.npy", "memory.npy"]
+    best = load_file(find_checkpoint(run / "best") / "state.pt")
+    assert list(best) == ["data", "model", "epoch", "memory_phase", "config"]
+    assert read_state(find_checkpoint(run)).get("memory_phase") == "val_end"
+
+
 def test_trainer_state_round_trips_into_a_fresh_trainer(store, tmp_path) -> None:
     """The checkpoint the trainer assembles loads into a new trainer unchanged."""
     over = _overrides(store, tmp_path / "run", "train.epochs=1", "train.max_batches=3")
     tr = sven.Trainer(None, over)
     tr.fit()
-    progress = {"global_step": 4, "history": []}
-    state, shard = tr.state_dict(1, 0, progress)
+    training = TrainingState(1, 0, {"global_step": 4, "history": []})
+    snap = tr.state_dict(training)
+    state, shard = snap.state, snap.shard
     assert set(state) == {"data", "model", "optimizer", "evaluator", "cursor", "progress"}
-    assert set(shard) == {"memory", "exchange", "rng"}
-    assert float(shard["memory"]["memory"].abs().sum()) > 0.0  # trained, not fresh
+    assert set(shard) == {"exchange", "rng"}
+    assert float(snap.node_state["memory"].abs().sum()) > 0.0  # trained, not fresh
+    # The owner map goes apart from the data identity (the format keeps it apart).
+    assert "owner" not in state["data"] and torch.equal(snap.owner, tr.data.owner.cpu())
+
+    def parts(s: Snapshot) -> tuple[Any, ...]:
+        return s.state, s.shard, s.node_state, s.owner
+
     fresh = sven.Trainer(None, [*over, f"out={tmp_path / 'fresh'}"])
-    assert not _same(fresh.state_dict(1, 0, progress), (state, shard))
-    fresh.load_state_dict(state, shard)
-    assert _same(fresh.state_dict(1, 0, progress), (state, shard))
+    assert not _same(parts(fresh.state_dict(training)), parts(snap))
+    fresh.load_state_dict(snap)
+    assert _same(parts(fresh.state_dict(training)), parts(snap))

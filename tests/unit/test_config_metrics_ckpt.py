@@ -98,7 +98,7 @@ def test_checkpoints_atomic_keep_k_and_fallback(tmp_path, capsys) -> None:
 
 
 def test_select_rules_pick_different_epochs_on_one_history() -> None:
-    from sven.engine.link import improved
+    from sven.tasks.link import improved
 
     # Val AP creeps up to the last epoch while val AUC peaks at epoch 1 (JODIE's shape).
     history = [(0.80, 0.85), (0.82, 0.88), (0.83, 0.87), (0.84, 0.86)]

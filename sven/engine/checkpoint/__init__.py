@@ -7,6 +7,8 @@ background, read back into any number of ranks.
 - :mod:`~sven.engine.checkpoint.format`: digests, ``.npy`` headers, safe readers, checks;
 - :mod:`~sven.engine.checkpoint.load`: finding a checkpoint, reading its states, and
   :func:`load_node_state` of any set of vertices (another number of ranks);
+- :mod:`~sven.engine.checkpoint.parts`: :class:`Snapshot`, what a run hands the
+  checkpointer (one rank's checkpoint in the format's pieces), from :class:`Stateful` parts;
 - :mod:`~sven.engine.checkpoint.run`: :class:`RunCheckpoints`, a run's latest and best.
 """
 
@@ -30,12 +32,15 @@ from sven.engine.checkpoint.load import (
     read_shard,
     read_state,
 )
+from sven.engine.checkpoint.parts import Snapshot, Stateful
 from sven.engine.checkpoint.run import RunCheckpoints, check_resume_config, room_on_device
 from sven.engine.checkpoint.writer import Checkpointer
 
 __all__ = [
     "Checkpointer",
     "RunCheckpoints",
+    "Snapshot",
+    "Stateful",
     "WriterPool",
     "check_resume_config",
     "file_digest",

@@ -112,6 +112,21 @@ def read_shard(folder: str | Path, rank: int, map_location: str | torch.device =
     return {k: _to(v, map_location) for k, v in shard.items()}
 
 
+def read_node_state(folder: str | Path, rank: int) -> dict[str, torch.Tensor] | None:
+    """Rank ``rank``'s node state as it was saved, read whole: field -> (N_r, ...) CPU
+    tensor (None: the checkpoint has none). Format 1 kept it as ``memory`` in
+    ``memory-rank{r}.pt``."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    if meta["format"] < 2:
+        return load_file(folder / f"memory-rank{rank}.pt").get("memory")
+    ns = meta.get("node_state")
+    if not ns:
+        return None
+    # Each file checked against meta.json before its rows are used (open_field).
+    return {k: torch.from_numpy(np.array(open_field(folder, meta, rank, k))) for k in ns["fields"]}
+
+
 def _to(v: Any, where: str | torch.device) -> Any:
     if isinstance(v, torch.Tensor):
         return v.to(where)

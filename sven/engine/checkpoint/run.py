@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from sven.engine.checkpoint.files import WriterPool
-from sven.engine.checkpoint.format import read_meta, warn
-from sven.engine.checkpoint.load import load_node_state, open_field, read_shard, read_state
+from sven.engine.checkpoint.format import warn
+from sven.engine.checkpoint.load import load_node_state, read_node_state, read_shard, read_state
+from sven.engine.checkpoint.parts import Snapshot
 from sven.engine.checkpoint.writer import Checkpointer
 from sven.errors import CheckpointError
 
@@ -40,12 +40,12 @@ class RunCheckpoints:
     """A training run's checkpoints: the latest ones and the best model, on every rank.
 
     ``<out>/checkpoints`` keeps the newest ``keep_latest_k`` states to resume from;
-    ``<out>/best`` the best model so far (one). Each checkpoint is rank 0's ``state``
-    (with the run's config added), each rank's ``shard`` (its ``memory``, the node
-    state, goes to ``nodes/``; the rest, with its rank and the world size added, to
-    ``rank{r}.pt``) and the owner map of ``state["data"]``. What goes into them is the
-    trainer's (assembled from its components' state_dicts); this class writes, finds
-    and reads them, and refuses a checkpoint of another config.
+    ``<out>/best`` the best model so far (one). Each checkpoint is one
+    :class:`~sven.engine.checkpoint.parts.Snapshot` per rank: rank 0's state (with the
+    run's config added), each rank's small shard (with its rank and the world size
+    added), its node state and the owner map. What goes into them is the run's
+    (assembled from its parts' state_dicts); this class writes, finds and reads them,
+    names none of the run's keys, and refuses a checkpoint of another config.
 
     Args:
         out: The run folder.
@@ -97,8 +97,7 @@ class RunCheckpoints:
         self,
         ck: Checkpointer,
         step: int,
-        state: dict[str, Any],
-        shard: dict[str, Any],
+        snap: Snapshot,
         *,
         link_latest: int | None = None,
     ) -> Path:
@@ -111,12 +110,10 @@ class RunCheckpoints:
         Args:
             ck: :attr:`latest` or :attr:`best`.
             step: Its step.
-            state: Rank 0's state.
-            shard: This rank's state; its ``memory`` (field -> (N_r, ...) tensors) is
-                the node state.
+            snap: This rank's checkpoint.
             link_latest: The node state is the one of :attr:`latest`'s checkpoint at
                 this step (saved just before, unchanged since): its files are linked,
-                not written again; ``shard`` then has no ``memory``.
+                not written again; ``snap`` then has no node state.
 
         Returns:
             The checkpoint's folder (there once committed).
@@ -125,25 +122,19 @@ class RunCheckpoints:
         if ck is self.latest:
             # best/ may be linking the files of a latest checkpoint that pruning removes.
             self._settle(self.best)
-        shard = dict(shard)
-        node = shard.pop("memory", None)
-        state = {**state, "config": self.config.to_dict()}
-        owner = None
-        data = state.get("data")
-        if isinstance(data, dict) and "num_nodes" in data and "owner" in data:
-            data = dict(data)
-            owner = data.pop("owner")
-            state["data"] = data
-            if self.rank != 0 or not (self.world_size > 1 or bool(owner.any())):
-                owner = None  # one rank owns everything: read_state puts it back
+        node, owner = snap.node_state, snap.owner
+        state = {**snap.state, "config": self.config.to_dict()}
+        if owner is not None and (self.rank != 0 or not (self.world_size > 1 or owner.any())):
+            owner = None  # one rank owns everything: read_state puts it back
         link = None if link_latest is None else self.latest.job(link_latest)
         t0 = time.perf_counter()
         entry = {"kind": "latest" if ck is self.latest else "best", "step": step}
+        small = {**snap.shard, "rank": self.rank, "world_size": self.world_size}
         try:
             return ck.save(
                 step,
                 state,
-                {f"rank{self.rank}": {**shard, "rank": self.rank, "world_size": self.world_size}},
+                {f"rank{self.rank}": small},
                 node_state=node,
                 owner=owner,
                 link=link,
@@ -232,16 +223,15 @@ class RunCheckpoints:
         step: int,
         map_location: str | torch.device = "cpu",
         node_state: bool = True,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Rank 0's state and this rank's shard of a checkpoint.
+    ) -> Snapshot:
+        """This rank's snapshot of a checkpoint: rank 0's state and this rank's shard.
 
         Args:
             ck: :attr:`latest` or :attr:`best`.
             step: The checkpoint's step.
             map_location: Where tensors go.
-            node_state: Read this rank's node state whole into the shard's ``memory``
-                (small runs); without, :meth:`load_node_state` fills the run's own
-                tensors in pieces.
+            node_state: Read this rank's node state whole (small runs); without,
+                :meth:`load_node_state` fills the run's own tensors in pieces.
 
         Raises:
             ConfigError: The checkpoint was written with another config.
@@ -250,12 +240,12 @@ class RunCheckpoints:
         folder = ck.path(step)
         state = read_state(folder, map_location)
         check_resume_config(state, self.config, folder, self.rank)
-        shard = read_shard(folder, self.rank, map_location)
+        snap = Snapshot(state, read_shard(folder, self.rank, map_location))
         if node_state:
-            whole = _whole_shard(folder, self.rank)
+            whole = read_node_state(folder, self.rank)
             if whole is not None:
-                shard["memory"] = {k: v.to(map_location) for k, v in whole.items()}
-        return state, shard
+                snap.node_state = {k: v.to(map_location) for k, v in whole.items()}
+        return snap
 
     def load_node_state(
         self,
@@ -277,20 +267,6 @@ class RunCheckpoints:
         """Sets what :meth:`state_dict` gave."""
         self.latest.load_state_dict(state["latest"])
         self.best.load_state_dict(state["best"])
-
-
-def _whole_shard(folder: Path, rank: int) -> dict[str, torch.Tensor] | None:
-    """Rank ``rank``'s node state as it was saved, read whole (None: there is none)."""
-    meta = read_meta(folder)
-    if meta["format"] < 2:
-        from sven.engine.checkpoint.format import load_file
-
-        return load_file(folder / f"memory-rank{rank}.pt").get("memory")
-    ns = meta.get("node_state")
-    if not ns:
-        return None
-    # Each file checked against meta.json before its rows are used (open_field).
-    return {k: torch.from_numpy(np.array(open_field(folder, meta, rank, k))) for k in ns["fields"]}
 
 
 def check_resume_config(state: dict[str, Any], cfg: Any, where: Path, rank: int) -> None:

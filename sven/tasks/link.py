@@ -1,5 +1,6 @@
 """Link prediction, the task a :class:`~sven.engine.trainer.Trainer` trains: its epochs
-on the run loop, the best model by validation, test, and the run's summary.
+on the run loop, the best model by validation, test, and the run's summary. It takes
+the built run through its public members (:class:`~sven.tasks.run.Run`).
 
 One epoch walks the training events in time order in global batches of B
 (:meth:`LinkPrediction.train_batch` queues one captured step each; nothing is read back
@@ -13,22 +14,28 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from sven.config import dump_config
 from sven.datasets.identity import fingerprint
+from sven.engine.checkpoint import Snapshot
 from sven.engine.expect import epoch_estimate, start_hint
-from sven.engine.loop import RunLoop, end_run, new_progress, stop_from_votes, stop_vote
+from sven.engine.loop import (
+    RunLoop,
+    TrainingState,
+    end_run,
+    new_progress,
+    stop_from_votes,
+    stop_vote,
+)
 from sven.engine.run_folder import finite_or_none, fmt
 from sven.engine.startup import triton_cache_dir
 from sven.engine.timeline import STAGES, timeline_line
 from sven.errors import Diverged, SvenError
-
-if TYPE_CHECKING:
-    from sven.engine.trainer import Trainer
+from sven.tasks.run import Run
 
 __all__ = ["LinkPrediction", "improved"]
 
@@ -55,30 +62,31 @@ def improved(select: str, val: dict[str, float], best: dict[str, Any]) -> bool:
 
 
 class LinkPrediction:
-    """The link-prediction task of a trainer, driven by the run loop.
+    """The link-prediction task of a built run, driven by the run loop.
 
     Args:
-        tr: The trainer (its components: data, model, node state, exchange, step,
-            checkpoints, timeline).
+        tr: The run (its parts: data, model, node state, exchange, step, checkpoints,
+            timeline; :class:`~sven.tasks.run.Run`).
     """
 
     #: The best model's node state is the one of the latest checkpoint saved just
     #: before it (the end of validation).
     best_links_latest = True
 
-    def __init__(self, tr: Trainer) -> None:
+    def __init__(self, tr: Run) -> None:
         self.tr = tr
         self.cfg = tr.cfg
         self.device = tr.device
         self.where = "start"
         self._times = {"eval_s": 0.0, "eval_events": 0, "checkpoint_s": 0.0}
         self._capacities_planned = False
+        self._stop = self._voted_signal if tr.spec.distributed else self._own_signal
 
     # -------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         """Trains with early stopping on validation, then evaluates the best model on
         test; returns the summary (written to ``<out>/summary.json`` by rank 0)."""
-        tr, cfg, tc = self.tr, self.cfg, self.cfg.train
+        tr, tc = self.tr, self.cfg.train
         wall0 = time.perf_counter()
         main = tr.rank == 0
         tr.claim_out()
@@ -98,6 +106,32 @@ class LinkPrediction:
             save=self._save,
             device=tr.device,
         )
+        progress, start_epoch, start_batch = self._start(loop, main)
+        # The first whole epoch this process runs: one resumed halfway is no measure.
+        self._estimate_epoch = start_epoch + (start_batch != 0)
+        progress = loop.run(progress, start_epoch, start_batch)
+        tr.startup.finish()
+        ck = tr.checkpoints
+        t_ck = time.perf_counter()
+        # The run's end waits for the commits in flight.
+        missing = ck.finish()
+        self._times["checkpoint_s"] += time.perf_counter() - t_ck
+        best, test, test_rate = self._test(loop.best_live, progress)
+        summary = self._summary(progress, best, test, test_rate, wall0)
+
+        def say(s: dict[str, Any]) -> None:
+            tr.log(
+                f"test AP {fmt(s.get('test_ap'))} AUC {fmt(s.get('test_auc'))} "
+                f"(inductive AP {fmt(s.get('test_ap_inductive'))}); "
+                f"summary in {tr.out / 'summary.json'}"
+            )
+
+        return end_run(ck, summary, missing, out=tr.out, main=main, say=say)
+
+    def _start(self, loop: RunLoop, main: bool) -> tuple[dict[str, Any], int, int]:
+        """The progress to train from, fresh or resumed, with its epoch and batch; the
+        run's config.json, and a hint of the run's length where it is long."""
+        tr, tc = self.tr, self.cfg.train
         progress = new_progress(
             best_val_ap=-1.0,
             best_val_auc=-1.0,
@@ -113,7 +147,7 @@ class LinkPrediction:
         if main:
             # After the resume's checks (config, store, partition): a refused resume
             # leaves the run's config.json saying what its checkpoints hold.
-            dump_config(cfg, tr.out / "config.json")
+            dump_config(self.cfg, tr.out / "config.json")
         nb = tr.num_batches("train")
         lo, hi = tr.ranges["train"]
         per_epoch = min(
@@ -122,48 +156,34 @@ class LinkPrediction:
         hint = start_hint(tr.device.type, tc.epochs - start_epoch, per_epoch - lo)
         if hint is not None and not progress["stopped"]:
             tr.log(hint)
-        # The first whole epoch this process runs: one resumed halfway is no measure.
-        self._estimate_epoch = start_epoch + (start_batch != 0)
-        progress = loop.run(progress, start_epoch, start_batch)
-        tr.startup.finish()
-        ck = tr.checkpoints
-        t_ck = time.perf_counter()
-        # The run's end waits for the commits in flight.
-        missing = ck.finish()
-        self._times["checkpoint_s"] += time.perf_counter() - t_ck
-        best = self._best_for_test(loop.best_live, progress)
+        return progress, start_epoch, start_batch
+
+    def _test(
+        self, best_live: int | None, progress: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], float]:
+        """The best model's test metrics and events/s (n/a where the best model could
+        not be written and another epoch trained after it), with the best model's
+        epoch."""
+        best = self._best_for_test(best_live, progress)
         self.where = "test"
-        if best is None:
-            # The best model could not be written, and another epoch trained after it.
-            tr.log(
-                f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
-                "could not be written, and another epoch trained after it",
-                force=True,
-            )
-            best = {"epoch": progress["best_epoch"]}
-            test_rate = float("nan")
-            test: dict[str, Any] = dict.fromkeys(
-                ("test_ap", "test_auc", "test_ap_pooled", "test_ap_inductive")
-            )
-            test["test_auc_inductive"] = None
-        else:
+        if best is not None:
             test, test_rate = self._eval_split("test")
-        summary = self._summary(progress, best, test, test_rate, wall0)
+            return best, test, test_rate
+        # The best model could not be written, and another epoch trained after it.
+        self.tr.log(
+            f"test metrics are n/a: the best model (epoch {progress['best_epoch']}) "
+            "could not be written, and another epoch trained after it",
+            force=True,
+        )
+        na: dict[str, Any] = dict.fromkeys(
+            ("test_ap", "test_auc", "test_ap_pooled", "test_ap_inductive")
+        )
+        na["test_auc_inductive"] = None
+        return {"epoch": progress["best_epoch"]}, na, float("nan")
 
-        def say(s: dict[str, Any]) -> None:
-            tr.log(
-                f"test AP {fmt(s.get('test_ap'))} AUC {fmt(s.get('test_auc'))} "
-                f"(inductive AP {fmt(s.get('test_ap_inductive'))}); "
-                f"summary in {tr.out / 'summary.json'}"
-            )
-
-        return end_run(ck, summary, missing, out=tr.out, main=main, say=say)
-
-    def _save(
-        self, ck: Any, step: int, state: dict[str, Any], shard: dict[str, Any], **kw: Any
-    ) -> None:
+    def _save(self, ck: Any, step: int, snap: Snapshot, **kw: Any) -> None:
         t_ck = time.perf_counter()
-        self.tr.checkpoints.save(ck, step, state, shard, **kw)
+        self.tr.checkpoints.save(ck, step, snap, **kw)
         self._times["checkpoint_s"] += time.perf_counter() - t_ck
 
     def _best_for_test(
@@ -256,9 +276,15 @@ class LinkPrediction:
         same step. The same read stops the run if a batch overflowed an exchange
         capacity.
         """
+        return self._stop()
+
+    def _own_signal(self) -> int:
+        """One process: the signal it received, or 0."""
+        return self.tr.signals.received or 0
+
+    def _voted_signal(self) -> int:
+        """P ranks: the signal the votes of the step before agree on, or 0."""
         tr = self.tr
-        if not tr.distributed:
-            return tr.signals.received or 0
         votes, fetch_over, push_over = tr.step.status.read()
         if fetch_over > 0 or push_over > 0:
             tr.exchange.check()
@@ -300,7 +326,7 @@ class LinkPrediction:
         self._bar.close()
         lo, hi = tr.ranges["train"]
         epoch_events = min(hi, lo + self._last * tc.batch_size) - lo
-        comm = tr.exchange.epoch_bytes() if tr.distributed else {}
+        comm = tr.exchange.epoch_bytes()
         stages = self._timeline_line(dt)
         self.where = tr.where = f"epoch {epoch} validation"
         val, val_rate = self._eval_split("val")
@@ -341,28 +367,27 @@ class LinkPrediction:
         return True
 
     # ------------------------------------------------------- checkpoints
-    def state_dict(
-        self, epoch: int, next_batch: int, progress: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The trainer's resumable checkpoint (:meth:`Trainer.state_dict`)."""
-        return self.tr.state_dict(epoch, next_batch, progress)
+    def state_dict(self, training: TrainingState) -> Snapshot:
+        """The run's resumable checkpoint (:meth:`~sven.tasks.run.Run.state_dict`)."""
+        return self.tr.state_dict(training)
 
-    def load_state_dict(self, state: dict[str, Any], shard: dict[str, Any]) -> None:
-        """Loads a resumable checkpoint into the trainer's components."""
-        self.tr.load_state_dict(state, shard, "checkpoint")
+    def load_state_dict(self, snap: Snapshot) -> None:
+        """Loads a resumable checkpoint into the run's parts."""
+        self.tr.load_state_dict(snap, "checkpoint")
 
-    def best_state(self, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def best_state(self, epoch: int) -> Snapshot:
         """The best model with the node state at the end of validation, which test
         continues (no optimizer: it is not resumed from). The node state is the latest
         checkpoint's, saved just before (:attr:`best_links_latest`)."""
         tr = self.tr
+        data, owner = tr.data.identity_and_owner()
         state = {
-            "data": tr.data.state_dict(),
+            "data": data,
             "model": tr.model.state_dict(),
             "epoch": epoch,
             "memory_phase": "val_end",
         }
-        return state, {}
+        return Snapshot(state, owner=owner)
 
     # ----------------------------------------------------------- helpers
     def _flush_step(self, progress: dict[str, Any]) -> None:
@@ -435,6 +460,8 @@ class LinkPrediction:
         test_rate: float,
         wall0: float,
     ) -> dict[str, Any]:
+        """The run's summary: what ran on what, the best epoch's validation and its
+        test, the rates and times, the plan, the pipeline and the communication."""
         tr, cfg = self.tr, self.cfg
         hist = {h["epoch"]: h for h in progress["history"]}
         best_line = hist.get(best["epoch"], {})
@@ -461,10 +488,17 @@ class LinkPrediction:
             **tr.startup.summary(),
             "wall_s": time.perf_counter() - wall0,
         }
+        summary.update(self._run_fields())
+        summary.update(self._comm_fields(hist, best_line))
+        return finite_or_none(summary)
+
+    def _run_fields(self) -> dict[str, Any]:
+        """The summary's plan, checkpoint, pipeline and graph fields."""
+        tr, spec = self.tr, self.tr.spec
         st = tr.step
         written = tr.checkpoints.timings
         need = tr.plan.to_dict()["need"]
-        summary.update(
+        out = dict(
             state_tier=tr.memory.storage.tier,
             state_bytes=tr.plan.state_bytes,
             plan_gpu_bytes=need["gpu"],
@@ -475,22 +509,30 @@ class LinkPrediction:
             # on disk (both from the start of its save).
             checkpoint_stall_max_s=max((c["stall_s"] for c in written), default=0.0),
             checkpoint_on_disk_max_s=max((c.get("on_disk_s", 0.0) for c in written), default=0.0),
-            pipeline_prefetch=st.depth,
-            pipeline_micro_batches=st.micro_batches,
-            pipeline_staleness=st.staleness,
+            pipeline_prefetch=spec.depth,
+            pipeline_micro_batches=spec.micro_batches,
+            pipeline_staleness=spec.staleness,
             step_captured=any(g.captured for g in st.train_graphs),
         )
         # What the first train and eval steps cost on CUDA beyond a replay (0 on CPU).
         evals = st.evaluation.graphs()
         for name, graphs in (("train", st.train_graphs), ("eval", evals)):
-            summary[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
-            summary[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
+            out[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
+            out[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
         if tr.device.type == "cuda":
-            summary["triton_cache_dir"] = triton_cache_dir()
-        if tr.distributed:
+            out["triton_cache_dir"] = triton_cache_dir()
+        return out
+
+    def _comm_fields(
+        self, hist: dict[int, dict[str, Any]], best_line: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The summary's communication: the exchange's capacities, the best epoch's
+        bytes, and the cost model's prediction beside epoch 0's measure (P ranks)."""
+        tr, out = self.tr, {}
+        if tr.spec.distributed:
             caps = tr.exchange.capacities.get("train")
             if caps is not None:
-                summary["exchange_capacities"] = {
+                out["exchange_capacities"] = {
                     "events": caps.events,
                     "fetch": caps.fetch,
                     "push": caps.push,
@@ -505,15 +547,13 @@ class LinkPrediction:
             "comm_max_over_mean",
         ):
             if key in best_line:
-                summary[key] = best_line[key]
+                out[key] = best_line[key]
         if tr.predicted_comm is not None:
-            summary.update(tr.predicted_comm)
+            out.update(tr.predicted_comm)
             first = hist.get(0, {})
             if "comm_bytes_exchange_per_rank" in first:
-                summary["comm_bytes_measured_epoch0_per_rank"] = first[
-                    "comm_bytes_exchange_per_rank"
-                ]
-                summary["comm_bytes_naive_measured_epoch0_per_rank"] = first[
+                out["comm_bytes_measured_epoch0_per_rank"] = first["comm_bytes_exchange_per_rank"]
+                out["comm_bytes_naive_measured_epoch0_per_rank"] = first[
                     "comm_bytes_naive_per_rank"
                 ]
-        return finite_or_none(summary)
+        return out
