@@ -210,13 +210,6 @@ class Step:
         # The pipeline's knobs act on fixed-shape steps (an exact-size eager step has
         # nothing to overlap and a share of no fixed size to split).
         self.depth = int(pc.prefetch) if fixed else 0
-        if self.depth and memory.storage.tier == "host" and dev.type == "cuda":
-            # With the batch built ahead on the side stream, a run over pinned host
-            # state drifted from the same run with state on the GPU, where depth 0
-            # matched it to the last digit (docs/scale.md, "Host memory"): until that
-            # is understood the host tier builds each batch in its own step.
-            log("sven: node state in host memory: the prefetch ring is off (depth 0)")
-            self.depth = 0
         m = 1 if pc.micro_batches == "auto" else int(pc.micro_batches)
         if not fixed or self.capacity is None:
             m = 1
