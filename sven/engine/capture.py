@@ -154,11 +154,14 @@ class StepGraph:
     def _capture(self) -> torch.cuda.CUDAGraph:
         """Warms up, captures the graph and keeps it (the state put back as it was)."""
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         # The warm-up runs real steps (and a failed capture may run part of one): the
         # state is put back as it was, so the first replay continues where the eager
         # run would (tested on CPU through rehearse()).
         with undone(self.state, self.optimizer):
+            # The warm-up's stream starts after the state's snapshot, queued on the
+            # current stream just now: a stream that waited before it would run the
+            # warm-up beside the copies, which then save some of its writes.
+            side.wait_stream(torch.cuda.current_stream())
             t0 = time.perf_counter()
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
@@ -190,31 +193,49 @@ def undone(
 ) -> Iterator[None]:
     """Runs the ``with`` block, then puts back in place the tensors ``state()`` lists and
     the optimizer's state (state the block created goes to zero: Adam's initial state).
+    The copies are whole before the block starts (on CUDA it waits for them), so the
+    block's work may run on any stream.
 
     Args:
         state: The tensors the block may modify (parameters, memory, accumulators).
         optimizer: Its state is restored too, or None.
     """
-    saved = [t.detach().clone() for t in state()]
+    saved = _copies(state())
     opt_saved = _optimizer_tensors(optimizer)
+    # On CUDA the copies are queued on the current stream: the block starts once they
+    # are taken, so that no work of its, on any stream, is saved with them (a step
+    # over pinned host state writes its rows long before a copy of the whole table
+    # over the host link ends: docs/scale.md).
+    _settle()
     try:
         yield
     finally:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+        _settle()
         with torch.no_grad():
             for t, s in zip(state(), saved, strict=True):
                 t.copy_(s)
             _restore_optimizer(optimizer, opt_saved)
 
 
+def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of ``tensors`` (on CUDA queued on the current stream)."""
+    return [t.detach().clone() for t in tensors]
+
+
+def _settle() -> None:
+    """Waits for the device's queued work, where CUDA is in use."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _optimizer_tensors(opt: torch.optim.Optimizer | None) -> dict[int, dict[str, Any]]:
     if opt is None:
         return {}
-    return {
-        id(p): {k: v.detach().clone() for k, v in st.items() if torch.is_tensor(v)}
-        for p, st in opt.state.items()
-    }
+    out: dict[int, dict[str, Any]] = {}
+    for p, st in opt.state.items():
+        names = [k for k, v in st.items() if torch.is_tensor(v)]
+        out[id(p)] = dict(zip(names, _copies([st[k] for k in names])))
+    return out
 
 
 def _restore_optimizer(opt: torch.optim.Optimizer | None, saved: dict[int, dict[str, Any]]) -> None:

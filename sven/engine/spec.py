@@ -40,8 +40,7 @@ class RunSpec:
         tier: The node-state tier (``gpu``, ``host`` or ``disk``).
         graph_mode: How the step runs (``train.cuda_graph``; ``off`` where node-state
             rows are staged through host copies, which synchronise every step).
-        depth: Prefetch depth D (0 on the exact-size step, and over host state on
-            CUDA).
+        depth: Prefetch depth D (0 on the exact-size step).
         micro_batches: Parts a share is split into (1 on the exact-size step).
         staleness: Steps a write-back may be held for (0 on one process).
     """
@@ -131,13 +130,6 @@ def resolve_spec(
     # The pipeline's knobs act on fixed-shape steps (an exact-size eager step has
     # nothing to overlap and a share of no fixed size to split).
     depth = int(pc.prefetch) if fixed else 0
-    if depth and tier == "host" and device.type == "cuda":
-        # With the batch built ahead on the side stream, a run over pinned host state
-        # drifted from the same run with state on the GPU, where depth 0 matched it to
-        # the last digit (docs/scale.md, "Host memory"): until that is understood the
-        # host tier builds each batch in its own step.
-        log("sven: node state in host memory: the prefetch ring is off (depth 0)")
-        depth = 0
     m = 1 if pc.micro_batches == "auto" else int(pc.micro_batches)
     if not fixed or capacity is None:
         m = 1

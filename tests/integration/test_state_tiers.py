@@ -242,6 +242,90 @@ def test_pinned_host_state_on_cuda_equals_gpu_state(store, tmp_path, model: str)
     _same_runs(run("gpu"), run("host"), f"{model} cuda host")
 
 
+def _ring_run(
+    store: str, out: Path, model: str, tier: str, depth: int, *extra: str
+) -> tuple[list, dict, sven.Trainer]:
+    """(parameters after each batch, on the CPU; the summary; the trainer) of a run at
+    prefetch depth ``depth``."""
+    over = _overrides(store, out, model, tier, f"pipeline.prefetch={depth}", *extra)
+    tr = sven.Trainer(None, over)
+    params: list = []
+
+    def record(t: sven.Trainer) -> None:
+        params.append(torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]).cpu())
+
+    tr.add_hook("after_step", record)
+    summary = tr.fit()
+    assert tr.step.depth == depth
+    return params, summary, tr
+
+
+def _same_ring_runs(
+    a: tuple[list, dict, sven.Trainer], b: tuple[list, dict, sven.Trainer], label: str
+) -> None:
+    (pa, sa, ta), (pb, sb, tb) = a, b
+    assert len(pa) == len(pb) > 0, label
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        assert torch.equal(x, y), f"{label}: parameters differ after batch {i}"
+    state_b = tb.memory.state_dict()
+    for k, v in ta.memory.state_dict().items():
+        assert torch.equal(state_b[k].cpu(), v.cpu()), f"{label}: node state {k} differs"
+    for k in ("val_ap", "val_auc", "test_ap", "test_auc", "test_ap_inductive"):
+        assert sa[k] == sb[k], (label, k)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_host_state_with_the_prefetch_ring_equals_depth_zero(
+    store, tmp_path, monkeypatch, model: str
+) -> None:
+    """CUDA's fixed-shape step (forced here on the CPU) over state in host memory: the
+    batches the ring builds ahead (depth 1 and 2) give depth 0's parameters after every
+    batch, node state and metrics. A build reads no node state, so a batch built ahead
+    cannot read a row before the step before it wrote it back."""
+    monkeypatch.setattr("sven.engine.step.fixed_shapes", lambda device, distributed: True)
+    ref = _ring_run(store, tmp_path / "d0", model, "host", 0)
+    assert ref[2].step.capacity == 20
+    for d in (1, 2):
+        got = _ring_run(store, tmp_path / f"d{d}", model, "host", d)
+        _same_ring_runs(ref, got, f"{model} host D={d}")
+
+
+@pytest.mark.gpu
+def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(tmp_path) -> None:
+    """The host tier's drift with the prefetch ring on the H200 (docs/scale.md, "Host
+    memory"): 10^6 nodes of pinned state, whose copy at a capture takes longer than a
+    warm step, and the ring's second graph captured at the second step, kernels warm.
+    Depth 1 over host state equals depth 0 over host state and depth 1 over GPU state,
+    bit for bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from sven.datasets.synth import generate
+
+    path = tmp_path / "store"
+    generate(path, events=20_000, nodes=1_000_000, seed=7, edge_feat_dim=2)
+    big = (
+        "train.device=cuda",
+        "train.cuda_graph=on",
+        "train.batch_size=200",
+        "train.max_batches=30",
+        "model.memory_dim=100",
+        "model.time_dim=100",
+        "model.embed_dim=100",
+        "model.num_neighbors=10",
+        "model.mailbox_size=1",
+    )
+    runs = {
+        (tier, d): _ring_run(str(path), tmp_path / f"{tier}{d}", "tgn", tier, d, *big)
+        for tier, d in (("host", 0), ("host", 1), ("gpu", 1))
+    }
+    for (tier, _), (_, _, tr) in runs.items():
+        assert tr.memory.storage.tier == tier
+        assert all(g.captured for g in tr.step.train_graphs)
+    assert runs["host", 1][2].memory.storage.pinned
+    _same_ring_runs(runs["host", 0], runs["host", 1], "host D=0 against host D=1")
+    _same_ring_runs(runs["gpu", 1], runs["host", 1], "gpu D=1 against host D=1")
+
+
 def test_a_trainer_that_only_reads_plans_no_checkpoints(store, tmp_path) -> None:
     """``sven predict``/``eval`` build a trainer that writes no checkpoint: its plan
     must not refuse a disk that has room for the store but not for a checkpoint (the

@@ -140,3 +140,143 @@ def test_undone_restores_tensors_and_zeroes_created_optimizer_state() -> None:
     assert torch.equal(w.data, torch.tensor([1.0, 2.0])) and torch.equal(acc, torch.zeros(2))
     st = opt.state[w]
     assert float(st["step"]) == 0 and not st["exp_avg"].any() and not st["exp_avg_sq"].any()
+
+
+class _FakeCuda:
+    """CUDA's stream order on the CPU, for what a capture does.
+
+    A copy queued on a stream (the snapshot's, :func:`sven.engine.capture._copies`) is
+    taken only when another stream waits for that stream or the device synchronises;
+    any other work (the warm-up, run by torch on the CPU at once) goes ahead of it. That
+    is a schedule CUDA allows to work on another stream that nothing orders after the
+    copies: a snapshot of pinned host state crosses the host link, and takes far longer
+    than a warm step (docs/scale.md, "Host memory").
+    """
+
+    def __init__(self) -> None:
+        self.current = self.default = _FakeStream()
+        self.streams = [self.default]
+        self.capturing = False
+
+    def stream_ctor(self, *args: Any, **kwargs: Any) -> _FakeStream:
+        s = _FakeStream()
+        self.streams.append(s)
+        return s
+
+    def current_stream(self, *args: Any) -> _FakeStream:
+        return self.current
+
+    def synchronize(self, *args: Any) -> None:
+        for s in self.streams:
+            s.drain()
+
+    def on(self, stream: _FakeStream) -> Any:
+        fake = self
+
+        class _On:
+            def __enter__(self) -> None:
+                self.was, fake.current = fake.current, stream
+
+            def __exit__(self, *exc: Any) -> None:
+                fake.current = self.was
+
+        return _On()
+
+    def graph(self, graph: Any) -> Any:
+        fake = self
+
+        class _Capture:
+            # A capture records the step's work; nothing runs.
+            def __enter__(self) -> None:
+                fake.synchronize()
+                fake.capturing = True
+
+            def __exit__(self, *exc: Any) -> None:
+                fake.capturing = False
+
+        return _Capture()
+
+    def copies(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = [torch.empty_like(t) for t in tensors]
+        for dst, src in zip(out, tensors):
+            self.current.pending.append(lambda d=dst, s=src: d.copy_(s.detach()))
+        return out
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    def drain(self) -> None:
+        while self.pending:
+            self.pending.pop(0)()
+
+    def wait_stream(self, other: _FakeStream) -> None:
+        # Work queued here from now on runs after the other stream's queued so far.
+        other.drain()
+
+
+class _FakeGraph:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def _toy_step(fake: _FakeCuda) -> tuple[Any, Any, torch.optim.Optimizer]:
+    """A step that trains one parameter and writes a row of its "node state"."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    rows = torch.zeros(3, 2)
+    opt = torch.optim.Adam([w], lr=0.1)
+
+    def fn() -> None:
+        if fake.capturing:
+            return
+        opt.zero_grad()
+        (w * w).sum().backward()
+        opt.step()
+        rows[1] += w.detach()
+
+    return fn, (w, rows), opt
+
+
+def test_a_capture_saves_the_state_before_its_warm_up_runs(monkeypatch) -> None:
+    """The state put back after a capture's warm-up is the one before it, whatever the
+    warm-up's stream: the copies are taken before the warm-up starts. (Before, the
+    warm-up's stream waited for the current stream before the copies were queued on
+    it: on CUDA they could run after the warm-up's writes, and the first replay then
+    continued from a state partly two steps ahead: the cause found for the drift of the
+    host tier's run with the prefetch ring, which captures a graph with warm kernels at
+    its second step.)"""
+    from sven.engine import capture
+
+    fake = _FakeCuda()
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "Stream", fake.stream_ctor)
+    monkeypatch.setattr(cuda, "current_stream", fake.current_stream)
+    monkeypatch.setattr(cuda, "stream", fake.on)
+    monkeypatch.setattr(cuda, "synchronize", fake.synchronize)
+    monkeypatch.setattr(cuda, "graph", fake.graph)
+    monkeypatch.setattr(capture, "_copies", fake.copies)
+
+    fn, (w, rows), opt = _toy_step(fake)
+    monkeypatch.setattr(cuda, "CUDAGraph", lambda: _FakeGraph(fn))
+    # A graph captured at the second step (the ring's second position): the optimizer
+    # has state to save too.
+    fn()
+    ref_fn, (ref_w, ref_rows), ref_opt = _toy_step(_FakeCuda())
+    ref_fn()
+    ref_fn()
+
+    graph = StepGraph(
+        fn, mode="on", device=torch.device("cuda"), state=lambda: [w.data, rows], optimizer=opt
+    )
+    graph()
+    assert graph.captured
+    assert torch.equal(w.data, ref_w.data) and torch.equal(rows, ref_rows)
+    got, want = opt.state[w], ref_opt.state[ref_w]
+    for k in want:
+        assert torch.equal(torch.as_tensor(got[k]), torch.as_tensor(want[k])), k
