@@ -127,9 +127,13 @@ def test_stored_state_answers_as_the_replay_at_the_checkpoints_time(runs, tmp_pa
     assert stored._stored_whole is None  # only the rows read
     np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
     np.testing.assert_array_equal(stored.embed(nodes, t[3]), want_h)
-    assert stored._stored_whole is not None
-    # Nothing was replayed: the stored answers come from the checkpoint's files.
-    assert stored._pos == 0 and not stored.tr.memory.memory.any()
+    # The whole state once the rows read (distinct nodes, with their K neighbours where
+    # the model reads them) number at least N = 24: 30 pairs do for every model.
+    per_root = 5 if stored.model.read_neighbors else 1
+    distinct = np.unique(np.concatenate([src, dst])).size
+    assert (stored._stored_whole is not None) == (distinct * per_root >= 24)
+    # Nothing was replayed: no trainer (no node state of the whole graph) was built.
+    assert stored._tr is None
     # The state carries what each model reads: memory, times and mail all filled.
     files = NodeStateFiles(folder)
     a = files.arrays[0]
@@ -238,3 +242,76 @@ def test_repeated_queries_are_embedded_once_with_the_same_answers(runs) -> None:
     # The random key of a query is its (node, time)'s: equal for equal queries only.
     k = _query_keys(np.array([3, 3, 4, 3]), np.array([5.0, 5.0, 5.0, 5.5]))
     assert k[0] == k[1] and len(set(k[1:].tolist())) == 3 and (k >= 0).all()
+
+
+def test_stored_state_answers_hold_rows_of_the_query_not_of_the_graph(tmp_path, monkeypatch):
+    """On a store of 400,000 nodes (a few hundred of them active), the stored-state
+    answers build no trainer and no node state of the graph's size: the rows read, the
+    neighbour index and the host arrays allocated are those of the query's nodes."""
+    import tracemalloc
+
+    from sven.models.memory import MemoryState
+    from sven.tasks import stored as stored_mod
+
+    n, active, e = 400_000, 300, 1200
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, active, e)
+    dst = (src + rng.integers(1, active, e)) % active
+    store = tmp_path / "wide"
+    write_events(store, src, dst, 10 + 5 * np.arange(e), id_map=np.arange(n) + OFFSET,
+                 name="wide")  # fmt: skip
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "tgn")).fit()
+    ev = TemporalEvents.load(store)
+    assert ev.num_nodes == n
+    # 20 pairs: 10 active sources, 10 destinations never seen in any event.
+    s_raw = OFFSET + rng.choice(active, 10, replace=False)
+    d_raw = OFFSET + active + rng.choice(n - active, 10, replace=False)
+    t = np.full(10, float(ev.t[-1]) + 100.0)
+
+    built: list[int] = []
+    init = MemoryState.__init__
+
+    def spy(self, num_nodes, *a, **k):
+        built.append(num_nodes)
+        init(self, num_nodes, *a, **k)
+
+    monkeypatch.setattr(MemoryState, "__init__", spy)
+    read: list[int] = []
+    samplers: list[stored_mod.LocalSampler] = []
+    rows, sampler = stored_mod.StoredRun.state_rows, stored_mod.StoredRun.sampler
+
+    def rows_spy(self, nodes):
+        read.append(nodes.numel())
+        return rows(self, nodes)
+
+    def sampler_spy(self, nodes):
+        samplers.append(sampler(self, nodes))
+        return samplers[-1]
+
+    monkeypatch.setattr(stored_mod.StoredRun, "state_rows", rows_spy)
+    monkeypatch.setattr(stored_mod.StoredRun, "sampler", sampler_spy)
+
+    p = Predictor(run, device="cpu")
+    # The question traced (its id lookup, neighbour index and rows are built for it);
+    # the opening's checksum buffers are of a fixed size.
+    tracemalloc.start()
+    try:
+        scores = p.score(s_raw, d_raw, t, logits=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.isfinite(scores).all() and p.stored_events is not None
+    assert p._tr is None  # no trainer: no node state, T-CSR or event tables of N rows
+    assert built and max(built) == 0  # only the empty node state that gives row shapes
+    # The rows read: the 20 queried nodes and their sampled neighbours (K = 4).
+    assert read and max(read) <= 20 * (1 + 4) and p._stored_whole is None
+    # The neighbour index: the queried nodes' incident events, not the stream's.
+    (local,) = samplers
+    q = np.concatenate([s_raw, d_raw]) - OFFSET
+    incident = np.isin(src, q).sum() + np.isin(dst, q).sum()
+    assert local.nodes.numel() == 20 and local.inner.tcsr.indptr.numel() == 21
+    assert local.num_entries == incident < 2 * e
+    # Host arrays (numpy and Python, what tracemalloc sees): under a quarter of a byte
+    # a node, where sorting the id map for the lookup alone took 16 bytes a node.
+    assert peak < n // 4, f"{peak} bytes traced"
