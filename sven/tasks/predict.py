@@ -9,7 +9,9 @@ What the model knows at time t. A query after the checkpoint's time (every event
 checkpoint's node state has seen is before t) is answered from that node state: the
 memory, last-update times and mailboxes the run saved, read from the checkpoint's
 memory-mapped files for the query's nodes and their sampled neighbours only, never the
-whole state, with no replay (``memory="checkpoint"``, the default). That state is the
+whole state, with no replay (``memory="checkpoint"``, the default), and with nothing of
+the graph's size built for it (:mod:`sven.tasks.stored`: no trainer, no node state of
+every node, a neighbour index of the queried nodes' events only). That state is the
 run's own, built while its parameters were being trained, as ``sven eval`` continues
 its test split from it; it has not seen the events after the checkpoint's time (for the
 best model, those of the test split). The checkpoint's time is the last event its
@@ -152,6 +154,9 @@ class Predictor:
         self._stored_whole: MemoryRows | None = None
         if memory == "checkpoint":
             self.stored_events = self._stored_position(state, other_store)
+        else:
+            # Every query replays: the trainer now, as part of opening the model.
+            self._tr = self.tr
 
     @property
     def tr(self) -> Trainer:
