@@ -50,6 +50,8 @@ __all__ = ["LocalSampler", "QuerySource", "StoredRun", "events_before", "inciden
 #: Events of the store's columns read per chunk while looking for the queried nodes'
 #: incident events (about 40 MB of work arrays at a time).
 _CHUNK = 1 << 21
+#: 2^64 / golden ratio: the multiplier of Fibonacci hashing.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 class StoredRun:
@@ -259,16 +261,27 @@ def incident_entries(events: Any, nodes: np.ndarray) -> tuple[np.ndarray, ...]:
         (a global id) and its event id.
     """
     src, dst = events.src, events.dst
+    empty = np.zeros(0, dtype=np.int64)
+    if nodes.size == 0:
+        return empty, empty, empty
+    # A one-hash filter first (Fibonacci hashing into at most 2^24 flags, whatever N):
+    # a gather per event where a binary search among the nodes took ten times as long;
+    # only the events it passes are searched for.
+    bits = int(np.clip(np.ceil(np.log2(64 * nodes.size)), 10, 24))
+    shift = np.uint64(64 - bits)
+    flags = np.zeros(1 << bits, dtype=bool)
+    flags[(nodes.astype(np.uint64) * _GOLDEN) >> shift] = True
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for a in range(0, src.shape[0], _CHUNK):
         s = np.asarray(src[a : a + _CHUNK]).astype(np.int64)
         d = np.asarray(dst[a : a + _CHUNK]).astype(np.int64)
         for mine, other in ((s, d), (d, s)):
-            pos = np.minimum(np.searchsorted(nodes, mine), max(nodes.size - 1, 0))
-            hit = np.flatnonzero(nodes[pos] == mine) if nodes.size else np.zeros(0, np.int64)
-            parts.append((pos[hit], other[hit], a + hit))
+            cand = np.flatnonzero(flags[(mine.view(np.uint64) * _GOLDEN) >> shift])
+            c = mine[cand]
+            pos = np.minimum(np.searchsorted(nodes, c), nodes.size - 1)
+            ok = nodes[pos] == c
+            parts.append((pos[ok], other[cand[ok]], a + cand[ok]))
     if not parts:
-        empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
     return tuple(np.concatenate(c) for c in zip(*parts))
 
