@@ -33,8 +33,9 @@ OFFSET = 500  # raw ids 500..: never the compact ones
 B = 50
 
 
-def _stream(out: Path, e: int = 400, nodes: int = 24) -> Path:
-    """Each node mostly talks to two partners; distinct times; 3 edge features."""
+def _stream(out: Path, e: int = 400, nodes: int = 24, node_dim: int = 0) -> Path:
+    """Each node mostly talks to two partners; distinct times; 3 edge features (and
+    ``node_dim`` node features)."""
     rng = np.random.default_rng(3)
     src = rng.integers(0, nodes, e)
     partners = rng.integers(0, nodes, (nodes, 2))
@@ -43,6 +44,12 @@ def _stream(out: Path, e: int = 400, nodes: int = 24) -> Path:
     )
     dst = np.where(dst == src, (dst + 1) % nodes, dst)
     feat = rng.random((e, 3)).astype(np.float32)
+    if node_dim:
+        # Node features fix the node set: compact ids, the raw ones in the id map.
+        write_events(out, src, dst, 10 + 5 * np.arange(e), edge_feat=feat, name=out.name,
+                     node_feat=rng.random((nodes, node_dim)).astype(np.float32),
+                     id_map=np.arange(nodes) + OFFSET)  # fmt: skip
+        return out
     write_events(out, src + OFFSET, dst + OFFSET, 10 + 5 * np.arange(e), edge_feat=feat,
                  name=out.name)  # fmt: skip
     return out
@@ -315,3 +322,33 @@ def test_stored_state_answers_hold_rows_of_the_query_not_of_the_graph(tmp_path, 
     # Host arrays (numpy and Python, what tracemalloc sees): under a quarter of a byte
     # a node, where sorting the id map for the lookup alone took 16 bytes a node.
     assert peak < n // 4, f"{peak} bytes traced"
+
+
+def test_node_features_are_read_as_the_trainer_reads_them(tmp_path, monkeypatch) -> None:
+    """On a store with node features, the stored-state answers (feature rows read from
+    the store's file) are the replay's (the trainer's table of every node's features)."""
+    from sven.tasks import stored as stored_mod
+
+    store = _stream(tmp_path / "feat", node_dim=5)
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "tgn")).fit()
+    ev = TemporalEvents.load(store)
+    assert ev.node_feat is not None
+    pos = ev.split_range("val")[1]
+    src, dst, t = _queries(store, pos, 4)
+    replay = Predictor(_latest(run), device="cpu", memory="replay")
+    # The same questions both ways (another batch of queries rounds differently).
+    few = replay.score(src[:2], dst[:2], t[:2], logits=True)
+    want = replay.score(src, dst, t, logits=True)
+    folder = _replayed_checkpoint(run, pos, tmp_path / "replayed", replay)
+    stored = Predictor(folder, device="cpu")
+    # 2 pairs (at most 4 nodes, 20 rows with their neighbours): row by row; 4 pairs:
+    # the whole state once.
+    np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
+    assert stored._stored_whole is None
+    np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
+    assert stored._tr is None
+    # The features matter: without them, other answers.
+    zero = stored_mod.StoredRun.node_rows
+    monkeypatch.setattr(stored_mod.StoredRun, "node_rows", lambda self, n: zero(self, n) * 0)
+    assert not np.array_equal(stored.score(src, dst, t, logits=True), want)
