@@ -21,14 +21,21 @@ class IdMaps:
         u = events.num_src_nodes if events.bipartite else None
         self.bipartite = u is not None
         self.sides = {"all": (0, n)} if u is None else {"src": (0, int(u)), "dst": (int(u), n)}
-        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._sorted: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
 
-    def _table(self, side: str) -> tuple[np.ndarray, np.ndarray, int]:
+    def _table(self, side: str) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """The side's raw ids ascending, the compact id (minus the side's first) of each
+        (None: the id map is ascending already, searched where it lies, memory-mapped),
+        and the side's first compact id."""
         lo, hi = self.sides[side]
         if side not in self._sorted:
             part = self.id_map[lo:hi]
-            order = np.argsort(part, kind="stable")
-            self._sorted[side] = (part[order], order)
+            if _ascending(part):
+                self._sorted[side] = (part, None)
+            else:
+                # An id map in first-appearance order: sorted once, N keys and N ids.
+                order = np.argsort(part, kind="stable")
+                self._sorted[side] = (part[order], order)
         return (*self._sorted[side], lo)
 
     def lookup(self, raw: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
@@ -51,11 +58,24 @@ class IdMaps:
             pos_c = np.minimum(pos, keys.size - 1)
             hit = (pos < keys.size) & (keys[pos_c] == q[0][valid])
             known[valid[hit]] = True
-            out[valid[hit]] = offset + order[pos_c[hit]]
+            out[valid[hit]] = offset + (pos_c[hit] if order is None else order[pos_c[hit]])
         return out, known
 
     def raw(self, compact: np.ndarray) -> np.ndarray:
         return self.id_map[compact]
+
+
+#: Ids compared per chunk when checking that an id map is ascending.
+_CHUNK = 1 << 16
+
+
+def _ascending(ids: np.ndarray) -> bool:
+    """Whether ``ids`` (a memory-mapped column) is non-decreasing, a chunk at a time."""
+    for a in range(0, ids.shape[0], _CHUNK):
+        c = np.asarray(ids[max(a - 1, 0) : a + _CHUNK])
+        if c.size > 1 and not bool(np.all(c[1:] >= c[:-1])):
+            return False
+    return True
 
 
 def _as_keys(raw: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

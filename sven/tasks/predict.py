@@ -9,7 +9,9 @@ What the model knows at time t. A query after the checkpoint's time (every event
 checkpoint's node state has seen is before t) is answered from that node state: the
 memory, last-update times and mailboxes the run saved, read from the checkpoint's
 memory-mapped files for the query's nodes and their sampled neighbours only, never the
-whole state, with no replay (``memory="checkpoint"``, the default). That state is the
+whole state, with no replay (``memory="checkpoint"``, the default), and with nothing of
+the graph's size built for it (:mod:`sven.tasks.stored`: no trainer, no node state of
+every node, a neighbour index of the queried nodes' events only). That state is the
 run's own, built while its parameters were being trained, as ``sven eval`` continues
 its test split from it; it has not seen the events after the checkpoint's time (for the
 best model, those of the test split). The checkpoint's time is the last event its
@@ -55,9 +57,17 @@ import torch
 
 from sven.errors import ConfigError, DataError
 from sven.tasks.ids import IdMaps
-from sven.tasks.replay import checkpoint_position, encode_events, open_run, split_stream
+from sven.tasks.replay import (
+    checkpoint_position,
+    encode_events,
+    open_run,
+    run_config,
+    split_stream,
+)
+from sven.tasks.stored import QuerySource, StoredRun, events_before
 
 if TYPE_CHECKING:
+    from sven.engine.trainer import Trainer
     from sven.models.memory import MemoryRows
 
 #: Reads the node state of a batch's nodes (U,): the replayed memory or the checkpoint's.
@@ -114,51 +124,61 @@ class Predictor:
         if data is not None:
             overrides.append(f"data.path={data}")
         self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
-        self.tr, self.checkpoint, state = open_run(
-            checkpoint, overrides, other_store=other_store, log=lambda m: self.log(f"note: {m}")
-        )
+        self._open = (overrides, other_store)
+        self.checkpoint, state, cfg = run_config(checkpoint, overrides, other_store=other_store)
+        #: The model, the store and the checkpoint's node-state files, with nothing of the
+        #: graph's size in memory (:class:`~sven.tasks.stored.StoredRun`).
+        self.run = StoredRun(self.checkpoint, state, cfg, other_store=other_store)
+        if self.run.note is not None:
+            self.log(f"note: {self.run.note}")
+        self.cfg, self.model = cfg, self.run.model
         self.replay = replay
         self.query_batch = max(1, int(query_batch))
-        d = self.tr.data
-        self.events = d.events
-        self.times = np.asarray(d.events.t)
-        # Queries compare as float64 (a query at 5000.5 is after an event at 5000).
-        self._times_f = self.times.astype(np.float64)
-        b = self.tr.cfg.train.batch_size
+        self.events = self.run.events
+        # The store's column, memory-mapped: queries are placed in it by a binary search
+        # (_events_before), never by a copy of it.
+        self.times = self.events.t
+        b = cfg.train.batch_size
+        ranges = self.run.ranges
         # Evaluation's batch boundaries: each split from its first event in steps of B.
-        starts = [np.arange(lo, hi, b) for lo, hi in d.ranges.values()]
-        self._starts = np.unique(np.concatenate([*starts, [self.times.size]]))
-        self._split_of = np.array([_split_at(d.ranges, int(s)) for s in self._starts])
+        starts = [np.arange(lo, hi, b) for lo, hi in ranges.values()]
+        self._starts = np.unique(np.concatenate([*starts, [self.times.shape[0]]]))
+        self._split_of = np.array([_split_at(ranges, int(s)) for s in self._starts])
         self._pos = 0
-        self.tr.memory.reset()
-        self._ids = IdMaps(d.events)
+        self._tr: Trainer | None = None
+        self._ids = IdMaps(self.events)
         #: Events the checkpoint's node state has seen (its memory's position in the
         #: stream), or None where queries are all replayed.
         self.stored_events: int | None = None
-        self._files: Any = None
         # The checkpoint's whole node state, once a question reads as many rows as it has.
         self._stored_whole: MemoryRows | None = None
         if memory == "checkpoint":
             self.stored_events = self._stored_position(state, other_store)
+        else:
+            # Every query replays: the trainer now, as part of opening the model.
+            self._tr = self.tr
+
+    @property
+    def tr(self) -> Trainer:
+        """The trainer a replay walks the stream with (:func:`open_run`): the run's whole
+        node state and event tables, built at the first question that needs a replay."""
+        if self._tr is None:
+            overrides, other_store = self._open
+            # The note on another store was said when the run was opened.
+            self._tr, _, _ = open_run(
+                self.checkpoint, overrides, other_store=other_store, log=lambda m: None
+            )
+            self._tr.memory.reset()
+        return self._tr
 
     def _stored_position(self, state: dict[str, Any], other_store: bool) -> int | None:
         """Where in the stream the checkpoint's node state is, or None when it has none
         that this store can use (another store's, a node classifier's own)."""
-        from sven.engine.checkpoint.load import NodeStateFiles
-        from sven.engine.store_check import check_same_data
-
-        if (
-            other_store
-            and check_same_data(state, self.tr.data, self.checkpoint, other_store=True) is not None
-        ):
+        if other_store and self.run.note is not None:
             return None  # another store's memory: its rows are not this store's nodes
-        pos = checkpoint_position(state, self.tr.data.ranges, self.tr.cfg.train.batch_size)
-        if pos is None:
+        pos = checkpoint_position(state, self.run.ranges, self.cfg.train.batch_size)
+        if pos is None or self.run.state_files() is None:
             return None
-        files = NodeStateFiles(self.checkpoint)
-        if not files.source.fields:
-            return None
-        self._files = files
         return pos
 
     @property
@@ -168,13 +188,13 @@ class Predictor:
         p = self.stored_events
         if p is None:
             return None
-        return float(self._times_f[p - 1]) if p > 0 else -np.inf
+        return float(self.times[p - 1]) if p > 0 else -np.inf
 
     # ------------------------------------------------------------------ ids
     @property
     def num_nodes(self) -> int:
         """N, the store's node count."""
-        return self.tr.data.num_nodes
+        return self.run.num_nodes
 
     def compact_ids(
         self, raw: Sequence[Any] | np.ndarray, side: str = "auto"
@@ -231,7 +251,7 @@ class Predictor:
                     f"{after} queries after the stream's last event (t={ts[-1]}): answered "
                     "with the memory of the whole stream"
                 )
-        pos = np.searchsorted(self._times_f, t, side="left")
+        pos = events_before(self.times, t)
         if self.stored_events is not None and ts.size:
             late = pos >= self.stored_events
             if late.any():
@@ -278,29 +298,36 @@ class Predictor:
         return groups
 
     def _answer(
-        self, pos: np.ndarray, fn: Callable[[np.ndarray, ReadRows], None], roots: int = 1
+        self,
+        pos: np.ndarray,
+        fn: Callable[[np.ndarray, QuerySource], None],
+        nodes_of: Callable[[np.ndarray], np.ndarray],
     ) -> None:
-        """Calls ``fn(rows, read)`` for each group of queries with ``read`` the node state
-        they are answered from: the checkpoint's for those after its time (one group),
-        the replayed memory at each other group's state. ``roots``: nodes embedded per
-        query (what the stored group will read)."""
-        tr = self.tr
+        """Calls ``fn(rows, source)`` for each group of queries with ``source`` what they
+        are answered from: the checkpoint's node state for those after its time (one
+        group), the replayed memory at each other group's state. ``nodes_of(rows)``: the
+        nodes the stored group embeds (its sampler holds their neighbours only)."""
         later = np.zeros(pos.shape, dtype=bool)
         if self.stored_events is not None:
             later = pos >= self.stored_events
             if later.any():
-                fn(np.flatnonzero(later), self._stored_reader(int(later.sum()) * roots))
+                rows = np.flatnonzero(later)
+                fn(rows, self._stored_source(nodes_of(rows)))
         rest = np.flatnonzero(~later)
+        if rest.size == 0:
+            return  # no replay: no trainer, no state of the whole graph
+        tr = self.tr
+        source = self._replay_source()
         for base, upto, rows in self._states(pos[rest]):
             rows = rest[rows]
             self._advance(base)
             if upto <= base:
-                fn(rows, tr.memory.gather)
+                fn(rows, source)
                 continue
             # The partial batch [base, upto) of exact replay, undone afterwards.
             saved = self._apply_partial(base, upto)
             try:
-                fn(rows, tr.memory.gather)
+                fn(rows, source)
             finally:
                 nodes, rows_saved = saved
                 with torch.no_grad():
@@ -321,49 +348,44 @@ class Predictor:
             tr.memory.commit_dense(dense)
         return nodes, saved
 
-    def _stored_reader(self, roots: int) -> ReadRows:
-        """How the checkpoint's node state is read for ``roots`` query nodes: row by row
-        from its files, or, where the rows read (roots and their sampled neighbours)
-        would number at least N, the whole state once, then indexed on the device."""
-        model = self.tr.model
-        per_root = 1 + (self.tr.cfg.model.num_neighbors if model.read_neighbors else 0)
-        if self._stored_whole is None and roots * per_root < self.num_nodes:
-            return self._stored_rows
-        if self._stored_whole is None:
-            self._stored_whole = self._stored_rows(
-                torch.arange(self.num_nodes, device=self.tr.device)
-            )
-        whole = self._stored_whole
+    def _replay_source(self) -> QuerySource:
+        """The trainer's replayed memory and its tables of the whole stream."""
+        tab = self.tr.data.tables
+        nf, ef = tab.node_feat, tab.edge_feat
+        return QuerySource(
+            self.tr.model, self.tr.memory.gather, tab.sampler,
+            (lambda n: None) if nf is None else (lambda n: nf[n]),
+            None if ef is None else (lambda eid: ef[eid]),
+        )  # fmt: skip
 
-        def read(nodes: torch.Tensor) -> MemoryRows:
-            from sven.models.memory import MemoryRows
+    def _stored_source(self, nodes: np.ndarray) -> QuerySource:
+        """The checkpoint's node state of the (compact) ``nodes`` a group embeds, their
+        neighbours and their features, read for these nodes only
+        (:class:`~sven.tasks.stored.StoredRun`): row by row from its files, or, where the
+        rows read (these nodes and their sampled neighbours) would number at least N,
+        the whole state once, then indexed on the device."""
+        run = self.run
+        nodes = np.unique(nodes)
+        per_root = 1 + (self.cfg.model.num_neighbors if self.model.read_neighbors else 0)
+        read: ReadRows = run.state_rows
+        if self._stored_whole is not None or nodes.size * per_root >= self.num_nodes:
+            if self._stored_whole is None:
+                self._stored_whole = run.state_rows(torch.arange(self.num_nodes, device=run.device))
+            w = self._stored_whole
 
-            w = whole
-            return MemoryRows(w.memory[nodes], w.last_update[nodes], w.mail[nodes],
-                              w.mail_ts[nodes], w.mail_valid[nodes])  # fmt: skip
+            def read(nodes: torch.Tensor) -> MemoryRows:
+                from sven.models.memory import MemoryRows
 
-        return read
+                return MemoryRows(w.memory[nodes], w.last_update[nodes], w.mail[nodes],
+                                  w.mail_ts[nodes], w.mail_valid[nodes])  # fmt: skip
 
-    def _stored_rows(self, nodes: torch.Tensor) -> MemoryRows:
-        """The checkpoint's node state of ``nodes`` (U,) (ascending, as a batch holds
-        them), read from its memory-mapped files: only these rows."""
-        from sven.engine.checkpoint.load import load_node_state
-        from sven.models.memory import MemoryRows
-
-        full = self.tr.memory.full
-        dest = {
-            k: torch.empty((nodes.numel(), *v.shape[1:]), dtype=v.dtype, device=v.device)
-            for k, v in full.items()
-        }
-        load_node_state(self.checkpoint, dest, nodes, self.num_nodes, files=self._files)
-        dev = self.tr.device
-        fields = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
-        return MemoryRows(*(dest[k].to(dev) for k in fields))
+        edge = run.edge_rows if run.edge_dim else None
+        return QuerySource(self.model, read, run.sampler(nodes), run.node_rows, edge)
 
     # ------------------------------------------------------------ embeddings
     @torch.no_grad()
     def _embed_unique(
-        self, nodes: np.ndarray, t: np.ndarray, read: ReadRows
+        self, nodes: np.ndarray, t: np.ndarray, src: QuerySource
     ) -> tuple[torch.Tensor, np.ndarray]:
         """Embeddings of compact ``nodes`` (n,) at times ``t`` (n,), each distinct
         (node, time) once: (U, d) on the device and (n,) the row of each query in them.
@@ -379,19 +401,18 @@ class Predictor:
         ):
             # Two (node, time) of one key (a hash collision, never seen): no sharing.
             first, inverse = np.arange(nodes.size), np.arange(nodes.size)
-        return self._embed_now(nodes[first], t[first], keys[first], read), inverse.reshape(-1)
+        return self._embed_now(nodes[first], t[first], keys[first], src), inverse.reshape(-1)
 
     def _embed_now(
-        self, nodes: np.ndarray, t: np.ndarray, keys: np.ndarray, read: ReadRows
+        self, nodes: np.ndarray, t: np.ndarray, keys: np.ndarray, src: QuerySource
     ) -> torch.Tensor:
-        """(n, d) embeddings of compact ``nodes`` at times ``t`` from the node state that
-        ``read`` gives; ``keys`` (n,) the queries' random keys (:func:`_query_keys`: their
-        uniform neighbour draws, whatever the batches they fall in)."""
+        """(n, d) embeddings of compact ``nodes`` at times ``t`` from ``src`` (its node
+        state, neighbours and features); ``keys`` (n,) the queries' random keys
+        (:func:`_query_keys`: their uniform neighbour draws, whatever the batches they
+        fall in)."""
         from sven.pipeline.batch import make_batch
 
-        tr = self.tr
-        tables, dev = tr.data.tables, tr.device
-        model = tr.model
+        dev, dtype, model = self.run.device, self.run.dtype, src.model
         model.eval()
         out = []
         for s in range(0, nodes.size, self.query_batch):
@@ -401,33 +422,32 @@ class Predictor:
             index = torch.as_tensor(keys[s : s + self.query_batch], dtype=torch.int64, device=dev)
             batch = make_batch(
                 index, n_, n_, t_, torch.zeros(k, 0, dtype=torch.int64, device=dev),
-                node_feat_table=tables.node_feat, sampler=tables.sampler,
-                sample_roots=model.sample_roots, read_neighbors=model.read_neighbors,
-                rng=(tr.cfg.train.seed, QUERY_STREAM, 0),
+                sampler=src.sampler, sample_roots=model.sample_roots,
+                read_neighbors=model.read_neighbors, rng=(self.cfg.train.seed, QUERY_STREAM, 0),
             )  # fmt: skip
-            ef = tables.edge_feat
-            if ef is not None:
+            batch.node_feat = src.node_rows(batch.nodes)
+            if src.edge_rows is not None:
                 # The query is no event: no features of its own (they only enter the
                 # write-back, which a query never commits), its neighbours' as stored.
-                batch.edge_feat = ef.new_zeros(k, ef.shape[1])
+                batch.edge_feat = torch.zeros(k, self.run.edge_dim, dtype=dtype, device=dev)
                 if batch.block is not None:
-                    mask = batch.block.mask[..., None].to(ef.dtype)
-                    batch.nbr_edge_feat = ef[batch.block.eid] * mask
-            h, _ = model.encode(batch, read(batch.nodes))
+                    mask = batch.block.mask[..., None].to(dtype)
+                    batch.nbr_edge_feat = src.edge_rows(batch.block.eid) * mask
+            h, _ = model.encode(batch, src.read(batch.nodes))
             out.append(h[:k])
         if not out:
-            return torch.zeros(0, model.embed_dim, dtype=tr.dtype, device=dev)
+            return torch.zeros(0, model.embed_dim, dtype=dtype, device=dev)
         return torch.cat(out)
 
     def _embed_at(self, nodes: np.ndarray, t: np.ndarray) -> torch.Tensor:
         """(n, d) embeddings of compact nodes, each at its time, in input order."""
-        h = torch.zeros(nodes.size, self.tr.model.embed_dim, dtype=self.tr.dtype)
+        h = torch.zeros(nodes.size, self.model.embed_dim, dtype=self.run.dtype)
 
-        def fill(rows: np.ndarray, read: ReadRows) -> None:
-            hu, inv = self._embed_unique(nodes[rows], t[rows], read)
+        def fill(rows: np.ndarray, src: QuerySource) -> None:
+            hu, inv = self._embed_unique(nodes[rows], t[rows], src)
             h[torch.as_tensor(rows)] = hu[torch.as_tensor(inv, device=hu.device)].cpu()
 
-        self._answer(self._positions(t), fill)
+        self._answer(self._positions(t), fill, lambda rows: nodes[rows])
         return h
 
     # -------------------------------------------------------------- public
@@ -463,24 +483,25 @@ class Predictor:
             return out
         s, d, t = s[ok], d[ok], t[ok]
         z = torch.zeros(ok.size)
-        decoder, dev = self.tr.model.decoder, self.tr.device
+        dev = self.run.device
 
-        def fill(rows: np.ndarray, read: ReadRows) -> None:
+        def fill(rows: np.ndarray, src: QuerySource) -> None:
             # Pairs a block at a time (their distinct (node, time) embedded once), the
             # decoder a pass's worth of pairs at a time: a million pairs of distinct
             # times never hold 2 * 10^6 embeddings at once.
             for a in range(0, rows.size, _PAIR_BLOCK):
                 r = rows[a : a + _PAIR_BLOCK]
                 m = r.size
-                hu, inv = self._embed_unique(np.concatenate([s[r], d[r]]), np.tile(t[r], 2), read)
+                hu, inv = self._embed_unique(np.concatenate([s[r], d[r]]), np.tile(t[r], 2), src)
                 inv_t = torch.as_tensor(inv, device=hu.device)
                 with torch.no_grad():
                     for b in range(0, m, self.query_batch):
                         e = min(m, b + self.query_batch)
-                        zs = decoder(hu[inv_t[b:e]].to(dev), hu[inv_t[m + b : m + e]].to(dev))
+                        hs, hd = hu[inv_t[b:e]].to(dev), hu[inv_t[m + b : m + e]].to(dev)
+                        zs = src.model.decoder(hs, hd)
                         z[torch.as_tensor(r[b:e])] = zs.float().cpu()
 
-        self._answer(self._positions(t), fill, roots=2)
+        self._answer(self._positions(t), fill, lambda rows: np.concatenate([s[rows], d[rows]]))
         out[ok] = (z if logits else torch.sigmoid(z)).numpy()
         return out
 
@@ -504,7 +525,7 @@ class Predictor:
         t = np.broadcast_to(np.asarray(t, dtype=np.float64), raw.shape).copy()
         _check_unknown(unknown)
         ids, known = self._known("node ids", raw, side, unknown)
-        out = np.full((raw.size, self.tr.model.embed_dim), np.nan, dtype=np.float32)
+        out = np.full((raw.size, self.model.embed_dim), np.nan, dtype=np.float32)
         ok = np.flatnonzero(known)
         if ok.size:
             out[ok] = self._embed_at(ids[ok], t[ok]).float().numpy()
@@ -539,7 +560,7 @@ class Predictor:
         t = np.broadcast_to(np.asarray(t, dtype=np.float64), raw.shape).copy()
         s, ks = self._known("source ids", raw, "src", unknown)
         if candidates is None:
-            cand = self.tr.data.candidates.cpu().numpy()
+            cand = self.run.candidates()
         else:
             craw = np.asarray(candidates)
             cand, kc = self._known("candidate ids", craw, "dst", unknown)
@@ -552,24 +573,23 @@ class Predictor:
         ids = np.full((raw.size, k), cand[0], dtype=np.int64)
         scores = np.full((raw.size, k), np.nan, dtype=np.float32)
         ok = np.flatnonzero(ks)
-        model = self.tr.model
         c = cand.size
 
-        def rank(rows: np.ndarray, read: ReadRows) -> None:
+        def rank(rows: np.ndarray, src: QuerySource) -> None:
             # The candidates at the group's time(s): one embedding per (candidate, time).
             q = ok[rows]
             times = np.unique(t[q])
             for tt in times:
                 sel = q[t[q] == tt]
                 hu, inv = self._embed_unique(
-                    np.concatenate([s[sel], cand]), np.full(sel.size + c, tt), read
+                    np.concatenate([s[sel], cand]), np.full(sel.size + c, tt), src
                 )
                 h = hu[torch.as_tensor(inv, device=hu.device)]
                 h_s, h_c = h[: sel.size], h[sel.size :]
                 with torch.no_grad():
                     for a in range(0, sel.size, max(1, self.query_batch // max(c, 1))):
                         hs = h_s[a : a + max(1, self.query_batch // max(c, 1))]
-                        z = model.decoder(hs[:, None, :].expand(-1, c, -1), h_c[None].expand(
+                        z = src.model.decoder(hs[:, None, :].expand(-1, c, -1), h_c[None].expand(
                             hs.shape[0], -1, -1))  # fmt: skip
                         top = torch.topk(z.float(), k, dim=1)
                         r = sel[a : a + hs.shape[0]]
@@ -577,7 +597,9 @@ class Predictor:
                         scores[r] = torch.sigmoid(top.values).cpu().numpy()
 
         if ok.size:
-            self._answer(self._positions(t[ok]), rank, roots=1 + c)
+            self._answer(
+                self._positions(t[ok]), rank, lambda rows: np.concatenate([s[ok[rows]], cand])
+            )
         return self.raw_ids(ids), scores
 
 

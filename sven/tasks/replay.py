@@ -30,6 +30,7 @@ from sven.engine.store_check import check_same_data, check_store_first
 from sven.errors import SvenError
 
 if TYPE_CHECKING:
+    from sven.config import Config
     from sven.engine.trainer import Trainer
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "encode_events",
     "open_run",
     "read_checkpoint",
+    "run_config",
     "split_stream",
 ]
 
@@ -61,6 +63,42 @@ def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, 
     return folder, state
 
 
+def run_config(
+    checkpoint: str | Path, overrides: list[str] | None = None, *, other_store: bool = False
+) -> tuple[Path, dict[str, Any], Config]:
+    """The checkpoint a user's path stands for, its state, and the config of a command
+    that reuses it: the run's recorded config with ``overrides``, its paths absolute,
+    its store's identity checked against the checkpoint's (from ``meta.json``, before
+    anything is read).
+
+    Args:
+        checkpoint: A run folder (its best model) or a ``step-N`` folder.
+        overrides: Dotted overrides on the checkpoint's config (``data.path``,
+            ``train.device``...).
+        other_store: Accept a store other than the one the model was trained on.
+
+    Returns:
+        The ``step-N`` folder, its ``state.pt`` and the config.
+
+    Raises:
+        SvenError: No usable checkpoint, or one trained on other data.
+    """
+    from sven.config.load import as_config
+    from sven.config.paths import command_config, recorded_config
+    from sven.distributed.launcher import detect_launcher
+
+    folder, state = read_checkpoint(checkpoint)
+    # The run's paths as its run meant them, from wherever this command runs.
+    cfg = recorded_config(state, folder, detect_launcher(os.environ).world_size)
+    # The replay runs the model's encoder eagerly (Step.encode, never the compiled
+    # model): a checkpoint trained with train.compile would only import torch's
+    # compiler for nothing.
+    extra = ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
+    cfg = command_config(as_config(cfg, extra), writes=False)
+    check_store_first(state, cfg, folder, other_store=other_store)
+    return folder, state, cfg
+
+
 def open_run(
     checkpoint: str | Path,
     overrides: list[str] | None = None,
@@ -71,6 +109,9 @@ def open_run(
     """A trainer of the checkpoint's config, holding the checkpoint's model.
 
     The memory starts empty (replay builds it); nothing is written to the run folder.
+    The trainer holds the run's whole node state and event tables (what a replay
+    walks); answers from the checkpoint's node state need neither
+    (:class:`sven.tasks.stored.StoredRun`).
 
     Args:
         checkpoint: A run folder (its best model) or a ``step-N`` folder.
@@ -86,23 +127,10 @@ def open_run(
     Raises:
         SvenError: No usable checkpoint, or one trained on other data.
     """
-    from sven.config import load_config
-    from sven.config.load import config_overrides
-    from sven.config.paths import recorded_config
-    from sven.distributed.launcher import detect_launcher
     from sven.engine.trainer import Trainer
 
-    folder, state = read_checkpoint(checkpoint)
-    # The run's paths as its run meant them, from wherever this command runs.
-    cfg = recorded_config(state, folder, detect_launcher(os.environ).world_size)
-    # The replay runs the model's encoder eagerly (Step.encode, never the compiled
-    # model): a checkpoint trained with train.compile would only import torch's
-    # compiler for nothing.
-    extra = ["train.resume=false", "quiet=true", "train.compile=false", *(overrides or [])]
-    check_store_first(
-        state, load_config(None, config_overrides(cfg, extra)), folder, other_store=other_store
-    )
-    tr = Trainer(cfg, extra, purpose="replay")
+    folder, state, cfg = run_config(checkpoint, overrides, other_store=other_store)
+    tr = Trainer(cfg, purpose="replay")
     note = check_same_data(state, tr.data, folder, other_store=other_store)
     if note is not None:
         (log or _note)(note)

@@ -33,8 +33,9 @@ OFFSET = 500  # raw ids 500..: never the compact ones
 B = 50
 
 
-def _stream(out: Path, e: int = 400, nodes: int = 24) -> Path:
-    """Each node mostly talks to two partners; distinct times; 3 edge features."""
+def _stream(out: Path, e: int = 400, nodes: int = 24, node_dim: int = 0) -> Path:
+    """Each node mostly talks to two partners; distinct times; 3 edge features (and
+    ``node_dim`` node features)."""
     rng = np.random.default_rng(3)
     src = rng.integers(0, nodes, e)
     partners = rng.integers(0, nodes, (nodes, 2))
@@ -43,6 +44,12 @@ def _stream(out: Path, e: int = 400, nodes: int = 24) -> Path:
     )
     dst = np.where(dst == src, (dst + 1) % nodes, dst)
     feat = rng.random((e, 3)).astype(np.float32)
+    if node_dim:
+        # Node features fix the node set: compact ids, the raw ones in the id map.
+        write_events(out, src, dst, 10 + 5 * np.arange(e), edge_feat=feat, name=out.name,
+                     node_feat=rng.random((nodes, node_dim)).astype(np.float32),
+                     id_map=np.arange(nodes) + OFFSET)  # fmt: skip
+        return out
     write_events(out, src + OFFSET, dst + OFFSET, 10 + 5 * np.arange(e), edge_feat=feat,
                  name=out.name)  # fmt: skip
     return out
@@ -127,9 +134,13 @@ def test_stored_state_answers_as_the_replay_at_the_checkpoints_time(runs, tmp_pa
     assert stored._stored_whole is None  # only the rows read
     np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
     np.testing.assert_array_equal(stored.embed(nodes, t[3]), want_h)
-    assert stored._stored_whole is not None
-    # Nothing was replayed: the stored answers come from the checkpoint's files.
-    assert stored._pos == 0 and not stored.tr.memory.memory.any()
+    # The whole state once the rows read (distinct nodes, with their K neighbours where
+    # the model reads them) number at least N = 24: 30 pairs do for every model.
+    per_root = 5 if stored.model.read_neighbors else 1
+    distinct = np.unique(np.concatenate([src, dst])).size
+    assert (stored._stored_whole is not None) == (distinct * per_root >= 24)
+    # Nothing was replayed: no trainer (no node state of the whole graph) was built.
+    assert stored._tr is None
     # The state carries what each model reads: memory, times and mail all filled.
     files = NodeStateFiles(folder)
     a = files.arrays[0]
@@ -238,3 +249,106 @@ def test_repeated_queries_are_embedded_once_with_the_same_answers(runs) -> None:
     # The random key of a query is its (node, time)'s: equal for equal queries only.
     k = _query_keys(np.array([3, 3, 4, 3]), np.array([5.0, 5.0, 5.0, 5.5]))
     assert k[0] == k[1] and len(set(k[1:].tolist())) == 3 and (k >= 0).all()
+
+
+def test_stored_state_answers_hold_rows_of_the_query_not_of_the_graph(tmp_path, monkeypatch):
+    """On a store of 400,000 nodes (a few hundred of them active), the stored-state
+    answers build no trainer and no node state of the graph's size: the rows read, the
+    neighbour index and the host arrays allocated are those of the query's nodes."""
+    import tracemalloc
+
+    from sven.models.memory import MemoryState
+    from sven.tasks import stored as stored_mod
+
+    n, active, e = 400_000, 300, 1200
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, active, e)
+    dst = (src + rng.integers(1, active, e)) % active
+    store = tmp_path / "wide"
+    write_events(store, src, dst, 10 + 5 * np.arange(e), id_map=np.arange(n) + OFFSET,
+                 name="wide")  # fmt: skip
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "tgn")).fit()
+    ev = TemporalEvents.load(store)
+    assert ev.num_nodes == n
+    # 20 pairs: 10 active sources, 10 destinations never seen in any event.
+    s_raw = OFFSET + rng.choice(active, 10, replace=False)
+    d_raw = OFFSET + active + rng.choice(n - active, 10, replace=False)
+    t = np.full(10, float(ev.t[-1]) + 100.0)
+
+    built: list[int] = []
+    init = MemoryState.__init__
+
+    def spy(self, num_nodes, *a, **k):
+        built.append(num_nodes)
+        init(self, num_nodes, *a, **k)
+
+    monkeypatch.setattr(MemoryState, "__init__", spy)
+    read: list[int] = []
+    samplers: list[stored_mod.LocalSampler] = []
+    rows, sampler = stored_mod.StoredRun.state_rows, stored_mod.StoredRun.sampler
+
+    def rows_spy(self, nodes):
+        read.append(nodes.numel())
+        return rows(self, nodes)
+
+    def sampler_spy(self, nodes):
+        samplers.append(sampler(self, nodes))
+        return samplers[-1]
+
+    monkeypatch.setattr(stored_mod.StoredRun, "state_rows", rows_spy)
+    monkeypatch.setattr(stored_mod.StoredRun, "sampler", sampler_spy)
+
+    p = Predictor(run, device="cpu")
+    # The question traced (its id lookup, neighbour index and rows are built for it);
+    # the opening's checksum buffers are of a fixed size.
+    tracemalloc.start()
+    try:
+        scores = p.score(s_raw, d_raw, t, logits=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.isfinite(scores).all() and p.stored_events is not None
+    assert p._tr is None  # no trainer: no node state, T-CSR or event tables of N rows
+    assert built and max(built) == 0  # only the empty node state that gives row shapes
+    # The rows read: the 20 queried nodes and their sampled neighbours (K = 4).
+    assert read and max(read) <= 20 * (1 + 4) and p._stored_whole is None
+    # The neighbour index: the queried nodes' incident events, not the stream's.
+    (local,) = samplers
+    q = np.concatenate([s_raw, d_raw]) - OFFSET
+    incident = np.isin(src, q).sum() + np.isin(dst, q).sum()
+    assert local.nodes.numel() == 20 and local.inner.tcsr.indptr.numel() == 21
+    assert local.num_entries == incident < 2 * e
+    # Host arrays (numpy and Python, what tracemalloc sees): under a quarter of a byte
+    # a node, where sorting the id map for the lookup alone took 16 bytes a node.
+    assert peak < n // 4, f"{peak} bytes traced"
+
+
+def test_node_features_are_read_as_the_trainer_reads_them(tmp_path, monkeypatch) -> None:
+    """On a store with node features, the stored-state answers (feature rows read from
+    the store's file) are the replay's (the trainer's table of every node's features)."""
+    from sven.tasks import stored as stored_mod
+
+    store = _stream(tmp_path / "feat", node_dim=5)
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "tgn")).fit()
+    ev = TemporalEvents.load(store)
+    assert ev.node_feat is not None
+    pos = ev.split_range("val")[1]
+    src, dst, t = _queries(store, pos, 4)
+    replay = Predictor(_latest(run), device="cpu", memory="replay")
+    # The same questions both ways (another batch of queries rounds differently).
+    few = replay.score(src[:2], dst[:2], t[:2], logits=True)
+    want = replay.score(src, dst, t, logits=True)
+    folder = _replayed_checkpoint(run, pos, tmp_path / "replayed", replay)
+    stored = Predictor(folder, device="cpu")
+    # 2 pairs (at most 4 nodes, 20 rows with their neighbours): row by row; 4 pairs:
+    # the whole state once.
+    np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
+    assert stored._stored_whole is None
+    np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
+    assert stored._tr is None
+    # The features matter: without them, other answers.
+    zero = stored_mod.StoredRun.node_rows
+    monkeypatch.setattr(stored_mod.StoredRun, "node_rows", lambda self, n: zero(self, n) * 0)
+    assert not np.array_equal(stored.score(src, dst, t, logits=True), want)
