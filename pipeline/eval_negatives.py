@@ -265,7 +265,10 @@ def _not_true_edges(
     true_keys = torch.unique((t_rank * n + ws) * n + wd)
     q_rank = torch.searchsorted(times, tq)
     keys = (q_rank[:, None] * n + s[:, None]) * n + negatives
-    return ~torch.isin(keys, true_keys)
+    # A binary search of each key among the window's few sorted keys: torch.isin sorts
+    # the queries' keys with them (q per query, far more than the window's events).
+    at = torch.searchsorted(true_keys, keys).clamp_max(true_keys.numel() - 1)
+    return true_keys[at] != keys
 
 
 #: Offsets of the evaluation streams of the historical and inductive protocols from the

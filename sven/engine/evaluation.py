@@ -50,7 +50,8 @@ class EvalResult:
         pos: (n,) positive logits.
         neg: (n,) logits of the one evaluation negative of each event (``eval.negatives``).
         mrr_neg: (n, q) logits of the MRR negatives, or None.
-        mrr_valid: (n, q) bool, False for MRR negatives filtered out as true edges.
+        mrr_valid: (n, q) bool, False for MRR negatives filtered out as true edges (on
+            the run's device: the split's filter, computed once).
         protocol_neg: Logits (n,) of the negatives of the other protocols, by name.
     """
 
@@ -191,6 +192,7 @@ class Evaluation:
         # eval.all_protocols), then the MRR negatives.
         self.protocols = protocol_order(ec.negatives, ec.all_protocols)
         self._neg_cache: dict[str, torch.Tensor] = {}
+        self._valid_cache: dict[str, torch.Tensor] = {}
         self.widths: dict[int, _Width] = {}
         self._log = log
         self.progress = progress or (lambda split, n: _NoBar())
@@ -211,6 +213,18 @@ class Evaluation:
             protocols = self.split_protocols(split)
             self._neg_cache[split] = self.data.eval_negative_table(split, protocols, len(protocols))
         return self._neg_cache[split]
+
+    def mrr_valid(self, split: str) -> torch.Tensor:
+        """(n, q) bool on the device: which MRR negatives of a split count (TGB's filter
+        of true edges, :meth:`~sven.engine.data.Data.mrr_valid`), computed once, like
+        the negatives it filters (every pass of the split scores the same ones)."""
+        if split not in self._valid_cache:
+            lo, hi = self.data.ranges[split]
+            idx = torch.arange(lo, hi, device=self.device)
+            mrr_negs = self.negatives(split)[:, len(self.split_protocols(split)) :]
+            valid = self.data.mrr_valid(split, idx, mrr_negs)
+            self._valid_cache[split] = valid.to(self.device)
+        return self._valid_cache[split]
 
     def width(self, split: str) -> _Width:
         """The negatives table, scores and graphs of ``split``'s width, made at the
@@ -343,12 +357,8 @@ class Evaluation:
         self.exchange.check()
         scores = table.cpu()
         protocols = self.split_protocols(split)
-        n_p = len(protocols)
-        valid = None
-        if q:
-            idx = torch.arange(lo, hi, device=self.device)
-            valid = d.mrr_valid(split, idx, negs[:, n_p:])
-        return eval_result(scores, protocols, n_p, q, valid)
+        valid = self.mrr_valid(split) if q else None
+        return eval_result(scores, protocols, len(protocols), q, valid)
 
     # ------------------------------------------------------------ metrics
     def metrics(self, split: str, res: EvalResult) -> dict[str, float]:
@@ -393,7 +403,8 @@ class Evaluation:
                 m = inductive[split]
                 out[f"{p}_ap_inductive"], out[f"{p}_auc_inductive"] = per_batch(res.pos[m], neg[m])
         if res.mrr_neg is not None:
-            out[f"{split}_mrr"] = mrr(res.pos, res.mrr_neg, res.mrr_valid)
+            # The n x q comparisons on the run's device, not the host.
+            out[f"{split}_mrr"] = mrr(res.pos.to(dev), res.mrr_neg.to(dev), res.mrr_valid)
         return out
 
     def graphs(self) -> list[StepGraph]:

@@ -70,6 +70,11 @@ def mrr(
     The rank is 1 + #negatives strictly above + half the ties (TGB's mean of the
     optimistic and pessimistic ranks).
 
+    The B x q comparisons run where the scores are (the run's device), in their own
+    dtype (every comparison of two floats is exact); only the B ranks come to the host,
+    where their mean is taken as it always was, so the result does not depend on the
+    device.
+
     Args:
         pos_scores: (B,) score of each positive.
         neg_scores: (B, q) scores of its q negatives.
@@ -80,12 +85,21 @@ def mrr(
     Returns:
         Mean over B of 1 / rank.
     """
-    pos = pos_scores.detach().to(torch.float64)[:, None]
-    neg = neg_scores.detach().to(torch.float64)
-    keep = torch.ones_like(neg, dtype=torch.bool) if valid is None else valid.to(torch.bool)
-    if not (bool(torch.isfinite(pos).all()) and bool(torch.isfinite(neg[keep]).all())):
+    neg = neg_scores.detach()
+    dtype = torch.promote_types(pos_scores.dtype, neg.dtype)
+    neg = neg.to(dtype)
+    pos = pos_scores.detach().to(device=neg.device, dtype=dtype)[:, None]
+    keep = (
+        torch.ones_like(neg, dtype=torch.bool)
+        if valid is None
+        else valid.to(device=neg.device, dtype=torch.bool)
+    )
+    finite = torch.isfinite(pos).all() & (torch.isfinite(neg) | ~keep).all()
+    if not bool(finite):
         return float("nan")
-    rank = 1 + ((neg > pos) & keep).sum(1) + 0.5 * ((neg == pos) & keep).sum(1)
+    above = ((neg > pos) & keep).sum(1).cpu()
+    ties = ((neg == pos) & keep).sum(1).cpu()
+    rank = 1 + above + 0.5 * ties
     return float((1.0 / rank).mean())
 
 

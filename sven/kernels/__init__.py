@@ -6,7 +6,8 @@ Each public function runs either its PyTorch reference in :mod:`sven.kernels.ref
 
 - ``SVEN_KERNELS`` unset or ``auto``: Triton on CUDA for the functions in
   :data:`AUTO_TRITON` (the fused memory updater, the attention's masked softmax and
-  the link scorer, measured faster in the captured step), and for the counter hashes
+  the link scorer, measured faster in the captured step; the factored attention,
+  which the models run on CUDA only in wide evaluation batches), and for the counter hashes
   (:func:`hash_backend`); else the reference, whose cuBLAS GEMMs were measured faster
   than the fully fused Triton attention (docs/kernels.md has the figures);
 - ``SVEN_KERNELS=reference``: the reference everywhere;
@@ -50,12 +51,20 @@ _MODES = ("auto", "reference", "triton")
 #: The functions ``auto`` runs in Triton on CUDA: those measured faster than their
 #: reference inside the captured TGN step on an H200 (docs/kernels.md has the figures).
 AUTO_TRITON = frozenset(
-    {"dedupe_compact", "link_decoder", "recurrent_update", "sample_recent", "temporal_attention"}
+    {
+        "dedupe_compact",
+        "link_decoder",
+        "recurrent_update",
+        "sample_recent",
+        "temporal_attention",
+        "temporal_attention_factored",
+    }
 )
 # Which Triton module implements each public name.
 _TRITON_MODULE = {
     "temporal_attention": "sven.kernels.triton_attention",
     "temporal_attention_fused": "sven.kernels.triton_attention",
+    "temporal_attention_factored": "sven.kernels.triton_attention",
     "gru_cell": "sven.kernels.triton_rnn",
     "rnn_cell": "sven.kernels.triton_rnn",
     "recurrent_update": "sven.kernels.triton_rnn",
@@ -186,9 +195,11 @@ temporal_attention = _dispatch("temporal_attention")
 # ``SVEN_KERNELS=auto,temporal_attention=triton`` keeps the projections and fuses the
 # masked softmax into one kernel.
 temporal_attention_fused = _dispatch("temporal_attention_fused", attention=temporal_attention)
-# The CPU form of the fused attention (fewer multiply-adds, no Triton kernel): the
-# reference itself, tested against ``temporal_attention_fused``.
-temporal_attention_factored = reference.temporal_attention_factored
+# The CPU form of the fused attention (fewer multiply-adds), tested against
+# ``temporal_attention_fused``; on CUDA, without a gradient (evaluation), one Triton
+# kernel between two GEMMs, which writes no per-slot tensor (the reference where a
+# gradient is needed).
+temporal_attention_factored = _dispatch("temporal_attention_factored")
 gru_cell = _dispatch("gru_cell")
 rnn_cell = _dispatch("rnn_cell")
 

@@ -1,7 +1,7 @@
 """Triton kernels for masked multi-head temporal attention (one query per root).
 
-Two entry points, each a pair of ``@triton.jit`` kernels (forward, backward), a launch
-function, an ``autograd.Function`` and a thin functional wrapper:
+Three entry points; the first two each a pair of ``@triton.jit`` kernels (forward,
+backward), a launch function, an ``autograd.Function`` and a thin functional wrapper:
 
 - :func:`temporal_attention`: q (R, H, D) against K keys/values per root, as
   :func:`sven.kernels.reference.temporal_attention`.
@@ -9,6 +9,9 @@ function, an ``autograd.Function`` and a thin functional wrapper:
   the kernel: the neighbour gather from per-node projections, the time encoding
   cos(dt * w + b) and its projection, and optional edge contributions, as
   :func:`sven.kernels.reference.temporal_attention_fused`.
+- :func:`temporal_attention_factored`: the forward of
+  :func:`sven.kernels.reference.temporal_attention_factored` (evaluation: no gradient),
+  one kernel between the queries' and the weighted sums' projections.
 
 One program handles one (root, head): the K x D tile of keys and values lives in
 registers, padded to powers of two and masked, so K and D may be any size (the tile
@@ -26,7 +29,7 @@ import triton.language as tl
 
 from sven.kernels.precision import tf32_dots
 
-__all__ = ["temporal_attention", "temporal_attention_fused"]
+__all__ = ["temporal_attention", "temporal_attention_factored", "temporal_attention_fused"]
 
 
 def _pow2(n: int, least: int = 1) -> int:
@@ -441,3 +444,170 @@ def temporal_attention_fused(
     return _TemporalAttentionFused.apply(
         q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, kv_edge
     )
+
+
+# -- factored forward: evaluation's attention in one kernel ------------------------------
+
+
+@triton.jit
+def _slot_feat(
+    r, ok, valid, oc, cm, f_ptr, dt_ptr, tw_ptr, tb_ptr, sf_r, sf_k, sf_c, sdt_r, sdt_k,
+    IS_TIME: tl.constexpr,
+):  # fmt: skip
+    """One chunk (BLOCK_K, BLOCK_C) of root r's slot features, fp32, 0 where masked: the
+    time encoding cos(dt w + b) computed here, or edge features read."""
+    tile = valid[:, None] & cm[None, :]
+    if IS_TIME:
+        dt = tl.load(dt_ptr + r * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
+        w = tl.load(tw_ptr + oc, mask=cm, other=0.0).to(tl.float32)
+        b = tl.load(tb_ptr + oc, mask=cm, other=0.0).to(tl.float32)
+        f = tl.cos(dt[:, None] * w[None, :] + b[None, :])
+    else:
+        at = f_ptr + r * sf_r + ok[:, None] * sf_k + oc[None, :] * sf_c
+        f = tl.load(at, mask=tile, other=0.0)
+    return tl.where(tile, f.to(tl.float32), 0.0)
+
+
+@triton.jit
+def _factored_fwd_kernel(
+    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr,
+    o_ptr, ft_ptr, fe_ptr,
+    K, D, OD, T, E, scale,
+    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
+    HAS_EDGE: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    # One program per (root, head). qt (R, H, T) and qe (R, H, E): the queries carried
+    # back through the key blocks of the time and edge projections; outputs: the
+    # attention over the node values o (R, H, D) and the attention-weighted slot
+    # features ft (R, H, T), fe (R, H, E), all contiguous.
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    nh = tl.num_programs(1)
+    ok = tl.arange(0, BLOCK_K)
+    od = tl.arange(0, BLOCK_D)
+    dm = od < D
+    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
+    tile = valid[:, None] & dm[None, :]
+    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=valid, other=0).to(tl.int64)
+    row = kvn_ptr + nbr[:, None] * sn_u
+    key = tl.load(row + (h * D + od)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + r * sq_r + h * sq_h + od * sq_d, mask=dm, other=0.0).to(tl.float32)
+    s = tl.sum(key * q[None, :], axis=1)
+    for t0 in range(0, T, BLOCK_T):
+        oc = t0 + tl.arange(0, BLOCK_T)
+        cm = oc < T
+        f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, 0, 0, 0,
+                       sdt_r, sdt_k, True)  # fmt: skip
+        qt = tl.load(qt_ptr + (r * nh + h) * T + oc, mask=cm, other=0.0).to(tl.float32)
+        s += tl.sum(f * qt[None, :], axis=1)
+    if HAS_EDGE:
+        for e0 in range(0, E, BLOCK_E):
+            oc = e0 + tl.arange(0, BLOCK_E)
+            cm = oc < E
+            f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, se_r, se_k,
+                           se_c, 0, 0, False)  # fmt: skip
+            qe = tl.load(qe_ptr + (r * nh + h) * E + oc, mask=cm, other=0.0).to(tl.float32)
+            s += tl.sum(f * qe[None, :], axis=1)
+    p = _softmax_valid(s * scale, valid)
+    val = tl.load(row + (OD + h * D + od)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    out = tl.sum(p[:, None] * val, axis=0)
+    tl.store(o_ptr + (r * nh + h) * D + od, out.to(o_ptr.dtype.element_ty), mask=dm)
+    # The slot features again (recomputing the cosines costs less than keeping them).
+    for t0 in range(0, T, BLOCK_T):
+        oc = t0 + tl.arange(0, BLOCK_T)
+        cm = oc < T
+        f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, 0, 0, 0,
+                       sdt_r, sdt_k, True)  # fmt: skip
+        fa = tl.sum(p[:, None] * f, axis=0)
+        tl.store(ft_ptr + (r * nh + h) * T + oc, fa.to(ft_ptr.dtype.element_ty), mask=cm)
+    if HAS_EDGE:
+        for e0 in range(0, E, BLOCK_E):
+            oc = e0 + tl.arange(0, BLOCK_E)
+            cm = oc < E
+            f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, se_r, se_k,
+                           se_c, 0, 0, False)  # fmt: skip
+            fa = tl.sum(p[:, None] * f, axis=0)
+            tl.store(fe_ptr + (r * nh + h) * E + oc, fa.to(fe_ptr.dtype.element_ty), mask=cm)
+
+
+def temporal_attention_factored(
+    q: torch.Tensor,
+    kv_node: torch.Tensor,
+    nbr_pos: torch.Tensor,
+    dt: torch.Tensor,
+    mask: torch.Tensor,
+    time_w: torch.Tensor,
+    time_b: torch.Tensor,
+    w_kv_time: torch.Tensor,
+    edge_feat: torch.Tensor | None = None,
+    w_kv_edge: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The factored temporal attention's forward as one kernel (Triton), for evaluation.
+
+    Same contract as :func:`sven.kernels.reference.temporal_attention_factored`: the
+    queries are carried back through the key blocks of the time (and edge)
+    projections and the attention-weighted slot features forward through the value
+    blocks, each a GEMM over the roots; between them one kernel gathers each
+    neighbour's node key and value, builds cos(dt w + b) in registers, and attends.
+    No (R, K, T) or (R, K, 2 O) tensor is written: a wide evaluation batch (100 MRR
+    negatives: 20,600 roots, 206,000 neighbour slots at batch 200) reads its slots
+    once. Forward only: where a gradient is needed the reference runs (its backward
+    is autograd's).
+
+    Args:
+        q: (R, H, D) queries.
+        kv_node: (U, 2 O) per-node key/value projections (O = H * D), keys first.
+        nbr_pos: (R, K) int row of each neighbour in ``kv_node`` (any valid row where
+            masked).
+        dt: (R, K) time since each neighbour event.
+        mask: (R, K) bool validity.
+        time_w: (T,) time-encoding frequencies.
+        time_b: (T,) time-encoding phases.
+        w_kv_time: (2 O, T) projection of the time encoding (no bias).
+        edge_feat: (R, K, d_e) neighbour event features, or None.
+        w_kv_edge: (2 O, d_e) their projection (no bias), or None.
+
+    Returns:
+        (R, O) in q's dtype; zero rows where no slot is valid.
+    """
+    from sven.kernels import reference
+
+    args = (q, kv_node, time_w, time_b, w_kv_time, edge_feat, w_kv_edge)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args):
+        return reference.temporal_attention_factored(
+            q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, edge_feat, w_kv_edge
+        )
+    r, h, d = q.shape
+    o, t = h * d, time_w.shape[0]
+    edge = edge_feat is not None and w_kv_edge is not None
+    # The time block's key and value halves, per head: (H, D, T).
+    w_time = w_kv_time.to(q.dtype)
+    qt = torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)).contiguous()
+    ft = torch.empty(r, h, t, device=q.device, dtype=q.dtype)
+    out = torch.empty(r, h, d, device=q.device, dtype=q.dtype)
+    e = int(w_kv_edge.shape[1]) if edge else 0
+    if edge:
+        w_edge = w_kv_edge.to(q.dtype)
+        ef = edge_feat.to(q.dtype)
+        qe = torch.einsum("rhd,hdf->rhf", q, w_edge[:o].view(h, d, e)).contiguous()
+        fe = torch.empty(r, h, e, device=q.device, dtype=q.dtype)
+        se = ef.stride()
+    else:
+        # Any tensor stands for the unused pointers.
+        ef, qe, fe, se = qt, qt, ft, (0, 0, 0)
+    m8 = _mask_u8(mask)
+    if r > 0:
+        _factored_fwd_kernel[(r, h)](
+            q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
+            out, ft, fe,
+            nbr_pos.shape[1], d, o, t, e, 1.0 / (d**0.5),
+            *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
+            HAS_EDGE=edge,
+            BLOCK_K=_pow2(nbr_pos.shape[1], 16), BLOCK_D=_pow2(d, 16),
+            BLOCK_T=min(_pow2(t, 16), 32), BLOCK_E=min(_pow2(e, 16), 32),
+        )  # fmt: skip
+    out = out + torch.einsum("rhf,hdf->rhd", ft, w_time[o:].view(h, d, t))
+    if edge:
+        out = out + torch.einsum("rhf,hdf->rhd", fe, w_edge[o:].view(h, d, e))
+    return out.reshape(r, o)

@@ -30,6 +30,11 @@ from sven.pipeline.negatives import dropout_scale
 if TYPE_CHECKING:
     from sven.config import ModelConfig
 
+#: Roots from which an ``auto`` attention without a gradient takes the factored form on
+#: CUDA too (:class:`TemporalAttentionLayer`): TGB's one-vs-many evaluation, not the
+#: one-negative protocols (3 to 5 roots per event).
+WIDE_ROOTS = 4096
+
 #: The training events a model may derive a hyperparameter from: (src, dst, t), each (E,).
 TrainEvents = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -464,7 +469,8 @@ class TemporalAttentionLayer(nn.Module):
         dropout: Dropout on the output.
         form: ``fused``, ``factored`` (the same function, computed in another order:
             :func:`sven.kernels.reference.temporal_attention_factored`) or ``auto``
-            (factored on CPU, fused on CUDA and under the Triton backend).
+            (factored on CPU, fused on CUDA and under the Triton backend, except for
+            batches of at least :data:`WIDE_ROOTS` roots without a gradient).
     """
 
     def __init__(
@@ -540,6 +546,12 @@ class TemporalAttentionLayer(nn.Module):
         form = self.form
         if form == "auto":
             form = "fused" if z.is_cuda or kernels.backend_for(z) == "triton" else "factored"
+            if form == "fused" and r >= WIDE_ROOTS and not torch.is_grad_enabled():
+                # A wide batch without a gradient (the MRR's evaluation: 100 negatives
+                # make 20,600 roots at batch 200): the factored form's Triton kernel
+                # reads each neighbour slot once, where the fused form writes its
+                # (R, K, 2 O) keys and values several times.
+                form = "factored"
         if form == "fused":
             # The neighbour gather, the time encoding of dt and its projection happen
             # inside the attention kernel (Triton), or in the reference whose few large

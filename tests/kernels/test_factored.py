@@ -133,3 +133,93 @@ def test_layer_rejects_an_unknown_form() -> None:
 
     with pytest.raises(ValueError, match="attention form"):
         TemporalAttentionLayer(8, 0, T_DIM, 8, 2, 0.0, form="tiled")
+
+
+# The factored forward as one Triton kernel (evaluation on CUDA), against the reference;
+# on CPU under Triton's interpreter (small shapes), on CUDA the whole grid.
+TRITON_SMALL = [(7, 2, 8, 5, True), (7, 1, 50, 16, False), (1, 2, 8, 1, False)]
+TRITON_GRID = list(itertools.product((1, 33, 517), (1, 2), (8, 50), (1, 10, 16), (True, False)))
+
+
+def _triton_vs_reference(r: int, h: int, d: int, k: int, edge: bool, device: str) -> None:
+    from sven.kernels import triton_attention
+
+    inputs = [x.to(device) for x in _inputs(r, h, d, k, torch.float32, dt_max=10.0)]
+    q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
+    args = (q, kvn, pos, dt, mask, tw, tb, wt, ef if edge else None, we if edge else None)
+    want = reference.temporal_attention_factored(*[_f64(x) for x in args])
+    with torch.no_grad():
+        got = triton_attention.temporal_attention_factored(*args)
+    assert got.dtype == torch.float32 and got.shape == (r, h * d)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # Roots without a valid slot give zero rows, not NaN.
+    assert (got[~mask.any(dim=1)] == 0).all()
+
+
+def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
+    return x.double() if x is not None and x.is_floating_point() else x
+
+
+@pytest.mark.parametrize("r,h,d,k,edge", TRITON_SMALL)
+def test_triton_factored_small(r: int, h: int, d: int, k: int, edge: bool, device) -> None:
+    _triton_vs_reference(r, h, d, k, edge, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r,h,d,k,edge", TRITON_GRID)
+def test_triton_factored_grid(r: int, h: int, d: int, k: int, edge: bool, cuda) -> None:
+    _triton_vs_reference(r, h, d, k, edge, cuda)
+
+
+def test_triton_factored_with_a_gradient_is_the_reference(device) -> None:
+    # Forward only: where a gradient is needed the call is the reference's, bit for bit.
+    from sven.kernels import triton_attention
+
+    inputs = [x.to(device) for x in _inputs(5, 2, 8, 3, torch.float32)]
+    q = inputs[0].clone().requires_grad_()
+    got = triton_attention.temporal_attention_factored(q, *inputs[1:])
+    want = reference.temporal_attention_factored(q, *inputs[1:])
+    assert torch.equal(got, want) and got.requires_grad
+
+
+def test_triton_factored_no_roots(device) -> None:
+    from sven.kernels import triton_attention
+
+    q, kvn, pos, dt, mask, tw, tb, wt, _, _ = [
+        x.to(device) for x in _inputs(0, 2, 8, 3, torch.float32)
+    ]
+    with torch.no_grad():
+        out = triton_attention.temporal_attention_factored(q, kvn, pos, dt, mask, tw, tb, wt)
+    assert out.shape == (0, 16)
+
+
+def test_auto_form_is_factored_for_wide_batches_without_a_gradient(monkeypatch) -> None:
+    """On CUDA ``auto`` runs the fused form, except for a batch of at least
+    ``WIDE_ROOTS`` roots without a gradient (TGB's one-vs-many evaluation)."""
+    from sven import kernels
+    from sven.models import base
+
+    calls: list[str] = []
+    for name in ("temporal_attention_fused", "temporal_attention_factored"):
+        monkeypatch.setattr(kernels, name, lambda *a, name=name: calls.append(name) or _out(a))
+    # The layer's choice as it is made for CUDA tensors, on the CPU.
+    monkeypatch.setattr(kernels, "backend_for", lambda t, name=None: "triton")
+    monkeypatch.setattr(base, "WIDE_ROOTS", 6)
+    layer = base.TemporalAttentionLayer(8, 0, T_DIM, 8, 2, 0.0, form="auto")
+    gen = torch.Generator().manual_seed(0)
+    for r, grad in ((6, False), (5, False), (6, True)):
+        z = torch.randn(4, 8, generator=gen)
+        mask = torch.ones(r, 3, dtype=torch.bool)
+        with torch.set_grad_enabled(grad):
+            layer(z, torch.zeros(r, dtype=torch.int64), torch.zeros(r, 3, dtype=torch.int64),
+                  torch.ones(r, 3), mask, None)  # fmt: skip
+    assert calls == [
+        "temporal_attention_factored",
+        "temporal_attention_fused",
+        "temporal_attention_fused",
+    ]
+
+
+def _out(args: tuple) -> torch.Tensor:
+    q = args[0]
+    return torch.zeros(q.shape[0], q.shape[1] * q.shape[2])
