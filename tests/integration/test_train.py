@@ -234,6 +234,9 @@ def test_fused_kernels_in_the_captured_step_train_like_the_reference(
                     "train.device=cuda",
                     f"train.cuda_graph={graph}",
                     "model.sampling=uniform",
+                    # IEEE products: the kernels against the reference, not TF32's
+                    # rounding (the default) carried through the training.
+                    "train.matmul_precision=highest",
                 ),
             )
             summary = tr.fit()
@@ -281,6 +284,8 @@ def test_compiled_captured_step_trains_like_the_eager_step(store: str, tmp_path,
                 "train.cuda_graph=on",
                 f"train.compile={compiled}",
                 "model.dropout=0.1",
+                # IEEE products: compiled against eager, not TF32's rounding.
+                "train.matmul_precision=highest",
             ),
         )
         summary = tr.fit()

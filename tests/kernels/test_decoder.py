@@ -55,9 +55,14 @@ def _check(device: str, b: int, n: int, d: int, *, tf32: bool = False) -> None:
     if tf32:
         # Element-wise bounds do not fit TF32's error on sums of cancelling terms: the
         # error of each whole tensor relative to its size, as TF32 is usually judged.
-        for name, g, r in zip(["pos", "neg", *NAMES], [*got[:2], *got[2]], [*ref[:2], *ref[2]]):
+        # The gradients' bound is wider: a pre-activation within TF32's error of zero
+        # flips its ReLU, which moves that pair's whole gradient (a wrong kernel still
+        # errs by the tensor's size).
+        for i, (name, g, r) in enumerate(
+            zip(["pos", "neg", *NAMES], [*got[:2], *got[2]], [*ref[:2], *ref[2]])
+        ):
             err = float((g - r).norm() / r.norm().clamp(min=1e-6))
-            assert err < 1e-2, f"{name}: relative error {err:.2e}"
+            assert err < (1e-2 if i < 2 else 1e-1), f"{name}: relative error {err:.2e}"
         return
     torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
