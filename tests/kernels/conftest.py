@@ -34,3 +34,19 @@ def cuda() -> str:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return "cuda"
+
+
+@pytest.fixture
+def use_kernel(monkeypatch):
+    """``use_kernel(name, backend)``: the next calls of kernel ``name`` run on
+    ``backend`` (``SVEN_KERNELS=auto,name=backend``); the choice is undone after the
+    test."""
+    from sven import kernels
+
+    def use(name: str, backend: str) -> None:
+        monkeypatch.setenv("SVEN_KERNELS", f"auto,{name}={backend}")
+        kernels.reset_backend()
+
+    yield use
+    monkeypatch.undo()
+    kernels.reset_backend()

@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from sven import kernels
 from sven.pipeline.dedupe import dedupe_fixed
 
 
-def _dedupe(backend: str, ids: torch.Tensor, pad_id: int, slots: int | None):
-    old = os.environ.get("SVEN_KERNELS")
-    os.environ["SVEN_KERNELS"] = f"auto,dedupe_compact={backend}"
-    kernels.reset_backend()
-    try:
-        return dedupe_fixed(ids, pad_id, slots)
-    finally:
-        if old is None:
-            os.environ.pop("SVEN_KERNELS")
-        else:
-            os.environ["SVEN_KERNELS"] = old
-        kernels.reset_backend()
+def _dedupe(use, backend: str, ids: torch.Tensor, pad_id: int, slots: int | None):
+    use("dedupe_compact", backend)
+    return dedupe_fixed(ids, pad_id, slots)
 
 
-def test_compact_by_hand(device: str) -> None:
+def test_compact_by_hand(device: str, use_kernel) -> None:
     """The docstring's example: ids 5, 2, 5, 9 with padding id 10."""
-    nodes, inverse = _dedupe("triton", torch.tensor([5, 2, 5, 9], device=device), 10, None)
+    nodes, inverse = _dedupe(
+        use_kernel, "triton", torch.tensor([5, 2, 5, 9], device=device), 10, None
+    )
     assert nodes.tolist() == [2, 5, 9, 10] and inverse.tolist() == [1, 0, 1, 2]
-    nodes, inverse = _dedupe("triton", torch.tensor([3, 3, 3], device=device), 7, 2)
+    nodes, inverse = _dedupe(use_kernel, "triton", torch.tensor([3, 3, 3], device=device), 7, 2)
     assert nodes.tolist() == [3, 7] and inverse.tolist() == [0, 0, 0]
 
 
@@ -37,14 +27,14 @@ def test_compact_by_hand(device: str) -> None:
     ("size", "pad_id", "slots"),
     [(1, 0, None), (6600, 9227, None), (6600, 1899, 1900), (9000, 2**40, None), (4097, 50, 51)],
 )
-def test_compact_matches_reference(device: str, size: int, pad_id: int, slots) -> None:
+def test_compact_matches_reference(device: str, use_kernel, size: int, pad_id: int, slots) -> None:
     """Across block boundaries (4,096 ids per block), with the padding id among the ids,
     slots capped at N + 1, and int64 ids past int32: the reference's outputs exactly."""
     gen = torch.Generator().manual_seed(size)
     ids = torch.randint(0, min(pad_id, 2**62) + 1, (size,), generator=gen)
     ids[::7] = pad_id
     ids = ids.to(device)
-    got = _dedupe("triton", ids, pad_id, slots)
-    want = _dedupe("reference", ids, pad_id, slots)
+    got = _dedupe(use_kernel, "triton", ids, pad_id, slots)
+    want = _dedupe(use_kernel, "reference", ids, pad_id, slots)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.int64 and torch.equal(g, w)

@@ -5,25 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sven import kernels
 from sven.pipeline.sampler import TCSR, TemporalSampler, search_steps
 
 
-def _blocks(sampler: TemporalSampler, backend: str, nodes, times, valid):
+def _blocks(use, sampler: TemporalSampler, backend: str, nodes, times, valid):
     """The sampler's layers with ``sample_recent`` on ``backend``."""
-    import os
-
-    old = os.environ.get("SVEN_KERNELS")
-    os.environ["SVEN_KERNELS"] = f"auto,sample_recent={backend}"
-    kernels.reset_backend()
-    try:
-        return sampler.sample(nodes, times, root_mask=valid)
-    finally:
-        if old is None:
-            os.environ.pop("SVEN_KERNELS")
-        else:
-            os.environ["SVEN_KERNELS"] = old
-        kernels.reset_backend()
+    use("sample_recent", backend)
+    return sampler.sample(nodes, times, root_mask=valid)
 
 
 def _same(got, want) -> None:
@@ -44,7 +32,7 @@ def test_search_steps() -> None:
     assert search_steps(torch.tensor([0, 8])) == 4
 
 
-def test_recent_by_hand(device: str) -> None:
+def test_recent_by_hand(device: str, use_kernel) -> None:
     """Node 0's events at times 1, 2, 2, 5 (ids 0..3 with nodes 1, 2, 1, 3): at time 2
     only the event at 1 is before; at 5.5 all four, latest first, K = 3 of them; the
     padding id (N = 4) and a root marked invalid get none."""
@@ -56,7 +44,7 @@ def test_recent_by_hand(device: str) -> None:
     nodes = torch.tensor([0, 0, 4, 0, 3], device=device)
     times = torch.tensor([2.0, 5.5, 9.0, 9.0, 5.0], dtype=torch.float64, device=device)
     valid = torch.tensor([True, True, True, False, True], device=device)
-    (got,) = _blocks(sampler, "triton", nodes, times, valid)
+    (got,) = _blocks(use_kernel, sampler, "triton", nodes, times, valid)
     assert got.nbr.tolist() == [[1, 0, 0], [3, 1, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
     assert got.eid.tolist() == [[0, 0, 0], [3, 2, 1], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
     assert got.ts.tolist() == [[1, 0, 0], [5, 2, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
@@ -67,12 +55,14 @@ def test_recent_by_hand(device: str) -> None:
         [False, False, False],
         [False, False, False],
     ]
-    _same([got], _blocks(sampler, "reference", nodes, times, valid))
+    _same([got], _blocks(use_kernel, sampler, "reference", nodes, times, valid))
 
 
 @pytest.mark.parametrize("float_times", [False, True])
 @pytest.mark.parametrize("fanouts", [[1], [10], [5, 3]])
-def test_recent_matches_reference(device: str, float_times: bool, fanouts: list[int]) -> None:
+def test_recent_matches_reference(
+    device: str, use_kernel, float_times: bool, fanouts: list[int]
+) -> None:
     """Random graphs with hubs and silent nodes, roots at event times and between them
     (float roots over integer times round up), some invalid, two layers: the same
     integers as the reference, slot for slot."""
@@ -91,8 +81,11 @@ def test_recent_matches_reference(device: str, float_times: bool, fanouts: list[
     times = torch.rand(r, generator=gen, dtype=torch.float64) * 70
     valid = torch.rand(r, generator=gen) < 0.9
     args = (nodes.to(device), times.to(device), valid.to(device))
-    _same(_blocks(sampler, "triton", *args), _blocks(sampler, "reference", *args))
     _same(
-        _blocks(sampler, "triton", args[0], args[1], None),
-        _blocks(sampler, "reference", args[0], args[1], None),
+        _blocks(use_kernel, sampler, "triton", *args),
+        _blocks(use_kernel, sampler, "reference", *args),
+    )
+    _same(
+        _blocks(use_kernel, sampler, "triton", args[0], args[1], None),
+        _blocks(use_kernel, sampler, "reference", args[0], args[1], None),
     )
