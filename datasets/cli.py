@@ -22,8 +22,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     Args:
         subparsers: The top-level ``sven`` subparsers.
     """
-    from sven.datasets import FORMATS
-
     data = subparsers.add_parser(
         "data",
         help="fetch public datasets, convert raw event files, inspect event stores, "
@@ -33,6 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     data.set_defaults(func=lambda args: _usage(data))
     actions = data.add_subparsers(dest="data_command", metavar="ACTION")
     _add_fetch_parser(actions)
+    _add_convert_parser(actions)
+    _add_store_parsers(actions)
+    add_synth_parser(actions)
+
+
+def _add_convert_parser(actions: argparse._SubParsersAction) -> None:
+    from sven.datasets import FORMATS
 
     conv = actions.add_parser(
         "convert",
@@ -75,6 +80,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     conv.set_defaults(func=_convert)
 
+
+def _add_store_parsers(actions: argparse._SubParsersAction) -> None:
+    """``info``, ``verify`` and ``negatives``: the commands on an existing store."""
     info = actions.add_parser(
         "info",
         help="summary statistics of an event store",
@@ -119,8 +127,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--overwrite", action="store_true", help="replace negatives the store already has"
     )
     negs.set_defaults(func=_negatives)
-
-    add_synth_parser(actions)
 
 
 def _add_fetch_parser(actions: argparse._SubParsersAction) -> None:

@@ -510,7 +510,6 @@ LONG_FUNCTIONS = {
     "sven.datasets.writer:_finish": 119,
     "sven.partition.assign:assign_events": 112,
     "sven.pipeline.batch:make_batch": 106,
-    "sven.datasets.cli:add_parser": 106,
     "sven.pipeline.stages:select_batch": 84,
 }
 
