@@ -282,7 +282,7 @@ def test_host_state_with_the_prefetch_ring_equals_depth_zero(
     batches the ring builds ahead (depth 1 and 2) give depth 0's parameters after every
     batch, node state and metrics. A build reads no node state, so a batch built ahead
     cannot read a row before the step before it wrote it back."""
-    monkeypatch.setattr("sven.engine.step.fixed_shapes", lambda device, distributed: True)
+    monkeypatch.setattr("sven.engine.spec.fixed_shapes", lambda device, distributed: True)
     ref = _ring_run(store, tmp_path / "d0", model, "host", 0)
     assert ref[2].step.capacity == 20
     for d in (1, 2):
