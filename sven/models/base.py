@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from sven.kernels.reference import take_rows
+from sven.kernels.sums import linear
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
 from sven.pipeline.batch import Batch
 from sven.pipeline.negatives import dropout_scale
@@ -417,8 +418,6 @@ class Projection(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(M, in) -> (M, out)."""
-        from sven.kernels.sums import linear
-
         return linear(x, self.weight, self.bias)
 
 
