@@ -71,12 +71,19 @@ class Census(TorchDispatchMode):
         super().__init__()
         self.ops: Counter[tuple[str, str]] = Counter()
         self.on = False
+        # Under torch.profiler (``--kernels``): each counted operator in a range named by
+        # its site, so that the device kernels it launches can be attributed to it.
+        self.mark = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.on:
             name = func.overloadpacket.__name__
             if not (func.is_view or name in _FREE):
-                self.ops[(_site(), name)] += 1
+                site = _site()
+                self.ops[(site, name)] += 1
+                if self.mark:
+                    with torch.profiler.record_function(f"@{site}|{name}"):
+                        return func(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
@@ -94,10 +101,14 @@ def _counted(run: Any, census: Census) -> Any:
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not census.on:
             return run(self, *args, **kwargs)
-        census.ops[(_site(), f"triton:{self.fn.__name__}")] += 1
+        site, name = _site(), f"triton:{self.fn.__name__}"
+        census.ops[(site, name)] += 1
         # Under Triton's interpreter a launch runs torch operators of its own: not kernels.
         census.on = False
         try:
+            if census.mark:
+                with torch.profiler.record_function(f"@{site}|{name}"):
+                    return run(self, *args, **kwargs)
             return run(self, *args, **kwargs)
         finally:
             census.on = True
@@ -134,6 +145,12 @@ def main() -> None:
         help="on the CPU, dispatch the kernels as SVEN_KERNELS=auto does on CUDA (Triton's "
         "interpreter: needs TRITON_INTERPRET=1) and use the fused attention form",
     )
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="on CUDA: count the device kernels each site launches (torch.profiler), "
+        "beside its operators",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
     if args.as_cuda:
@@ -159,14 +176,28 @@ def main() -> None:
         n = args.warmup + args.steps
         st.plan_capacities(0)
         st.start_epoch(0, 0, n)
+        prof = None
         with census:
             for i in range(n):
                 census.on = i >= args.warmup
+                if census.on and args.kernels and prof is None:
+                    census.mark = True
+                    prof = torch.profiler.profile(
+                        activities=[
+                            torch.profiler.ProfilerActivity.CUDA,
+                            torch.profiler.ProfilerActivity.CPU,
+                        ]
+                    )
+                    prof.__enter__()
                 st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
                 if tr.device.type == "cuda":
                     torch.cuda.synchronize()
             census.on = False
+            if prof is not None:
+                prof.__exit__(None, None, None)
         model = tr.cfg.model.name
+    if prof is not None:
+        _print_kernels(prof, args.steps, args.top, args.json)
     per_step = {k: v / args.steps for k, v in census.ops.items()}
     total = sum(per_step.values())
     by_site: Counter[str] = Counter()
@@ -193,6 +224,42 @@ def main() -> None:
             )
         )
     sys.stdout.flush()
+
+
+def _subtree_kernels(e: Any) -> list[Any]:
+    out = list(e.kernels)
+    for c in e.cpu_children:
+        out += _subtree_kernels(c)
+    return out
+
+
+def _print_kernels(prof: Any, steps: int, top: int, json_path: str | None) -> None:
+    """Device kernels per step by the site whose operator launched them."""
+    per: Counter[str] = Counter()
+    us: Counter[str] = Counter()
+    names: dict[str, Counter[str]] = {}
+    for e in prof.events():
+        if not e.name.startswith("@"):
+            continue
+        site, op = e.name[1:].split("|", 1)
+        for k in _subtree_kernels(e):
+            per[site] += 1 / steps
+            us[site] += k.duration / steps
+            names.setdefault(site, Counter())[f"{op}:{k.name[:40]}"] += 1 / steps
+    print(f"device kernels per step: {sum(per.values()):.0f} ({sum(us.values()):.1f} us)")
+    for site, v in per.most_common(top):
+        ks = ", ".join(f"{n}x{c:g}" for n, c in names[site].most_common(8))
+        print(f"{v:6.1f} {us[site]:7.1f}us  {site}  [{ks}]")
+    if json_path:
+        Path(json_path).with_suffix(".kernels.json").write_text(
+            json.dumps(
+                [
+                    {"site": s, "kernels": per[s], "us": us[s], "names": dict(names[s])}
+                    for s, _ in per.most_common()
+                ],
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

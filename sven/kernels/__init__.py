@@ -56,6 +56,8 @@ AUTO_TRITON = frozenset(
         "link_decoder",
         "recurrent_update",
         "sample_recent",
+        "state_commit",
+        "state_gather",
         "temporal_attention",
         "temporal_attention_factored",
     }
@@ -73,6 +75,9 @@ _TRITON_MODULE = {
     "sample_recent": "sven.kernels.triton_sampler",
     # The reference is pipeline.dedupe.dedupe_fixed's own code after its sort.
     "dedupe_compact": "sven.kernels.triton_dedupe",
+    # The references are sven.models.memory.MemoryState's own gather and commit_dense.
+    "state_gather": "sven.kernels.triton_state",
+    "state_commit": "sven.kernels.triton_state",
 }
 # The cached choice: (mode, interpreter on, triton importable, per-function backends);
 # None until first read.

@@ -259,7 +259,13 @@ class MemoryState:
             # Rows in files: indexed on the host, then copied over (a host sync).
             idx = nodes.cpu()
             return MemoryRows(*(self.full[name][idx].to(self.device) for name in self._FIELDS))
-        return MemoryRows(*(self.full[name][nodes] for name in self._FIELDS))
+        tables = tuple(self.full[name] for name in self._FIELDS)
+        if kernels.backend_for(nodes, "state_gather") == "triton":
+            from sven.kernels.triton_state import gather_rows
+
+            # One kernel for the five tables' rows.
+            return MemoryRows(*gather_rows(tables, nodes))
+        return MemoryRows(*(t[nodes] for t in tables))
 
     def winners(self, nodes: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Where each candidate writes: its node if its key is the node's largest, else N.
@@ -284,6 +290,9 @@ class MemoryState:
         if self.storage.staged:
             # The write-back goes to the host, where the rows live.
             update = DenseUpdate(*(t.detach().cpu() for t in vars(update).values()))
+        elif kernels.backend_for(update.nodes, "state_commit") == "triton":
+            self._commit_triton(update)
+            return
         f = self.full
         tgt = self.winners(update.nodes, update.key)
         f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
@@ -299,6 +308,22 @@ class MemoryState:
         f["mail"][:, 0].index_copy_(0, n, update.mail.detach().to(self.dtype))
         f["mail_ts"][:, 0].index_copy_(0, n, update.mail_ts.to(torch.float64))
         f["mail_valid"][:, 0].index_fill_(0, n, True)
+
+    def _commit_triton(self, update: DenseUpdate) -> None:
+        """:meth:`commit_dense` as two kernels per set of winners (``triton_state``)."""
+        from sven.kernels.triton_state import commit_rows
+
+        tables = tuple(self.full[name] for name in self._FIELDS)
+        same = update.mail_nodes is update.nodes and update.mail_key is update.key
+        mem = (update.memory.detach(), update.last_update)
+        mail = (update.mail.detach(), update.mail_ts)
+        if same:
+            commit_rows(tables, self._best, update.nodes, update.key, *mem, *mail)
+            return
+        # Other receivers than the memory's writers (APAN's neighbours): their own
+        # winners.
+        commit_rows(tables, self._best, update.nodes, update.key, *mem, None, None)
+        commit_rows(tables, self._best, update.mail_nodes, update.mail_key, None, None, *mail)
 
     def commit(self, update: MemoryUpdate) -> None:
         """Writes a batch's update: memory rows, then one new mail per mail node.

@@ -1,0 +1,181 @@
+"""The node state's row gather and its write-back, as Triton kernels.
+
+:meth:`sven.models.memory.MemoryState.gather` reads five tables (memory, last-update
+time, mailbox, mail times, mail flags) at a batch's node ids: five gathers on CUDA.
+:meth:`~sven.models.memory.MemoryState.commit_dense` picks each node's winning
+candidate (a max-scatter of the keys, a gather, compares, a reset) and writes five
+tables: about a dozen kernels. Here the gather is one kernel, and the write-back two:
+
+1. ``best[node] = max(best[node], key)`` over the candidates (atomic max);
+2. each candidate whose key equals its node's maximum writes its rows, shifts the
+   node's mailbox queue, and puts ``best[node]`` back to -1.
+
+Keys are distinct, so each node has one winner; a loser reads either the winner's key
+or the -1 it left, never its own, so the reset needs no third kernel. Losers write
+nothing (the reference sends them to the scratch row, whose content is meaningless).
+The reference, the CPU path and the oracle, is the ``MemoryState`` code itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["commit_rows", "gather_rows"]
+
+_ROWS = 32
+
+
+@triton.jit
+def _gather_kernel(
+    nodes_ptr, mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr,
+    o_mem, o_lu, o_mail, o_mts, o_mv, U,
+    D_MEM: tl.constexpr, D_MAIL: tl.constexpr, M: tl.constexpr,
+    B_MEM: tl.constexpr, B_MAIL: tl.constexpr, B_M: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = rows < U
+    n = tl.load(nodes_ptr + rows, mask=rm, other=0).to(tl.int64)
+    r64 = rows.to(tl.int64)
+    c = tl.arange(0, B_MEM)
+    m2 = rm[:, None] & (c < D_MEM)[None, :]
+    x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=m2)
+    tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=m2)
+    tl.store(o_lu + r64, tl.load(lu_ptr + n, mask=rm), mask=rm)
+    c = tl.arange(0, B_MAIL)
+    m2 = rm[:, None] & (c < M * D_MAIL)[None, :]
+    x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=m2)
+    tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=m2)
+    c = tl.arange(0, B_M)
+    m2 = rm[:, None] & (c < M)[None, :]
+    src = n[:, None] * M + c[None, :]
+    dst = r64[:, None] * M + c[None, :]
+    tl.store(o_mts + dst, tl.load(mts_ptr + src, mask=m2), mask=m2)
+    tl.store(o_mv + dst, tl.load(mv_ptr + src, mask=m2), mask=m2)
+
+
+def _block(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def gather_rows(tables: tuple[torch.Tensor, ...], nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The five state tables' rows at ``nodes``, as ``tuple(t[nodes] for t in tables)``.
+
+    Args:
+        tables: memory (N1, d_mem), last_update (N1,) float64, mail (N1, M, d_mail),
+            mail_ts (N1, M) float64, mail_valid (N1, M) bool; contiguous.
+        nodes: (U,) int64 row ids in [0, N1).
+
+    Returns:
+        The five (U, ...) tensors, in the same order.
+    """
+    mem, lu, mail, mts, mv = tables
+    u = nodes.shape[0]
+    m, d_mail = mail.shape[1], mail.shape[2]
+    outs = tuple(t.new_empty((u, *t.shape[1:])) for t in tables)
+    if u:
+        _gather_kernel[(triton.cdiv(u, _ROWS),)](
+            nodes, mem, lu, mail, mts, mv.view(torch.int8), outs[0], outs[1], outs[2],
+            outs[3], outs[4].view(torch.int8), u, mem.shape[1], d_mail, m,
+            _block(mem.shape[1]), _block(m * d_mail), _block(m), ROWS=_ROWS,
+        )  # fmt: skip
+    return outs
+
+
+@triton.jit
+def _amax_kernel(nodes_ptr, key_ptr, best_ptr, P, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < P
+    n = tl.load(nodes_ptr + offs, mask=m, other=0)
+    k = tl.load(key_ptr + offs, mask=m, other=-1)
+    tl.atomic_max(best_ptr + n, k, mask=m & (k >= 0))
+
+
+@triton.jit
+def _write_kernel(
+    nodes_ptr, key_ptr, best_ptr, P,
+    src_mem, src_lu, src_mail, src_mts,
+    mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr,
+    D_MEM: tl.constexpr, D_MAIL: tl.constexpr, M: tl.constexpr,
+    B_MEM: tl.constexpr, B_MAIL: tl.constexpr,
+    WRITE_MEM: tl.constexpr, WRITE_MAIL: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rm = rows < P
+    n = tl.load(nodes_ptr + rows, mask=rm, other=0).to(tl.int64)
+    k = tl.load(key_ptr + rows, mask=rm, other=-1)
+    b = tl.load(best_ptr + n, mask=rm & (k >= 0), other=-2)
+    win = rm & (k >= 0) & (b == k)
+    # Only the winner resets its node's maximum: a loser of the same node reads either
+    # the winner's key or -1, neither of which is its own (keys are >= 0 and distinct).
+    tl.store(best_ptr + n, tl.full([ROWS], -1, tl.int64), mask=win)
+    r64 = rows.to(tl.int64)
+    if WRITE_MEM:
+        c = tl.arange(0, B_MEM)
+        m2 = win[:, None] & (c < D_MEM)[None, :]
+        x = tl.load(src_mem + r64[:, None] * D_MEM + c[None, :], mask=m2)
+        tl.store(mem_ptr + n[:, None] * D_MEM + c[None, :], x, mask=m2)
+        tl.store(lu_ptr + n, tl.load(src_lu + r64, mask=win), mask=win)
+    if WRITE_MAIL:
+        c = tl.arange(0, B_MAIL)
+        cm = (c < D_MAIL)[None, :]
+        m2 = win[:, None] & cm
+        row = n[:, None] * (M * D_MAIL)
+        # The queue moves by one slot, the oldest mail falling out of the last.
+        for j in tl.static_range(M - 1, 0, -1):
+            prev = tl.load(mail_ptr + row + (j - 1) * D_MAIL + c[None, :], mask=m2)
+            tl.store(mail_ptr + row + j * D_MAIL + c[None, :], prev, mask=m2)
+            t = tl.load(mts_ptr + n * M + (j - 1), mask=win)
+            tl.store(mts_ptr + n * M + j, t, mask=win)
+            v = tl.load(mv_ptr + n * M + (j - 1), mask=win)
+            tl.store(mv_ptr + n * M + j, v, mask=win)
+        x = tl.load(src_mail + r64[:, None] * D_MAIL + c[None, :], mask=m2)
+        tl.store(mail_ptr + row + c[None, :], x, mask=m2)
+        tl.store(mts_ptr + n * M, tl.load(src_mts + r64, mask=win), mask=win)
+        tl.store(mv_ptr + n * M, tl.full([ROWS], 1, tl.int8), mask=win)
+
+
+def commit_rows(
+    tables: tuple[torch.Tensor, ...],
+    best: torch.Tensor,
+    nodes: torch.Tensor,
+    key: torch.Tensor,
+    memory: torch.Tensor | None,
+    last_update: torch.Tensor | None,
+    mail: torch.Tensor | None,
+    mail_ts: torch.Tensor | None,
+) -> None:
+    """Writes each node's winning candidate (largest key) into the state tables.
+
+    Args:
+        tables: memory (N1, d_mem), last_update (N1,) float64, mail (N1, M, d_mail),
+            mail_ts (N1, M) float64, mail_valid (N1, M) bool; contiguous, written in
+            place.
+        best: (N1,) int64, -1 everywhere (left so on return).
+        nodes: (P,) int64 candidate rows.
+        key: (P,) int64 distinct keys, -1 for candidates that write nothing.
+        memory: (P, d_mem) and last_update (P,): the memory to write, or None (no
+            memory written).
+        mail: (P, d_mail) and mail_ts (P,): the mail to put at the front of the
+            winners' queues, or None (no mail written).
+    """
+    p = nodes.shape[0]
+    if p == 0:
+        return
+    t_mem, t_lu, t_mail, t_mts, t_mv = tables
+    m, d_mail = t_mail.shape[1], t_mail.shape[2]
+    block = 1024
+    _amax_kernel[(triton.cdiv(p, block),)](nodes, key, best, p, BLOCK=block)
+    write_mem, write_mail = memory is not None, mail is not None
+    # Unused pointers get a real tensor of the right kind: the kernel never reads them.
+    src_mem = memory.contiguous().to(t_mem.dtype) if write_mem else t_mem
+    src_lu = last_update.to(torch.float64).contiguous() if write_mem else t_lu
+    src_mail = mail.contiguous().to(t_mail.dtype) if write_mail else t_mail
+    src_mts = mail_ts.to(torch.float64).contiguous() if write_mail else t_mts
+    _write_kernel[(triton.cdiv(p, _ROWS),)](
+        nodes, key, best, p, src_mem, src_lu, src_mail, src_mts,
+        t_mem, t_lu, t_mail, t_mts, t_mv.view(torch.int8),
+        t_mem.shape[1], d_mail, m, _block(t_mem.shape[1]), _block(d_mail),
+        WRITE_MEM=write_mem, WRITE_MAIL=write_mail, ROWS=_ROWS,
+    )  # fmt: skip
