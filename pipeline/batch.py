@@ -15,6 +15,7 @@ import torch
 from sven.pipeline.negatives import node_keys, root_keys
 
 if TYPE_CHECKING:
+    from sven.pipeline.dedupe import SortedRuns
     from sven.pipeline.sampler import NeighborBlock, TemporalSampler
 
 
@@ -44,6 +45,8 @@ class Batch:
         valid: (B,) bool, False for the padding events of a fixed-capacity batch (they
             repeat a real event, and their loss, scores and writes are masked), or None
             when every event is real.
+        runs: The fixed-slot de-duplication's sort (fixed-capacity batches), which the
+            backward of the row gathers reuses; None otherwise.
     """
 
     index: torch.Tensor
@@ -62,6 +65,7 @@ class Batch:
     root_key: torch.Tensor | None = None
     node_key: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    runs: SortedRuns | None = None
 
     @property
     def size(self) -> int:
@@ -193,6 +197,7 @@ def make_batch(
     )  # fmt: skip
     roots, root_t, root_key = layout.nodes, layout.times, layout.keys
     block = None
+    runs = None
     nbr_pos = None
     nbr_edge_feat = None
     if sampler is not None:
@@ -200,15 +205,16 @@ def make_batch(
         keys = None if root_key is None else root_key[:n_sample]
         block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
     if pad_node is not None:
-        from sven.pipeline.dedupe import dedupe_fixed, slot_count
+        from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
 
         ids = roots
         if block is not None and read_neighbors:
             pad = torch.full_like(block.nbr, pad_node)
             ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
         u = slot_count(ids.shape[0], pad_node)
-        nodes, inverse = dedupe_fixed(ids, pad_node, u)
+        nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad_node, u)
         r = roots.shape[0]
+        runs = SortedRuns(perm, inverse, sorted_ids, pad_node, r)
         root_pos = inverse[:r]
         if block is not None and read_neighbors:
             # A masked slot may read any row: each reads a row of its own (its position
@@ -243,6 +249,7 @@ def make_batch(
         root_key=root_key,
         node_key=None if rng is None else node_keys(*rng, nodes),
         valid=valid,
+        runs=runs,
     )
 
 

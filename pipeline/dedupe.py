@@ -10,11 +10,34 @@ shape depends only on the batch capacity.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sven import kernels
 
-__all__ = ["dedupe_fixed", "slot_count"]
+__all__ = ["SortedRuns", "dedupe_fixed", "dedupe_sorted", "slot_count"]
+
+
+@dataclass
+class SortedRuns:
+    """A de-duplication's sort, kept for the backward of the batch's row gathers
+    (:mod:`sven.kernels.triton_gather`): run by run, the positions that read each slot.
+
+    Attributes:
+        perm: (S,) int64 the sort's permutation of the S ids (``ids[perm]`` ascending).
+        inverse: (S,) int64 the slot of each id.
+        sorted_ids: (S,) int32 or int64 the ids in the sort's order, ``ids[perm]``.
+        pad_id: The padding id (masked neighbour slots).
+        nbr_lo: Position of the first neighbour slot among the ids (the root count).
+    """
+
+    perm: torch.Tensor
+    inverse: torch.Tensor
+    sorted_ids: torch.Tensor
+    pad_id: int
+    nbr_lo: int
+
 
 # The widest id list the one-program Triton compaction takes (a training batch); wider
 # ones (MRR evaluation) run the reference's parallel kernels.
@@ -36,6 +59,14 @@ def slot_count(num_ids: int, pad_id: int) -> int:
 def dedupe_fixed(
     ids: torch.Tensor, pad_id: int, slots: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dedupe_sorted` without the sort's permutation (see there)."""
+    nodes, inverse, _, _ = dedupe_sorted(ids, pad_id, slots)
+    return nodes, inverse
+
+
+def dedupe_sorted(
+    ids: torch.Tensor, pad_id: int, slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distinct ids in fixed slots, and each input's slot.
 
     Args:
@@ -50,10 +81,12 @@ def dedupe_fixed(
     Returns:
         nodes (U,): the sorted distinct ids, then ``pad_id`` in every unused slot;
         inverse (S,): the slot of each input, ``nodes[inverse] == ids``. For the slots
-        in use both equal ``torch.unique(ids, return_inverse=True)``.
+        in use both equal ``torch.unique(ids, return_inverse=True)``;
+        perm (S,) int64: the sort's permutation, ``ids[perm]`` ascending (equal ids in
+        a fixed order); sorted_ids (S,): ``ids[perm]`` (int32 where ``pad_id`` fits).
 
     Example:
-        >>> dedupe_fixed(torch.tensor([5, 2, 5, 9]), 10)
+        >>> dedupe_sorted(torch.tensor([5, 2, 5, 9]), 10)[:2]
         (tensor([ 2,  5,  9, 10]), tensor([1, 0, 1, 2]))
     """
     if pad_id < 2**31:
@@ -67,7 +100,7 @@ def dedupe_fixed(
         from sven.kernels.triton_dedupe import compact_sorted
 
         # One kernel for what follows the sort (the same two outputs).
-        return compact_sorted(sorted_ids, perm, pad_id, u)
+        return (*compact_sorted(sorted_ids, perm, pad_id, u), perm, sorted_ids)
     if pad_id < 2**31:
         sorted_ids = sorted_ids.to(ids.dtype)
     first = torch.ones_like(sorted_ids, dtype=torch.bool)
@@ -78,4 +111,4 @@ def dedupe_fixed(
     # Duplicate ids write the same value into their slot: the result is order-free.
     nodes = torch.full((u,), pad_id, dtype=ids.dtype, device=ids.device)
     nodes.scatter_(0, slot, sorted_ids)
-    return nodes, inverse
+    return nodes, inverse, perm, sorted_ids

@@ -53,6 +53,7 @@ _MODES = ("auto", "reference", "triton")
 AUTO_TRITON = frozenset(
     {
         "dedupe_compact",
+        "gather_rows",
         "link_decoder",
         "recurrent_update",
         "sample_recent",
@@ -77,6 +78,8 @@ _TRITON_MODULE = {
     "dedupe_compact": "sven.kernels.triton_dedupe",
     # The references are sven.models.memory.MemoryState's own gather and commit_dense.
     "state_gather": "sven.kernels.triton_state",
+    # The reference is the model's plain row gather (reference.take_rows).
+    "gather_rows": "sven.kernels.triton_gather",
     "state_commit": "sven.kernels.triton_state",
 }
 # The cached choice: (mode, interpreter on, triton importable, per-function backends);

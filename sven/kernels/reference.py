@@ -248,6 +248,7 @@ def temporal_attention_fused(
     w_kv_time: torch.Tensor,
     kv_edge: torch.Tensor | None = None,
     attention: Callable[..., torch.Tensor] | None = None,
+    rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Temporal attention whose keys and values are built from per-node projections.
 
@@ -272,6 +273,10 @@ def temporal_attention_fused(
             :func:`temporal_attention`'s arguments; that function by default (the
             dispatch passes its own choice, so that the projections stay on cuBLAS
             while the masked softmax runs as one Triton kernel).
+        rows: How ``kv_node``'s rows are read at ``nbr_pos`` (``rows(kv_node,
+            nbr_pos)``, (R, K, 2 O)): :func:`take_rows` by default; the model passes a
+            gather whose backward reuses the batch's de-duplication
+            (:mod:`sven.kernels.triton_gather`).
 
     Returns:
         (R, O) attention output; zero rows where no slot is valid.
@@ -280,7 +285,7 @@ def temporal_attention_fused(
     k = nbr_pos.shape[1]
     # The encoding in the frequencies' dtype, the projection in the model dtype.
     te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b).to(kv_node.dtype)
-    kv = take_rows(kv_node, nbr_pos) + F.linear(te, w_kv_time)
+    kv = (rows or take_rows)(kv_node, nbr_pos) + F.linear(te, w_kv_time)
     if kv_edge is not None:
         kv = kv + kv_edge
     key, val = kv.chunk(2, dim=2)

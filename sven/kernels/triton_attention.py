@@ -411,13 +411,15 @@ def temporal_attention_fused(
     time_b: torch.Tensor,
     w_kv_time: torch.Tensor,
     kv_edge: torch.Tensor | None = None,
+    rows: object = None,
 ) -> torch.Tensor:
     """Temporal attention with the key/value construction inside the kernel (Triton).
 
     Same contract as :func:`sven.kernels.reference.temporal_attention_fused`. The
     forward reads each neighbour's projection row, builds cos(dt * w + b) and its
     projection in registers and attends, never materialising the (R, K, 2 O) keys and
-    values. The backward recomputes them, writes the per-slot gradient (R, K, 2 O) once
+    values (``rows``, the reference's choice of row gather, is not used: the kernel reads
+    the rows itself). The backward recomputes them, writes the per-slot gradient (R, K, 2 O) once
     and derives the grads of ``kv_node`` (a scatter-add over ``nbr_pos``),
     ``w_kv_time`` (one GEMM), ``kv_edge`` (that gradient itself) and, if they require
     grad, ``time_w`` and ``time_b``.

@@ -114,6 +114,8 @@ class APAN(MemoryModel):
             root_pos=torch.arange(rp.numel(), device=rp.device),
             node_feat=None if batch.node_feat is None else batch.node_feat[rp],
             node_key=None if batch.node_key is None else batch.node_key[rp],
+            # The slots are the roots now: the de-duplication's runs no longer apply.
+            runs=None,
         )
         root_rows = MemoryRows(
             rows.memory[rp],

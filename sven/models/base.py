@@ -15,6 +15,7 @@ Models never call collectives and never keep state between calls.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from sven.pipeline.negatives import dropout_scale
 
 if TYPE_CHECKING:
     from sven.config import ModelConfig
+    from sven.pipeline.dedupe import SortedRuns
 
 #: Roots from which an ``auto`` attention without a gradient takes the factored form on
 #: CUDA too (:class:`TemporalAttentionLayer`): TGB's one-vs-many evaluation, not the
@@ -447,6 +449,25 @@ class TimeProjection(nn.Linear):
         return z * (1 + self(x))
 
 
+def _run_gather(
+    z: torch.Tensor, runs: SortedRuns | None
+) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
+    """The row gather whose backward sums over ``runs`` (``kernels.triton_gather``),
+    where it runs (float32 tables, Triton chosen for ``gather_rows``); else None."""
+    from sven import kernels
+
+    if runs is None or z.dtype != torch.float32:
+        return None
+    if kernels.backend_for(z, "gather_rows") != "triton":
+        return None
+    from sven.kernels.triton_gather import gather_rows_sorted
+
+    def gather(table: torch.Tensor, idx: torch.Tensor, lo: int) -> torch.Tensor:
+        return gather_rows_sorted(table, idx, runs.perm, runs.inverse, runs.nodes, runs.pad_id, lo)
+
+    return gather
+
+
 class TemporalAttentionLayer(nn.Module):
     """One layer of temporal graph attention over sampled neighbours (TGAT/TGN).
 
@@ -509,6 +530,7 @@ class TemporalAttentionLayer(nn.Module):
         mask: torch.Tensor,
         edge_feat: torch.Tensor | None,
         row_key: torch.Tensor | None = None,
+        runs: SortedRuns | None = None,
     ) -> torch.Tensor:
         """Attends from each root to its neighbours.
 
@@ -520,6 +542,9 @@ class TemporalAttentionLayer(nn.Module):
             mask: (R, K) bool validity.
             edge_feat: (R, K, d_e) neighbour event features, or None.
             row_key: (R,) int64 dropout keys of the roots, or None (torch's RNG).
+            runs: The batch's de-duplication (``Batch.runs``), when ``root_pos`` and
+                ``nbr_pos`` are its slots: the row gathers' backward then sums over its
+                sorted runs instead of sorting again (``kernels.triton_gather``).
 
         Returns:
             (R, out_dim) embeddings.
@@ -528,7 +553,16 @@ class TemporalAttentionLayer(nn.Module):
 
         r = mask.shape[0]
         dtype = z.dtype
-        h_root = take_rows(z, root_pos)
+        gather = _run_gather(z, runs)
+        kv_rows = None
+        if gather is None:
+            h_root = take_rows(z, root_pos)
+        else:
+            h_root = gather(z, root_pos, 0)
+
+            def kv_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+                return gather(table, idx, runs.nbr_lo)
+
         zero = self.time_enc.at_zero(r).to(dtype)
         q = self.w_q(torch.cat([h_root, zero], dim=1))
         w_edge = None if self.w_kv_edge is None else self.w_kv_edge.weight
@@ -556,7 +590,7 @@ class TemporalAttentionLayer(nn.Module):
             # inside the attention kernel (Triton), or in the reference whose few large
             # GEMMs were measured fastest in the captured CUDA step (docs/performance.md).
             kv_edge = None if w_edge is None else nn.functional.linear(edge_feat.to(dtype), w_edge)
-            out = kernels.temporal_attention_fused(*args, kv_edge)
+            out = kernels.temporal_attention_fused(*args, kv_edge, rows=kv_rows)
         else:
             # On CPU FLOPs are the cost: the factored form projects queries and
             # attention-weighted sums instead of every neighbour slot (1.8-2.2x faster

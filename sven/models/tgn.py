@@ -67,5 +67,12 @@ class TGN(MemoryModel):
         block = batch.block
         dt = torch.where(block.mask, batch.root_t[:, None] - block.ts.to(torch.float64), 0.0)
         return self.attn(
-            z, batch.root_pos, batch.nbr_pos, dt, block.mask, batch.nbr_edge_feat, batch.root_key
+            z,
+            batch.root_pos,
+            batch.nbr_pos,
+            dt,
+            block.mask,
+            batch.nbr_edge_feat,
+            batch.root_key,
+            runs=batch.runs,
         )
