@@ -76,11 +76,12 @@ def endpoint_keys(batch: Batch, side_offsets: tuple[int, int] = (0, 1)) -> torch
     offsets 2 and 3).
     """
     a, b = side_offsets
-    keys = torch.cat([batch.index * 4 + a, batch.index * 4 + b])
+    i4 = batch.index * 4
+    # Adding 0 is a kernel too: the captured step is bound by its kernel count.
+    keys = torch.cat([i4 if a == 0 else i4 + a, i4 if b == 0 else i4 + b])
     if batch.valid is None:
         return keys
-    valid = torch.cat([batch.valid, batch.valid])
-    return torch.where(valid, keys, torch.full_like(keys, -1))
+    return torch.where(batch.valid.repeat(2), keys, -1)
 
 
 def endpoints(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,17 +306,27 @@ class MemoryModel(nn.Module):
         raise NotImplementedError
 
     # -- step 4 -----------------------------------------------------------------
-    def event_mail(self, batch: Batch, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def event_mail(
+        self, batch: Batch, memory: torch.Tensor, own: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw mails of the positive events from each side.
+
+        Args:
+            batch: The batch.
+            memory: (U, d_mem) the batch's updated memory.
+            own: (2B, d_mem) ``memory`` at the events' sources then destinations, when
+                the caller has read them already (one gather serves the mails and the
+                write-back); None reads them here.
 
         Returns:
             (B, d_mail) mails for the source side and (B, d_mail) for the destination side:
             [own memory, what the side sees of the other endpoint, edge features].
         """
         b = batch.size
-        m_src = memory[batch.root_pos[:b]]
-        m_dst = memory[batch.root_pos[b : 2 * b]]
-        seen_by_src, seen_by_dst = self.other_endpoint(batch, memory)
+        if own is None:
+            own = memory[batch.root_pos[: 2 * b]]
+        m_src, m_dst = own[:b], own[b:]
+        seen_by_src, seen_by_dst = self.other_endpoint(batch, memory, own)
         parts_s = [m_src, seen_by_src]
         parts_d = [m_dst, seen_by_dst]
         if self.edge_dim > 0 and batch.edge_feat is not None:
@@ -325,13 +336,14 @@ class MemoryModel(nn.Module):
         return torch.cat(parts_s, dim=1), torch.cat(parts_d, dim=1)
 
     def other_endpoint(
-        self, batch: Batch, memory: torch.Tensor
+        self, batch: Batch, memory: torch.Tensor, own: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """What each side's mail carries of the other endpoint: its memory (TGN's identity
-        message). Returns (B, d_mem) for the source side and (B, d_mem) for the destination.
+        message). ``own`` is (2B, d_mem) the sources' then the destinations' memory.
+        Returns (B, d_mem) for the source side and (B, d_mem) for the destination.
         """
         b = batch.size
-        return memory[batch.root_pos[b : 2 * b]], memory[batch.root_pos[:b]]
+        return own[b:], own[:b]
 
     def mail_receivers(
         self,
@@ -365,12 +377,13 @@ class MemoryModel(nn.Module):
         b = batch.size
         memory = memory.detach()
         rp = batch.root_pos[: 2 * b]
-        mail_src, mail_dst = self.event_mail(batch, memory)
+        own = memory[rp]
+        mail_src, mail_dst = self.event_mail(batch, memory, own)
         nodes, key = endpoints(batch)
         recv, mails, ts, keys = self.mail_receivers(batch, mail_src, mail_dst, (nodes, key))
         return DenseUpdate(
             nodes=nodes,
-            memory=memory[rp],
+            memory=own,
             last_update=last_update.detach()[rp],
             key=key,
             mail_nodes=recv,

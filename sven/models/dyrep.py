@@ -83,8 +83,9 @@ class DyRep(MemoryModel):
         )
 
     def other_endpoint(
-        self, batch: Batch, memory: torch.Tensor
+        self, batch: Batch, memory: torch.Tensor, own: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The other endpoint's structural aggregate (attention over its neighbours)."""
+        """The other endpoint's structural aggregate (attention over its neighbours;
+        ``own`` is not used)."""
         b = batch.size
         return self._structural(batch, memory, b, 2 * b), self._structural(batch, memory, 0, b)
