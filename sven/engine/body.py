@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from sven import kernels
 from sven.distributed.grads import Gradients, LocalGrads
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
@@ -28,7 +29,7 @@ from sven.models.memory import DenseUpdate, MemoryRows
 from sven.pipeline.batch import Batch
 from sven.pipeline.exchange_api import Exchange, FetchPlan, LocalExchange
 
-__all__ = ["StepInput", "encode_step", "eval_step", "masked_bce", "train_step"]
+__all__ = ["StepInput", "encode_step", "eval_step", "masked_bce", "mean_bce", "train_step"]
 
 T = TypeVar("T")
 
@@ -53,6 +54,27 @@ def masked_bce(out: ModelOutput, valid: torch.Tensor | None) -> torch.Tensor:
         # and the shape stays fixed.
         loss = loss * valid.to(loss.dtype)[:, None]
     return loss.sum()
+
+
+def mean_bce(
+    out: ModelOutput, valid: torch.Tensor | None, denom: float | torch.Tensor
+) -> torch.Tensor:
+    """``masked_bce(out, valid) / denom``: one kernel each way where Triton runs it
+    (``kernels.triton_loss``, float32 scores), the reference's few otherwise.
+
+    Args:
+        out: Logits (B,) and (B, n).
+        valid: (B,) bool real-event mask, or None.
+        denom: The global prediction count (a float or a 0-d device tensor).
+
+    Returns:
+        () the loss.
+    """
+    if out.pos.dtype == torch.float32 and kernels.backend_for(out.pos, "bce_loss") == "triton":
+        from sven.kernels.triton_loss import bce_loss
+
+        return bce_loss(out.pos, out.neg, valid, denom)
+    return masked_bce(out, valid) / denom
 
 
 @dataclass
@@ -143,7 +165,7 @@ def train_step(
     for j, mb in enumerate(inp.micro):
         rows = fetched if inp.at is None else _take_rows(fetched, inp.at[j])
         out = model(_with_rows(mb, rows), rows)
-        loss = masked_bce(out, mb.valid) / num_predictions
+        loss = mean_bce(out, mb.valid, num_predictions)
         dense.append(out.dense)
         if j == last:
             # The write-back needs only the forward's detached values: it goes out now

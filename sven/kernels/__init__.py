@@ -52,6 +52,7 @@ _MODES = ("auto", "reference", "triton")
 #: reference inside the captured TGN step on an H200 (docs/kernels.md has the figures).
 AUTO_TRITON = frozenset(
     {
+        "bce_loss",
         "dedupe_compact",
         "gather_rows",
         "link_decoder",
@@ -78,6 +79,8 @@ _TRITON_MODULE = {
     "dedupe_compact": "sven.kernels.triton_dedupe",
     # The references are sven.models.memory.MemoryState's own gather and commit_dense.
     "state_gather": "sven.kernels.triton_state",
+    # The reference is sven.engine.body.masked_bce.
+    "bce_loss": "sven.kernels.triton_loss",
     # The reference is the model's plain row gather (reference.take_rows).
     "gather_rows": "sven.kernels.triton_gather",
     "state_commit": "sven.kernels.triton_state",
