@@ -39,8 +39,9 @@ kept before the sort, so with a good partition most of the work disappears early
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -160,6 +161,197 @@ def _candidates(dst: np.ndarray, candidates: np.ndarray | None) -> torch.Tensor:
     return torch.from_numpy(np.asarray(candidates, dtype=np.int64))
 
 
+def _defaults(
+    src: np.ndarray,
+    dst: np.ndarray,
+    t: np.ndarray,
+    num_nodes: int,
+    k: int,
+    sampler: NeighbourFn | None,
+    access: Access | None,
+    widths: RowBytes | None,
+) -> tuple[NeighbourFn | None, Access, RowBytes]:
+    """A replay's sampler, access pattern and row widths, where the caller gave none.
+
+    TGN's access, ``row_bytes()``, and :func:`recent_sampler` over all events where
+    the model samples ``k > 0`` neighbours (None where it samples none).
+    """
+    access = Access() if access is None else access
+    widths = row_bytes() if widths is None else widths
+    if sampler is None and k > 0 and access.samples:
+        sampler = recent_sampler(src, dst, t, num_nodes, k)
+    return sampler, access, widths
+
+
+@dataclass
+class _PartitionCount:
+    """What :func:`comm_costs` counts for one partition, chunk by chunk.
+
+    Attributes:
+        owner: (N,) int64 owner rank per vertex.
+        assign: Rank per event, indexed from ``offset``.
+        parts: P.
+        offset: The event ``assign[0]`` belongs to: 0 for a full-length ``assign``,
+            the epoch start for one of the epoch's length.
+        batch_size: B.
+        acc: Per-rank totals by :data:`COUNT_FIELDS` name, each (P,) int64.
+        batch_max_events, batch_max_comm, batch_max_sent, batch_max_recv: Sums over
+            the batches counted so far of the largest per-rank figure.
+        chunks: Per-batch counts of each chunk, where asked for.
+    """
+
+    owner: np.ndarray
+    assign: np.ndarray
+    parts: int
+    offset: int
+    batch_size: int
+    acc: dict[str, np.ndarray]
+    batch_max_events: int = 0
+    batch_max_comm: int = 0
+    batch_max_sent: int = 0
+    batch_max_recv: int = 0
+    chunks: list[BatchCounts] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        item: tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, np.ndarray, int, int],
+        batch_size: int,
+        num_events: int,
+        start: int,
+        stop: int,
+    ) -> _PartitionCount:
+        """Checks one of :func:`comm_costs`'s partitions and starts its count at zero.
+
+        Args:
+            item: ``(owner, assign, P)`` or ``(owner, assign, P, B)``.
+            batch_size: B where the item gives none.
+            num_events: E, the store's events.
+            start: First event of the epoch.
+            stop: End of the epoch.
+
+        Raises:
+            ValueError: On a batch size below 1 or a mis-sized ``assign``.
+        """
+        owner, assign, parts = item[:3]
+        bsz = int(item[3]) if len(item) > 3 else batch_size
+        if bsz < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bsz}")
+        owner = np.asarray(owner).astype(np.int64)
+        if assign.shape[0] not in (stop - start, num_events):
+            raise ValueError(f"assign has {assign.shape[0]} entries, expected {stop - start}")
+        acc = {name: np.zeros(parts, dtype=np.int64) for name in COUNT_FIELDS}
+        acc["vertices"] = np.bincount(owner, minlength=parts).astype(np.int64)
+        # A full-length assign is indexed by event, a short one from the epoch start.
+        offset = 0 if assign.shape[0] == num_events else start
+        return cls(owner, assign, parts, offset, bsz, acc)
+
+    def count_chunk(self, tch: Touches, idx: np.ndarray, widths: RowBytes, per_batch: bool) -> None:
+        """Adds one chunk of whole batches to the count.
+
+        Args:
+            tch: The touches of the chunk's events.
+            idx: (n,) int64 the chunk's events, consecutive; batches start at ``idx[0]``.
+            widths: Row widths of the byte figures.
+            per_batch: Keep the chunk's per-batch counts.
+        """
+        parts, acc, bsz = self.parts, self.acc, self.batch_size
+        e0, e1 = int(idx[0]), int(idx[-1]) + 1
+        nb = -(-(e1 - e0) // bsz)
+        ev_batch = (idx - e0) // bsz
+        ev_rank = np.asarray(self.assign[e0 - self.offset : e1 - self.offset]).astype(np.int64)
+        ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=nb * parts).reshape(nb, parts)
+        acc["events"] += ev_br.sum(axis=0)
+        self.batch_max_events += int(ev_br.max(axis=1).sum())
+        local = tch.event - e0
+        tally = count_touches(tch, ev_batch[local], ev_rank[local], self.owner, parts, nb)
+        for name in COUNT_FIELDS[2:]:
+            acc[name] += getattr(tally, name)
+        self.batch_max_comm += int(tally.batch_comm.max(axis=1).sum())
+        sent, recv = wire_bytes(
+            tally.batch_reads, tally.batch_writes, tally.batch_served, tally.batch_received,
+            widths,
+        )  # fmt: skip
+        self.batch_max_sent += int(sent.max(axis=1).sum())
+        self.batch_max_recv += int(recv.max(axis=1).sum())
+        if per_batch:
+            counts = BatchCounts(
+                ev_br.astype(np.int64), tally.batch_reads, tally.batch_writes,
+                tally.batch_served, tally.batch_received,
+            )  # fmt: skip
+            self.chunks.append(counts)
+
+    def report(
+        self,
+        k: int,
+        num_neg: int,
+        num_events: int,
+        widths: RowBytes,
+        access: Access,
+        per_batch: bool,
+    ) -> CostReport:
+        """The report of the epoch counted, ``num_events`` events long."""
+        return CostReport(
+            parts=self.parts,
+            batch_size=self.batch_size,
+            k=k,
+            num_neg=num_neg,
+            num_batches=-(-num_events // self.batch_size),
+            widths=widths,
+            batch_max_events=self.batch_max_events,
+            batch_max_comm=self.batch_max_comm,
+            batch_max_sent=self.batch_max_sent,
+            batch_max_recv=self.batch_max_recv,
+            access=access,
+            batches=BatchCounts.concat(self.chunks, self.parts) if per_batch else None,
+            **self.acc,
+        )
+
+
+def _chunk_length(batch_sizes: Sequence[int], chunk_events: int) -> int:
+    """Events replayed at once: about ``chunk_events``, whole batches of every size.
+
+    Raises:
+        ValueError: Where the batch sizes' lcm is far above ``chunk_events``.
+    """
+    # A multiple of the sizes' lcm holds whole batches of each.
+    step = int(np.lcm.reduce(batch_sizes)) if batch_sizes else 1
+    if step > max(chunk_events, 1) * 64:
+        raise ValueError(f"batch sizes with an lcm of {step} events: replay them separately")
+    return max(1, chunk_events // step) * step
+
+
+def _count_epoch(
+    states: Sequence[_PartitionCount],
+    touch: Callable[[np.ndarray], Touches],
+    start: int,
+    stop: int,
+    chunk: int,
+    widths: RowBytes,
+    per_batch: bool,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Counts the epoch chunk by chunk: its touches produced once, counted per partition.
+
+    Args:
+        states: The partitions' counts.
+        touch: The touches of (n,) int64 consecutive events.
+        start: First event of the epoch.
+        stop: End of the epoch.
+        chunk: Events a chunk, whole batches of every partition.
+        widths: Row widths of the byte figures.
+        per_batch: Keep the per-batch counts.
+        progress: Called with (events done, events total) after each chunk.
+    """
+    for e0 in range(start, stop, chunk):
+        idx = np.arange(e0, min(e0 + chunk, stop), dtype=np.int64)
+        tch = touch(idx)
+        for st in states:
+            st.count_chunk(tch, idx, widths, per_batch)
+        if progress is not None:
+            progress(int(idx[-1]) + 1 - start, stop - start)
+
+
 def comm_cost(
     src: np.ndarray,
     dst: np.ndarray,
@@ -260,91 +452,21 @@ def comm_costs(
         ValueError: On a batch size below 1 or a mis-sized ``assign``.
     """
     stop = int(src.shape[0]) if stop is None else stop
-    states = []
-    for item in partitions:
-        owner, assign, parts = item[:3]
-        bsz = int(item[3]) if len(item) > 3 else batch_size
-        if bsz < 1:
-            raise ValueError(f"batch_size must be >= 1, got {bsz}")
-        owner = np.asarray(owner).astype(np.int64)
-        if assign.shape[0] not in (stop - start, src.shape[0]):
-            raise ValueError(f"assign has {assign.shape[0]} entries, expected {stop - start}")
-        acc = {name: np.zeros(parts, dtype=np.int64) for name in COUNT_FIELDS}
-        acc["vertices"] = np.bincount(owner, minlength=parts).astype(np.int64)
-        # A full-length assign is indexed by event, a short one from the epoch start.
-        offset = 0 if assign.shape[0] == src.shape[0] else start
-        states.append({"owner": owner, "assign": assign, "parts": parts, "offset": offset,
-                       "batch_size": bsz, "acc": acc, "batch_max_events": 0,
-                       "batch_max_comm": 0, "batch_max_sent": 0, "batch_max_recv": 0,
-                       "chunks": []})  # fmt: skip
-    cand = _candidates(dst, candidates)
-    access = Access() if access is None else access
-    widths = row_bytes() if widths is None else widths
-    if sampler is None and k > 0 and access.samples:
-        sampler = recent_sampler(src, dst, t, int(states[0]["owner"].shape[0]), k)
-
-    num_events = stop - start
-    # A chunk holds whole batches of every batch size: a multiple of their lcm.
-    step = int(np.lcm.reduce([st["batch_size"] for st in states])) if states else 1
-    if step > max(chunk_events, 1) * 64:
-        raise ValueError(f"batch sizes with an lcm of {step} events: replay them separately")
-    chunk = max(1, chunk_events // step) * step
-    for e0 in range(start, stop, chunk):
-        e1 = min(e0 + chunk, stop)
-        idx = np.arange(e0, e1, dtype=np.int64)
-        tch = touches(
-            src, dst, t, idx,
-            candidates=cand, sampler=sampler, k=k, num_neg=num_neg, seed=seed, epoch=epoch,
-            access=access,
-        )  # fmt: skip
-        local = tch.event - e0
-        for st in states:
-            parts, acc, bsz = st["parts"], st["acc"], st["batch_size"]
-            nb = -(-(e1 - e0) // bsz)
-            ev_batch = (idx - e0) // bsz
-            ev_rank = np.asarray(st["assign"][e0 - st["offset"] : e1 - st["offset"]])
-            ev_rank = ev_rank.astype(np.int64)
-            ev_br = np.bincount(ev_batch * parts + ev_rank, minlength=nb * parts)
-            ev_br = ev_br.reshape(nb, parts)
-            acc["events"] += ev_br.sum(axis=0)
-            st["batch_max_events"] += int(ev_br.max(axis=1).sum())
-            tally = count_touches(tch, ev_batch[local], ev_rank[local], st["owner"], parts, nb)
-            for name in COUNT_FIELDS[2:]:
-                acc[name] += getattr(tally, name)
-            st["batch_max_comm"] += int(tally.batch_comm.max(axis=1).sum())
-            sent, recv = wire_bytes(
-                tally.batch_reads, tally.batch_writes, tally.batch_served,
-                tally.batch_received, widths,
-            )  # fmt: skip
-            st["batch_max_sent"] += int(sent.max(axis=1).sum())
-            st["batch_max_recv"] += int(recv.max(axis=1).sum())
-            if per_batch:
-                counts = BatchCounts(
-                    ev_br.astype(np.int64), tally.batch_reads, tally.batch_writes,
-                    tally.batch_served, tally.batch_received,
-                )  # fmt: skip
-                st["chunks"].append(counts)
-        if progress is not None:
-            progress(e1 - start, num_events)
-
-    return [
-        CostReport(
-            parts=st["parts"],
-            batch_size=st["batch_size"],
-            k=k,
-            num_neg=num_neg,
-            num_batches=-(-num_events // st["batch_size"]),
-            widths=widths,
-            batch_max_events=st["batch_max_events"],
-            batch_max_comm=st["batch_max_comm"],
-            batch_max_sent=st["batch_max_sent"],
-            batch_max_recv=st["batch_max_recv"],
-            access=access,
-            batches=BatchCounts.concat(st["chunks"], st["parts"]) if per_batch else None,
-            **st["acc"],
-        )
-        for st in states
+    states = [
+        _PartitionCount.of(item, batch_size, src.shape[0], start, stop) for item in partitions
     ]
+    if not states:
+        return []
+    num_nodes = int(states[0].owner.shape[0])
+    sampler, access, widths = _defaults(src, dst, t, num_nodes, k, sampler, access, widths)
+    touch = functools.partial(
+        touches, src, dst, t,
+        candidates=_candidates(dst, candidates), sampler=sampler, k=k, num_neg=num_neg,
+        seed=seed, epoch=epoch, access=access,
+    )  # fmt: skip
+    chunk = _chunk_length([st.batch_size for st in states], chunk_events)
+    _count_epoch(states, touch, start, stop, chunk, widths, per_batch, progress)
+    return [st.report(k, num_neg, stop - start, widths, access, per_batch) for st in states]
 
 
 class SampledCost:
@@ -404,10 +526,7 @@ class SampledCost:
         self.num_batches = int(chosen.shape[0])
         self.batch_size = int(batch_size)
         self.fraction = self.events.shape[0] / max(stop, 1)
-        self.widths = row_bytes() if widths is None else widths
-        access = Access() if access is None else access
-        if sampler is None and k > 0 and access.samples:
-            sampler = recent_sampler(src, dst, t, num_nodes, k)
+        sampler, access, self.widths = _defaults(src, dst, t, num_nodes, k, sampler, access, widths)
         tch = touches(
             src, dst, t, self.events,
             candidates=_candidates(dst, candidates), sampler=sampler, k=k, num_neg=num_neg,

@@ -232,6 +232,10 @@ def test_rejects_bad_arguments():
         comm_cost(SRC, DST, T, OWNER, ASSIGN[:3], batch_size=2)
 
 
+def test_no_partition_gives_no_report():
+    assert comm_costs(SRC, DST, T, [], batch_size=2, k=2) == []
+
+
 def test_many_partitions_in_one_replay_match_one_at_a_time():
     from sven.partition.cost import comm_costs
 
