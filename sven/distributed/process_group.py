@@ -294,64 +294,128 @@ def init_distributed(
     """
     info = detect_launcher(os.environ if environ is None else environ)
     dev = _pick_device(device, info)
+    backend = _check_backend(backend, dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if dist.is_available() and dist.is_initialized():
+        return _adopt_group(info, dev, timeout_s)
+    if info.world_size == 1 and not force_group:
+        return _context("none", info, dev, timeout_s, owns=False)
+    if not dist.is_available():
+        raise DistError("this build of torch has no torch.distributed")
+    info = _with_rendezvous(info)
+    saved = _join_group(backend, info, dev, timeout_s)
+    # monitored_barrier, which names missing ranks, exists only in gloo.
+    timeout = timedelta(seconds=timeout_s)
+    health = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    ctx = _context(backend, info, dev, timeout_s, owns=True, health=health, saved=saved)
+    ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
+    if backend == "nccl" and ctx.liveness is not None:
+        # A dead peer blocks an NCCL rank in a host sync, out of Python's reach, until
+        # NCCL's watchdog aborts it (NCCL_GRACE_S after the timeout) without naming
+        # anyone; the heartbeat thread names the rank and ends it first.
+        ctx.liveness.watch(timeout_s, ctx._on_stall)
+    return ctx
+
+
+def _check_backend(backend: str, dev: torch.device) -> str:
+    """The backend ``backend`` means on ``dev``: ``"auto"`` is NCCL on CUDA, gloo
+    otherwise.
+
+    Raises:
+        DistError: An unknown backend, or NCCL on a device that is not CUDA.
+    """
     if backend == "auto":
         backend = "nccl" if dev.type == "cuda" else "gloo"
     if backend not in ("nccl", "gloo"):
         raise DistError(f"unknown backend {backend!r}; expected 'auto', 'nccl' or 'gloo'")
     if backend == "nccl" and dev.type != "cuda":
         raise DistError(f"backend 'nccl' needs a CUDA device, got {dev}")
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+    return backend
 
-    def context(
-        backend: str,
-        info: LaunchInfo,
-        owns: bool,
-        health: dist.ProcessGroup | None = None,
-        saved: dict[str, str | None] | None = None,
-    ) -> DistContext:
-        return DistContext(
-            rank=info.rank,
-            world_size=info.world_size,
-            local_rank=info.local_rank,
-            local_world_size=info.local_world_size,
-            device=dev,
-            backend=backend,
-            launcher=info.launcher,
-            info=info,
-            timeout_s=timeout_s,
-            health_group=health,
-            _owns_group=owns,
-            _saved_env=saved or {},
+
+def _context(
+    backend: str,
+    info: LaunchInfo,
+    dev: torch.device,
+    timeout_s: float,
+    *,
+    owns: bool,
+    health: dist.ProcessGroup | None = None,
+    saved: dict[str, str | None] | None = None,
+) -> DistContext:
+    """The context of this rank as ``info`` describes it.
+
+    Args:
+        backend: The group's backend, ``"none"`` without a group.
+        info: The launch.
+        dev: This rank's device.
+        timeout_s: Timeout of every collective, seconds.
+        owns: Whether the context made the group (and so ends it on teardown).
+        health: The gloo group for :func:`barrier_or_die`, where the group is not gloo.
+        saved: The environment variables the rendezvous set, as they were before.
+    """
+    return DistContext(
+        rank=info.rank,
+        world_size=info.world_size,
+        local_rank=info.local_rank,
+        local_world_size=info.local_world_size,
+        device=dev,
+        backend=backend,
+        launcher=info.launcher,
+        info=info,
+        timeout_s=timeout_s,
+        health_group=health,
+        _owns_group=owns,
+        _saved_env=saved or {},
+    )
+
+
+def _adopt_group(info: LaunchInfo, dev: torch.device, timeout_s: float) -> DistContext:
+    """The context over a process group that exists already (a test harness made it),
+    which teardown leaves alone.
+
+    Raises:
+        DistError: The group's rank or size is not the launcher's.
+    """
+    if (dist.get_rank(), dist.get_world_size()) != (info.rank, info.world_size):
+        raise DistError(
+            f"a process group exists as rank {dist.get_rank()} of {dist.get_world_size()}, "
+            f"but the launcher says rank {info.rank} of {info.world_size}"
         )
+    existing = dist.get_backend()
+    timeout = timedelta(seconds=timeout_s)
+    health = dist.new_group(backend="gloo", timeout=timeout) if existing != "gloo" else None
+    ctx = _context(existing, info, dev, timeout_s, owns=False, health=health)
+    ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
+    return ctx
 
-    if dist.is_available() and dist.is_initialized():
-        if (dist.get_rank(), dist.get_world_size()) != (info.rank, info.world_size):
-            raise DistError(
-                f"a process group exists as rank {dist.get_rank()} of {dist.get_world_size()}, "
-                f"but the launcher says rank {info.rank} of {info.world_size}"
-            )
-        existing = dist.get_backend()
-        timeout = timedelta(seconds=timeout_s)
-        health = dist.new_group(backend="gloo", timeout=timeout) if existing != "gloo" else None
-        ctx = context(existing, info, owns=False, health=health)
-        ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
-        return ctx
-    if info.world_size == 1 and not force_group:
-        return context("none", info, owns=False)
-    if not dist.is_available():
-        raise DistError("this build of torch has no torch.distributed")
 
-    if info.master_addr is None or info.master_port is None:
-        if info.launcher == "mpi":
-            info = _mpi_rendezvous(info)
-        elif info.world_size == 1:
-            info = dataclasses.replace(info, master_addr="127.0.0.1", master_port=free_port())
-        else:
-            raise DistError(
-                f"{info.launcher}: rank {info.rank} of {info.world_size} without "
-                "MASTER_ADDR/MASTER_PORT; export both to every rank"
-            )
+def _with_rendezvous(info: LaunchInfo) -> LaunchInfo:
+    """``info`` with the rendezvous address: the launch's own, the one MPI ranks agree
+    on, or a free local port for a world of one.
+
+    Raises:
+        DistError: A multi-rank launch without ``MASTER_ADDR``/``MASTER_PORT``.
+    """
+    if info.master_addr is not None and info.master_port is not None:
+        return info
+    if info.launcher == "mpi":
+        return _mpi_rendezvous(info)
+    if info.world_size == 1:
+        return dataclasses.replace(info, master_addr="127.0.0.1", master_port=free_port())
+    raise DistError(
+        f"{info.launcher}: rank {info.rank} of {info.world_size} without "
+        "MASTER_ADDR/MASTER_PORT; export both to every rank"
+    )
+
+
+def _rendezvous_host(info: LaunchInfo) -> str:
+    """``host:port`` of the rendezvous (and where it came from), for messages.
+
+    Raises:
+        DistError: The host does not resolve.
+    """
     where = f"{info.master_addr}:{info.master_port}"
     if info.master_from:
         where += f" ({info.master_from})"
@@ -364,6 +428,24 @@ def init_distributed(
             f"{where} does not resolve ({err.strerror or err}); export MASTER_ADDR, an "
             "address of rank 0's node that every node reaches"
         ) from None
+    return where
+
+
+def _join_group(
+    backend: str, info: LaunchInfo, dev: torch.device, timeout_s: float
+) -> dict[str, str | None]:
+    """Creates the default process group through the env:// rendezvous.
+
+    Sets the launch variables in ``os.environ`` first (and puts them back on failure).
+
+    Returns:
+        Those variables as they were before, for teardown to put back.
+
+    Raises:
+        DistError: The host does not resolve, or the rendezvous did not complete within
+            ``timeout_s``.
+    """
+    where = _rendezvous_host(info)
     env = {
         "MASTER_ADDR": str(info.master_addr),
         "MASTER_PORT": str(info.master_port),
@@ -390,16 +472,7 @@ def init_distributed(
             f"rank {info.rank} of {info.world_size} ({info.launcher}) could not join the "
             f"rendezvous at {where} within {timeout_s:g} s: {first_line(err)}"
         ) from err
-    # monitored_barrier, which names missing ranks, exists only in gloo.
-    health = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-    ctx = context(backend, info, owns=True, health=health, saved=saved)
-    ctx.liveness = _start_liveness(info.rank, info.world_size, timeout_s)
-    if backend == "nccl" and ctx.liveness is not None:
-        # A dead peer blocks an NCCL rank in a host sync, out of Python's reach, until
-        # NCCL's watchdog aborts it (NCCL_GRACE_S after the timeout) without naming
-        # anyone; the heartbeat thread names the rank and ends it first.
-        ctx.liveness.watch(timeout_s, ctx._on_stall)
-    return ctx
+    return saved
 
 
 def group_backend(backend: str) -> str:
