@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +25,7 @@ from sven.partition.assign import (
     endpoint_preference,
 )
 from sven.partition.cost import SampledCost, comm_cost
-from sven.partition.graph import interaction_graph
+from sven.partition.graph import InteractionGraph, interaction_graph
 from sven.partition.minmax import minmax_owner
 from sven.partition.report import CostReport, RowBytes
 from sven.partition.store import Partition
@@ -124,8 +126,7 @@ def partition_arrays(
         num_neg: Negatives per event in the cost model.
         sampler: Neighbour function to reuse (see ``cost.recent_sampler``); None
             builds one when ``minmax`` needs it.
-        access: The model's access pattern in the cost model (``Access.of(name)``);
-            None means TGN's.
+        access: The model's access pattern in the cost model; None means TGN's.
         sample_events: Training events (whole batches) ``minmax`` replays per round.
         batch_balance: Also cap each global batch's events per rank (windows of
             ``batch_size`` events from the start of the training events, and from
@@ -142,50 +143,146 @@ def partition_arrays(
     _check(parts, strategy, batch_size, balance)
     say = log or (lambda _msg: None)
     stop = int(src.shape[0]) if train_stop is None else int(train_stop)
-    tr_src = np.asarray(src[:stop])
-    tr_dst = np.asarray(dst[:stop])
+    tr_src, tr_dst = np.asarray(src[:stop]), np.asarray(dst[:stop])
     timings: dict[str, float] = {}
-    prices = np.zeros(parts)
-
-    t0 = time.perf_counter()
-    # Batch-distinct weights: the redundancy-free cost of a partner is one fetch per
-    # batch in which it is touched, not one per event.
-    graph = interaction_graph(tr_src, tr_dst, num_nodes, batch_size=batch_size)
-    timings["graph_s"] = time.perf_counter() - t0
-    say(f"graph: {graph.num_nodes} vertices, {graph.nnz // 2} edges ({timings['graph_s']:.1f}s)")
-
-    t0 = time.perf_counter()
-    if strategy == "hash":
-        owner = hash_owner(num_nodes, parts, seed)
-    elif strategy == "range":
-        owner = range_owner(graph.load, parts)
-    elif strategy == "ldg":
-        owner = ldg_owner(graph, parts, balance=balance, seed=seed)
-    elif strategy == "metis":
-        counts = interaction_graph(tr_src, tr_dst, num_nodes)
-        owner = metis_owner(counts, parts, balance=balance, seed=seed)
-        del counts
-    else:
-        cost = SampledCost(
-            src, dst, t, num_nodes,
-            batch_size=batch_size, stop=stop, max_events=sample_events, k=k, num_neg=num_neg,
-            seed=seed, sampler=sampler, access=access,
+    graph = _training_graph(tr_src, tr_dst, num_nodes, batch_size, timings, say)
+    cost = functools.partial(
+        SampledCost, src, dst, t, num_nodes, batch_size=batch_size, stop=stop,
+        max_events=sample_events, k=k, num_neg=num_neg, seed=seed, sampler=sampler, access=access,
+    )  # fmt: skip
+    with _phase(timings, "owner_s"):
+        owner, prices = _owner(
+            strategy, graph, cost, tr_src, tr_dst, parts, balance, seed, batch_balance,
+            timings, say,
         )  # fmt: skip
-        timings["sample_s"] = time.perf_counter() - t0
-        say(f"minmax: sampled {cost.events.shape[0]} events ({timings['sample_s']:.1f}s)")
-        # Event counts as a second start: recent-k sampling follows event frequency.
-        counts = interaction_graph(tr_src, tr_dst, num_nodes)
-        res = minmax_owner(
-            graph, parts, cost, starts=[counts], balance=balance, seed=seed,
-            batch_balance=batch_balance, log=say,
-        )  # fmt: skip
-        del counts
-        owner, prices = res.owner, res.prices
-        del cost
-    timings["owner_s"] = time.perf_counter() - t0
     say(f"owner ({strategy}): {timings['owner_s']:.1f}s")
+    with _phase(timings, "assign_s"):
+        window = batch_size if batch_balance else None
+        assign = _assign(src, dst, stop, graph, owner, prices, parts, balance, seed, window)
+    stats = batch_balance_stats(
+        tr_src, tr_dst, owner.astype(np.int64), assign[:stop], parts, batch_size, balance=balance
+    )
+    say(_balance_line(stats, timings["assign_s"]))
+    return PartitionResult(owner=owner, assign=assign, timings=timings, batch_stats=stats)
 
+
+def _balance_line(stats: dict[str, Any], seconds: float) -> str:
+    """The progress line of the assignment phase, from ``batch_balance_stats``."""
+    return (
+        f"assign: {seconds:.1f}s; per-batch event max/mean "
+        f"{stats['event_imbalance']:.3f}, {stats['over_cap']} of {stats['batches']} batches "
+        f"over the cap ({stats['forced']} by events with both endpoints on one rank)"
+    )
+
+
+def _training_graph(
+    tr_src: np.ndarray,
+    tr_dst: np.ndarray,
+    num_nodes: int,
+    batch_size: int,
+    timings: dict[str, float],
+    say: Callable[[str], None],
+) -> InteractionGraph:
+    """The interaction graph of the training events, its pairs weighed by the batches of
+    ``batch_size`` events they meet in (timed as ``timings["graph_s"]``)."""
+    with _phase(timings, "graph_s"):
+        # Batch-distinct weights: the redundancy-free cost of a partner is one fetch per
+        # batch in which it is touched, not one per event.
+        graph = interaction_graph(tr_src, tr_dst, num_nodes, batch_size=batch_size)
+    say(f"graph: {graph.num_nodes} vertices, {graph.nnz // 2} edges ({timings['graph_s']:.1f}s)")
+    return graph
+
+
+@contextlib.contextmanager
+def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Times the block: its seconds land in ``timings[name]``."""
     t0 = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - t0
+
+
+def _owner(
+    strategy: str,
+    graph: InteractionGraph,
+    cost: Callable[[], SampledCost],
+    tr_src: np.ndarray,
+    tr_dst: np.ndarray,
+    parts: int,
+    balance: float,
+    seed: int,
+    batch_balance: bool,
+    timings: dict[str, float],
+    say: Callable[[str], None],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Owners by ``strategy``, and the per-rank prices ``minmax`` leaves (zero otherwise).
+
+    Args:
+        strategy: One of ``STRATEGIES``.
+        graph: The batch-distinct interaction graph of the training events.
+        cost: Samples ``minmax``'s cost model (timed as ``timings["sample_s"]``).
+        tr_src: (n,) sources of the training events (``metis`` and ``minmax`` weigh by
+            event counts).
+        tr_dst: (n,) their destinations.
+        parts: P.
+        balance: Load cap as a multiple of the mean.
+        seed: Seed of the randomized choices.
+        batch_balance: ``minmax`` also caps each global batch's events per rank.
+        timings: Seconds per phase, added to.
+        say: Progress lines.
+
+    Returns:
+        ``(owner (N,), prices (P,))``.
+    """
+    num_nodes, prices = graph.num_nodes, np.zeros(parts)
+    if strategy == "hash":
+        return hash_owner(num_nodes, parts, seed), prices
+    if strategy == "range":
+        return range_owner(graph.load, parts), prices
+    if strategy == "ldg":
+        return ldg_owner(graph, parts, balance=balance, seed=seed), prices
+    if strategy == "metis":
+        counts = interaction_graph(tr_src, tr_dst, num_nodes)
+        return metis_owner(counts, parts, balance=balance, seed=seed), prices
+    t0 = time.perf_counter()
+    sampled = cost()
+    timings["sample_s"] = time.perf_counter() - t0
+    say(f"minmax: sampled {sampled.events.shape[0]} events ({timings['sample_s']:.1f}s)")
+    # Event counts as a second start: recent-k sampling follows event frequency.
+    counts = interaction_graph(tr_src, tr_dst, num_nodes)
+    res = minmax_owner(
+        graph, parts, sampled, starts=[counts], balance=balance, seed=seed,
+        batch_balance=batch_balance, log=say,
+    )  # fmt: skip
+    return res.owner, res.prices
+
+
+def _assign(
+    src: np.ndarray,
+    dst: np.ndarray,
+    stop: int,
+    graph: InteractionGraph,
+    owner: np.ndarray,
+    prices: np.ndarray,
+    parts: int,
+    balance: float,
+    seed: int,
+    batch_size: int | None,
+) -> np.ndarray:
+    """(E,) int32 rank of every event: the training events ``[0, stop)``, then the rest,
+    each range under a balance of its own.
+
+    Args:
+        src: (E,) source ids of all events.
+        dst: (E,) destination ids.
+        stop: Number of training events.
+        graph: The batch-distinct interaction graph of the training events.
+        owner: (N,) owners.
+        prices: (P,) per-rank prices that tilt an event towards a rank.
+        parts: P.
+        balance: Event load cap per rank as a multiple of the mean.
+        seed: Seed of the randomized choices.
+        batch_size: Cap every window of this many events too; None caps only the range.
+    """
     aff = affinity_table(graph, owner, parts)
     owner64 = owner.astype(np.int64)
 
@@ -197,18 +294,9 @@ def partition_arrays(
         if hi > lo:
             assign[lo:hi] = assign_events(
                 src[lo:hi], dst[lo:hi], owner64, parts, balance=balance, preference=preference,
-                seed=seed, index_offset=lo, batch_size=batch_size if batch_balance else None,
+                seed=seed, index_offset=lo, batch_size=batch_size,
             )  # fmt: skip
-    timings["assign_s"] = time.perf_counter() - t0
-    stats = batch_balance_stats(
-        src[:stop], dst[:stop], owner64, assign[:stop], parts, batch_size, balance=balance
-    )
-    say(
-        f"assign: {timings['assign_s']:.1f}s; per-batch event max/mean "
-        f"{stats['event_imbalance']:.3f}, {stats['over_cap']} of {stats['batches']} batches "
-        f"over the cap ({stats['forced']} by events with both endpoints on one rank)"
-    )
-    return PartitionResult(owner=owner, assign=assign, timings=timings, batch_stats=stats)
+    return assign
 
 
 def store_info(events: EventsLike) -> dict[str, Any]:
