@@ -395,6 +395,7 @@ class StoreBuilder:
         self._lock.release()
 
     def _finish(self) -> None:
+        """Writes the store's files into the temporary folder and publishes it."""
         E = self._rows
         if E == 0:
             raise DataError("no events")
@@ -402,15 +403,28 @@ class StoreBuilder:
             spool.finish()
         spaces = self._id_spaces()
         in_order = self._num_out_of_order == 0
-
-        # Pass 1: the time-sorted stream -> t, edge_feat, label; ids mapped directly
-        # when their mapping is known, else spooled (sorted, raw) for pass 2.
-        needs_table = any(s.kind == "table" for s in spaces.values())
         out = self._tmp
-        t_spool = self._spools["t"]
-        t_dtype = np.dtype(np.float64 if t_spool.dtype.kind == "f" else np.int64)
+        t_dtype = np.dtype(np.float64 if self._spools["t"].dtype.kind == "f" else np.int64)
         N = self._final_num_nodes(spaces)
-        id_dtype = np.dtype(np.int32 if N < INT32_LIMIT else np.int64)
+        columns = self._column_writers(t_dtype)
+        ids = _IdColumns(out, E, N, spaces, self.bipartite)
+        sorted_ids = self._write_sorted(spaces, in_order, columns, ids)
+        self._write_table_ids(spaces, sorted_ids, ids)
+        shutil.rmtree(self._spool_dir)
+        np.save(out / "id_map.npy", self._id_map(spaces, N))
+        if self.node_feat is not None:
+            self._write_node_feat(N)
+        meta = self._meta(N, t_dtype, spaces, ids.extrema)
+        meta["checksums"] = {p.stem: sha256_file(p) for p in sorted(out.glob("*.npy"))}
+        with open(out / "meta.json", "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        _publish(self._tmp, self.out_dir, self.overwrite)
+
+    def _column_writers(self, t_dtype: np.dtype) -> dict[str, NpyAppender]:
+        """The writers of the columns other than the ids: t, and edge_feat and label
+        where the events have them."""
+        E, out = self._rows, self._tmp
         writers = {"t": NpyAppender(out / "t.npy", t_dtype, (E,))}
         if "edge_feat" in self._spools:
             shape = (E, *self._spools["edge_feat"].row_shape)
@@ -419,29 +433,36 @@ class StoreBuilder:
             kind = self._spools["label"].dtype.kind
             dtype = np.float32 if kind == "f" else np.int64
             writers["label"] = NpyAppender(out / "label.npy", dtype, (E,))
-        id_writers = {c: NpyAppender(out / f"{c}.npy", id_dtype, (E,)) for c in ("src", "dst")}
+        return writers
+
+    def _write_sorted(
+        self,
+        spaces: dict[str, IdSpace],
+        in_order: bool,
+        columns: dict[str, NpyAppender],
+        ids: _IdColumns,
+    ) -> dict[str, Spool] | None:
+        """Pass 1: the time-sorted stream into ``columns``, and into ``ids`` where the
+        ids' mapping is known already.
+
+        Where an id space numbers by first appearance (its mapping known only at the
+        end), its ids are observed instead, and spooled (sorted, raw) for pass 2
+        unless the input spools are in time order already.
+
+        Returns:
+            The spools of the sorted raw ids, or None where pass 2 needs none.
+        """
+        needs_table = any(s.kind == "table" for s in spaces.values())
+        sorted_ids = None
         if needs_table and not in_order:
             sorted_ids = {c: Spool(self._spool_dir / f"sorted_{c}") for c in ("src", "dst")}
-        else:
-            sorted_ids = None
-        extrema = {"src_max": -1, "dst_min": N}
-
-        def write_ids(chunk: dict[str, np.ndarray]) -> None:
-            for col, key in (("src", "src"), ("dst", "dst" if self.bipartite else "src")):
-                compact = spaces[key].map(chunk[col]) if spaces else chunk[col]
-                if col == "src":
-                    extrema["src_max"] = max(extrema["src_max"], int(compact.max()))
-                else:
-                    extrema["dst_min"] = min(extrema["dst_min"], int(compact.min()))
-                id_writers[col].append(compact)
-
         offset = 0
         for chunk in sorted_stream(self._spools, in_order, self.sort_budget_bytes, self._spool_dir):
             n = chunk["t"].shape[0]
-            for col, w in writers.items():
+            for col, w in columns.items():
                 w.append(chunk[col])
             if not needs_table:
-                write_ids(chunk)
+                ids.write(chunk)
             else:
                 if self.bipartite:
                     for col in ("src", "dst"):
@@ -456,38 +477,48 @@ class StoreBuilder:
                     for col in ("src", "dst"):
                         sorted_ids[col].append(chunk[col])
             offset += n
-        for w in writers.values():
+        for w in columns.values():
             w.close()
+        return sorted_ids
 
-        # Pass 2: the first-appearance numbering is complete; map the sorted raw ids.
+    def _write_table_ids(
+        self,
+        spaces: dict[str, IdSpace],
+        sorted_ids: dict[str, Spool] | None,
+        ids: _IdColumns,
+    ) -> None:
+        """Pass 2: the first-appearance numbering is complete; maps the sorted raw ids
+        (``sorted_ids``, or the input spools where those were in order)."""
         for space in spaces.values():
             space.prepare()
-        if needs_table:
+        if any(s.kind == "table" for s in spaces.values()):
             source = sorted_ids if sorted_ids is not None else self._spools
             for spool in (source["src"], source["dst"]):
                 spool.finish()
-            for start, stop in iter_ranges(E):
-                write_ids({c: source[c].read(start, stop) for c in ("src", "dst")})
-        for w in id_writers.values():
-            w.close()
-        shutil.rmtree(self._spool_dir)
+            for start, stop in iter_ranges(self._rows):
+                ids.write({c: source[c].read(start, stop) for c in ("src", "dst")})
+        ids.close()
 
-        id_map = self._id_map(spaces, N)
-        np.save(out / "id_map.npy", id_map)
-        if self.node_feat is not None:
-            node_out = NpyAppender(out / "node_feat.npy", np.float32, self.node_feat.shape)
-            for start, stop in iter_ranges(N):
-                rows = np.asarray(self.node_feat[start:stop], dtype=np.float32)
-                if not np.isfinite(rows).all():
-                    i = start + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
-                    raise DataError(f"node {i}: node features contain NaN/inf")
-                node_out.append(rows)
-            node_out.close()
+    def _write_node_feat(self, N: int) -> None:
+        """Copies the (N, d_n) node features as float32, checking they are finite."""
+        node_out = NpyAppender(self._tmp / "node_feat.npy", np.float32, self.node_feat.shape)
+        for start, stop in iter_ranges(N):
+            rows = np.asarray(self.node_feat[start:stop], dtype=np.float32)
+            if not np.isfinite(rows).all():
+                i = start + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                raise DataError(f"node {i}: node features contain NaN/inf")
+            node_out.append(rows)
+        node_out.close()
 
-        split_meta = write_split(self._tmp, E, self.val_frac, self.test_frac)
+    def _meta(
+        self, N: int, t_dtype: np.dtype, spaces: dict[str, IdSpace], extrema: dict[str, int]
+    ) -> dict[str, Any]:
+        """``meta.json`` but its checksums; writes the split on the way."""
+        E, out = self._rows, self._tmp
+        split_meta = write_split(out, E, self.val_frac, self.test_frac)
         bipartite, num_src = self._bipartite_result(spaces, extrema)
         t = np.load(out / "t.npy", mmap_mode="r")
-        meta: dict[str, Any] = {
+        return {
             "format_version": FORMAT_VERSION,
             "name": self.name,
             "num_events": E,
@@ -504,15 +535,9 @@ class StoreBuilder:
             "has_label": "label" in self._spools,
             "split": split_meta,
             "source": self.source,
-            "sorted_on_ingest": not in_order,
+            "sorted_on_ingest": self._num_out_of_order != 0,
             "num_out_of_order": self._num_out_of_order,
         }
-        del t
-        meta["checksums"] = {p.stem: sha256_file(p) for p in sorted(out.glob("*.npy"))}
-        with open(out / "meta.json", "w") as f:
-            json.dump(meta, f, indent=2)
-            f.write("\n")
-        _publish(self._tmp, self.out_dir, self.overwrite)
 
     def _id_spaces(self) -> dict[str, IdSpace]:
         """The id spaces to compact; empty when ids are compact already."""
@@ -553,6 +578,54 @@ class StoreBuilder:
         if self.bipartite is False or not ordered:
             return False, None
         return True, extrema["src_max"] + 1
+
+
+class _IdColumns:
+    """The src and dst columns of compact ids, written chunk by chunk.
+
+    Args:
+        out: The store's folder.
+        num_events: E.
+        num_nodes: N; ids are int32 below 2^31 nodes, else int64.
+        spaces: The id spaces that map raw ids to compact ones; empty where the ids
+            are compact already.
+        bipartite: Whether destinations have an id space of their own.
+
+    Attributes:
+        extrema: ``src_max``, the largest compact source id, and ``dst_min``, the
+            smallest compact destination id, over the chunks written.
+    """
+
+    def __init__(
+        self,
+        out: Path,
+        num_events: int,
+        num_nodes: int,
+        spaces: dict[str, IdSpace],
+        bipartite: bool | None,
+    ) -> None:
+        dtype = np.dtype(np.int32 if num_nodes < INT32_LIMIT else np.int64)
+        self._writers = {
+            c: NpyAppender(out / f"{c}.npy", dtype, (num_events,)) for c in ("src", "dst")
+        }
+        self._spaces = spaces
+        self._bipartite = bipartite
+        self.extrema = {"src_max": -1, "dst_min": num_nodes}
+
+    def write(self, chunk: dict[str, np.ndarray]) -> None:
+        """Maps and appends a chunk's (n,) raw ``src`` and ``dst``."""
+        for col, key in (("src", "src"), ("dst", "dst" if self._bipartite else "src")):
+            compact = self._spaces[key].map(chunk[col]) if self._spaces else chunk[col]
+            if col == "src":
+                self.extrema["src_max"] = max(self.extrema["src_max"], int(compact.max()))
+            else:
+                self.extrema["dst_min"] = min(self.extrema["dst_min"], int(compact.min()))
+            self._writers[col].append(compact)
+
+    def close(self) -> None:
+        """Finishes both files."""
+        for w in self._writers.values():
+            w.close()
 
 
 def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
