@@ -130,21 +130,12 @@ def assign_events(
     Returns:
         (E,) int32 rank per event.
     """
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     num = int(src.shape[0])
     out = np.empty(num, dtype=np.int32)
-    fixed = np.zeros(parts, dtype=np.int64)
-    parts_idx, parts_a, parts_b, parts_pref, parts_win = [], [], [], [], []
-    windows = None
-    if batch_size is not None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        last = num - 1
-        if event_index is not None:
-            last = int(np.max(event_index, initial=index_offset)) - index_offset
-        nw = max(last, 0) // batch_size + 1
-        # Per window: events in it (for its cap) and each rank's events without choice.
-        win_events = np.zeros(nw, dtype=np.int64)
-        win_fixed = np.zeros(nw * parts, dtype=np.int64)
+    nw = None if batch_size is None else _num_windows(num, batch_size, event_index, index_offset)
+    cut = _CutEvents(parts, nw)
     for lo in range(0, num, chunk):
         hi = min(lo + chunk, num)
         s = np.asarray(src[lo:hi]).astype(np.int64)
@@ -153,51 +144,146 @@ def assign_events(
         b = owner[d].astype(np.int64)
         out[lo:hi] = a
         c = np.flatnonzero(a != b)
-        fixed += np.bincount(a, minlength=parts) - np.bincount(a[c], minlength=parts)
-        if preference is None:
-            pref = np.zeros(c.shape[0])
-        elif callable(preference):
-            pref = np.asarray(preference(s[c], d[c]), dtype=np.float64)
-        else:
-            pref = np.asarray(preference[lo:hi], dtype=np.float64)[c]
-        # Exact ties (no preference at all) alternate by a hash of the event index, so
-        # that neither endpoint role is favoured systematically.
-        if event_index is None:
-            every = index_offset + lo + np.arange(hi - lo, dtype=np.int64)
-        else:
-            every = np.asarray(event_index[lo:hi]).astype(np.int64)
-        idx = every[c]
-        if batch_size is not None:
-            win = (every - index_offset) // batch_size
-            win_events += np.bincount(win, minlength=nw)
-            uncut = a == b
-            win_fixed += np.bincount(win[uncut] * parts + a[uncut], minlength=nw * parts)
-            parts_win.append(win[c])
-        coin = ((idx * 0x9E3779B1 + seed * 0x85EBCA77) >> 7) & 1
-        pref = np.where(pref == 0.0, np.where(coin == 1, 1e-12, -1e-12), pref)
-        parts_idx.append(lo + c)
-        parts_a.append(a[c])
-        parts_b.append(b[c])
-        parts_pref.append(pref)
+        every = _event_ids(event_index, index_offset, lo, hi)
+        pref = _tie_break(_preference(preference, s, d, c, lo, hi), every[c], seed)
+        win = None if batch_size is None else (every - index_offset) // batch_size
+        cut.add(lo, a, b, c, pref, win)
     if num == 0:
         return out
-    cut = np.concatenate(parts_idx)
-    a = np.concatenate(parts_a)
-    b = np.concatenate(parts_b)
-    pref = np.concatenate(parts_pref)
-    del parts_idx, parts_a, parts_b, parts_pref
-    cap = _cap(num, parts, balance)
+    idx, a, b, pref, win = cut.gathered()
     choice = np.where(pref > 0, a, b)
-    if batch_size is not None:
-        windows = _Windows(
-            np.concatenate(parts_win) * parts,
-            win_fixed,
-            np.repeat(_cap(win_events, parts, balance), parts),
-        )
-        del parts_win
-        _balance_windows(choice, a, b, pref, windows, max_rounds)
-    out[cut] = _rebalance(choice, a, b, pref, fixed, cap, parts, max_rounds, windows)
+    balanced = None
+    if win is not None:
+        balanced = _Windows(win * parts, cut.win_fixed, np.repeat(cut.win_cap(balance), parts))
+        _balance_windows(choice, a, b, pref, balanced, max_rounds)
+    cap = _cap(num, parts, balance)
+    out[idx] = _rebalance(choice, a, b, pref, cut.fixed, cap, parts, max_rounds, balanced)
     return out
+
+
+def _num_windows(
+    num: int, batch_size: int, event_index: np.ndarray | None, index_offset: int
+) -> int:
+    """Batch windows of ``batch_size`` events from ``index_offset`` up to the last event."""
+    last = num - 1
+    if event_index is not None:
+        last = int(np.max(event_index, initial=index_offset)) - index_offset
+    return max(last, 0) // batch_size + 1
+
+
+def _event_ids(event_index: np.ndarray | None, index_offset: int, lo: int, hi: int) -> np.ndarray:
+    """(hi - lo,) int64 global indices of events ``[lo, hi)``."""
+    if event_index is None:
+        return index_offset + lo + np.arange(hi - lo, dtype=np.int64)
+    return np.asarray(event_index[lo:hi]).astype(np.int64)
+
+
+def _preference(
+    preference: np.ndarray | Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+    s: np.ndarray,
+    d: np.ndarray,
+    c: np.ndarray,
+    lo: int,
+    hi: int,
+) -> np.ndarray:
+    """(m,) float64 preference for the source's owner of the chunk's cut events.
+
+    Args:
+        preference: As :func:`assign_events` takes it.
+        s: (hi - lo,) int64 sources of events ``[lo, hi)``.
+        d: (hi - lo,) int64 destinations.
+        c: (m,) positions of the cut events in the chunk.
+        lo: First event of the chunk.
+        hi: End of the chunk.
+    """
+    if preference is None:
+        return np.zeros(c.shape[0])
+    if callable(preference):
+        return np.asarray(preference(s[c], d[c]), dtype=np.float64)
+    return np.asarray(preference[lo:hi], dtype=np.float64)[c]
+
+
+def _tie_break(pref: np.ndarray, idx: np.ndarray, seed: int) -> np.ndarray:
+    """``pref`` with each exact 0 made +-1e-12 by a hash of the (m,) event indices.
+
+    Exact ties (no preference at all) alternate by a hash of the event index, so that
+    neither endpoint role is favoured systematically.
+    """
+    coin = ((idx * 0x9E3779B1 + seed * 0x85EBCA77) >> 7) & 1
+    return np.where(pref == 0.0, np.where(coin == 1, 1e-12, -1e-12), pref)
+
+
+class _CutEvents:
+    """The cut events of a stream of chunks, and per-rank counts of the events without
+    choice.
+
+    Only the cut events are held in full; of the others only counts are kept.
+
+    Args:
+        parts: P.
+        num_windows: W, the batch windows counted; None counts none.
+
+    Attributes:
+        fixed: (P,) int64 events without choice per rank.
+        win_events: (W,) int64 events per window (None without windows).
+        win_fixed: (W * P,) int64 events without choice per (window, rank).
+    """
+
+    def __init__(self, parts: int, num_windows: int | None) -> None:
+        self.parts = parts
+        self.fixed = np.zeros(parts, dtype=np.int64)
+        self.win_events: np.ndarray | None = None
+        self.win_fixed: np.ndarray | None = None
+        if num_windows is not None:
+            self.win_events = np.zeros(num_windows, dtype=np.int64)
+            self.win_fixed = np.zeros(num_windows * parts, dtype=np.int64)
+        self._chunks: list[tuple[np.ndarray, ...]] = []
+
+    def add(
+        self,
+        lo: int,
+        a: np.ndarray,
+        b: np.ndarray,
+        c: np.ndarray,
+        pref: np.ndarray,
+        win: np.ndarray | None,
+    ) -> None:
+        """Adds one chunk of events starting at ``lo``.
+
+        Args:
+            lo: Position of the chunk's first event in the stream.
+            a: (n,) int64 owner of each event's source.
+            b: (n,) int64 owner of each event's destination.
+            c: (m,) positions of the cut events (``a != b``) in the chunk.
+            pref: (m,) preference of the cut events for ``a``.
+            win: (n,) int64 batch window of each event; None without windows.
+        """
+        parts = self.parts
+        self.fixed += np.bincount(a, minlength=parts) - np.bincount(a[c], minlength=parts)
+        if win is not None:
+            nw = self.win_events.shape[0]
+            self.win_events += np.bincount(win, minlength=nw)
+            uncut = a == b
+            self.win_fixed += np.bincount(win[uncut] * parts + a[uncut], minlength=nw * parts)
+        self._chunks.append((lo + c, a[c], b[c], pref, None if win is None else win[c]))
+
+    def gathered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The cut events of all chunks, once: ``(position, a, b, pref, window)``,
+        each (m,); ``window`` None without windows."""
+        chunks, self._chunks = self._chunks, []
+        idx, a, b, pref, win = (list(column) for column in zip(*chunks, strict=True))
+        del chunks
+        return (
+            np.concatenate(idx),
+            np.concatenate(a),
+            np.concatenate(b),
+            np.concatenate(pref),
+            None if self.win_events is None else np.concatenate(win),
+        )
+
+    def win_cap(self, balance: float) -> np.ndarray:
+        """(W,) events per rank at most in each window."""
+        return _cap(self.win_events, self.parts, balance)
 
 
 def _cap(events: np.ndarray | int, parts: int, balance: float) -> np.ndarray | int:
