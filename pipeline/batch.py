@@ -196,61 +196,90 @@ def make_batch(
         rng=None if rng is None else (rng[0], rng[1]),
     )  # fmt: skip
     roots, root_t, root_key = layout.nodes, layout.times, layout.keys
-    block = None
+    block = None if sampler is None else _sample(sampler, layout, generator)
     runs = None
-    nbr_pos = None
-    nbr_edge_feat = None
-    if sampler is not None:
-        n_sample = layout.num_sampled
-        keys = None if root_key is None else root_key[:n_sample]
-        block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
     if pad_node is not None:
-        from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
-
-        ids = roots
-        if block is not None and read_neighbors:
-            pad = torch.full_like(block.nbr, pad_node)
-            ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
-        u = slot_count(ids.shape[0], pad_node)
-        nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad_node, u)
-        r = roots.shape[0]
-        runs = SortedRuns(perm, inverse, sorted_ids, pad_node, r)
-        root_pos = inverse[:r]
-        if block is not None and read_neighbors:
-            # A masked slot may read any row: each reads a row of its own (its position
-            # among the ids, modulo the slots), not the one padding row, so that the zero
-            # gradients of the masked slots are not atomic adds piled on one row.
-            own = (torch.arange(r, ids.shape[0], device=ids.device) % u).view_as(block.nbr)
-            nbr_pos = torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
-    elif block is not None and read_neighbors:
-        valid_nbr = block.nbr[block.mask]
-        nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)
-        root_pos = inverse[: roots.shape[0]]
-        nbr_pos = torch.zeros_like(block.nbr)
-        nbr_pos[block.mask] = inverse[roots.shape[0] :]
+        nbrs = block if read_neighbors else None
+        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node)
     else:
-        nodes, root_pos = torch.unique(roots, return_inverse=True)
-    if block is not None and edge_feat_table is not None:
-        nbr_edge_feat = edge_feat_table[block.eid] * block.mask[..., None].to(edge_feat_table.dtype)
+        nodes, root_pos, nbr_pos = _unique_slots(roots, block if read_neighbors else None)
     return Batch(
-        index=index,
-        src=src,
-        dst=dst,
-        t=t.to(torch.float64),
-        neg=neg,
+        index=index, src=src, dst=dst, t=t.to(torch.float64), neg=neg,
         edge_feat=None if edge_feat_table is None else edge_feat_table[index],
-        nodes=nodes,
-        root_pos=root_pos,
-        root_t=root_t,
-        block=block,
-        nbr_pos=nbr_pos,
-        nbr_edge_feat=nbr_edge_feat,
+        nodes=nodes, root_pos=root_pos, root_t=root_t, block=block, nbr_pos=nbr_pos,
+        nbr_edge_feat=_nbr_edge_feat(block, edge_feat_table),
         node_feat=None if node_feat_table is None else node_feat_table[nodes],
-        root_key=root_key,
-        node_key=None if rng is None else node_keys(*rng, nodes),
-        valid=valid,
+        root_key=root_key, node_key=None if rng is None else node_keys(*rng, nodes), valid=valid,
         runs=runs,
-    )
+    )  # fmt: skip
+
+
+def _fixed_slots(
+    roots: torch.Tensor, block: NeighborBlock | None, pad_node: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SortedRuns]:
+    """:func:`make_batch`'s fixed-slot de-duplication of (R,) roots and the sampled
+    neighbours of ``block`` (None: no neighbour is read) into ``slot_count``'s U slots.
+
+    Returns:
+        nodes (U,), root_pos (R,), nbr_pos (R, K) or None, and the de-duplication's sort.
+    """
+    from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
+
+    ids = roots
+    if block is not None:
+        pad = torch.full_like(block.nbr, pad_node)
+        ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+    u = slot_count(ids.shape[0], pad_node)
+    nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad_node, u)
+    r = roots.shape[0]
+    runs = SortedRuns(perm, inverse, sorted_ids, pad_node, r)
+    if block is None:
+        return nodes, inverse[:r], None, runs
+    # A masked slot may read any row: each reads a row of its own (its position among
+    # the ids, modulo the slots), not the one padding row, so that the zero gradients
+    # of the masked slots are not atomic adds piled on one row.
+    own = (torch.arange(r, ids.shape[0], device=ids.device) % u).view_as(block.nbr)
+    nbr_pos = torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
+    return nodes, inverse[:r], nbr_pos, runs
+
+
+def _sample(
+    sampler: TemporalSampler, layout: RootLayout, generator: torch.Generator | None
+) -> NeighborBlock:
+    """The neighbours of the roots the model samples (the first ``layout.num_sampled``)."""
+    n = layout.num_sampled
+    keys = None if layout.keys is None else layout.keys[:n]
+    return sampler.sample(layout.nodes[:n], layout.times[:n], generator, keys=keys)[0]
+
+
+def _unique_slots(
+    roots: torch.Tensor, block: NeighborBlock | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`make_batch`'s exact de-duplication (``torch.unique``) of (R,) roots and the
+    valid sampled neighbours of ``block`` (None: no neighbour is read).
+
+    Returns:
+        nodes (U,), root_pos (R,), nbr_pos (R, K) or None; U the number of distinct
+        nodes, masked neighbour slots at position 0.
+    """
+    if block is None:
+        nodes, root_pos = torch.unique(roots, return_inverse=True)
+        return nodes, root_pos, None
+    valid_nbr = block.nbr[block.mask]
+    nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)
+    nbr_pos = torch.zeros_like(block.nbr)
+    nbr_pos[block.mask] = inverse[roots.shape[0] :]
+    return nodes, inverse[: roots.shape[0]], nbr_pos
+
+
+def _nbr_edge_feat(
+    block: NeighborBlock | None, edge_feat_table: torch.Tensor | None
+) -> torch.Tensor | None:
+    """(R, K, d_e) features of the sampled neighbour events, zero where masked; None
+    without neighbours or edge features."""
+    if block is None or edge_feat_table is None:
+        return None
+    return edge_feat_table[block.eid] * block.mask[..., None].to(edge_feat_table.dtype)
 
 
 def last_occurrence(nodes: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
