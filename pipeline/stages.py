@@ -98,20 +98,7 @@ def select_batch(
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
     """
-    dev = tables.src.device
-    if capacity is None:
-        idx = torch.arange(int(start), int(stop), device=dev)
-        valid = None
-    else:
-        idx = torch.arange(capacity, device=dev) + start
-        valid = idx < stop
-        # Padding repeats the last real event; an empty share (possible on several
-        # ranks) repeats an earlier one of the rank, or the filler entry.
-        idx = torch.clamp(idx, max=stop - 1)
-        if order is not None:
-            idx = idx.clamp(min=0)
-    if order is not None:
-        idx = order[idx]
+    idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
     neg = None
     if neg_table is not None:
         # The padding of a rank's share may come from another split: any row will do.
@@ -132,6 +119,31 @@ def select_batch(
         mrr_stream=mrr_stream,
         mrr_negatives=mrr_negatives,
     )
+
+
+def _event_slots(
+    dev: torch.device,
+    start: int | torch.Tensor,
+    stop: int | torch.Tensor,
+    capacity: int | None,
+    order: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The global event of each of a batch's event slots, and which are real (None
+    without a capacity); arguments as :func:`select_batch`'s."""
+    if capacity is None:
+        idx = torch.arange(int(start), int(stop), device=dev)
+        valid = None
+    else:
+        idx = torch.arange(capacity, device=dev) + start
+        valid = idx < stop
+        # Padding repeats the last real event; an empty share (possible on several
+        # ranks) repeats an earlier one of the rank, or the filler entry.
+        idx = torch.clamp(idx, max=stop - 1)
+        if order is not None:
+            idx = idx.clamp(min=0)
+    if order is not None:
+        idx = order[idx]
+    return idx, valid
 
 
 def events_batch(
