@@ -63,19 +63,27 @@ __all__ = ["SampledCost", "comm_cost", "comm_costs", "count_touches"]
 
 @dataclass
 class _Tally:
-    """Per-rank counts of one pass over some touches (see ``count_touches``)."""
+    """Counts of one pass over some touches (see ``count_touches``).
 
-    remote_reads: np.ndarray
-    remote_writes: np.ndarray
-    naive_reads: np.ndarray
-    naive_writes: np.ndarray
-    served_reads: np.ndarray
-    received_writes: np.ndarray
-    batch_comm: np.ndarray
+    Attributes:
+        totals: (P,) int64 per rank, by the names of the report's counts
+            (:data:`COUNT_FIELDS` but ``events`` and ``vertices``).
+        batch_reads: (nb, P) distinct remote reads per batch and rank.
+        batch_writes: (nb, P) distinct remote writes.
+        batch_served: (nb, P) rows served to other ranks.
+        batch_received: (nb, P) written rows received from other ranks.
+    """
+
+    totals: dict[str, np.ndarray]
     batch_reads: np.ndarray
     batch_writes: np.ndarray
     batch_served: np.ndarray
     batch_received: np.ndarray
+
+    @property
+    def batch_comm(self) -> np.ndarray:
+        """(nb, P) distinct remote reads and writes per batch and rank."""
+        return self.batch_reads + self.batch_writes
 
 
 def _distinct(
@@ -126,7 +134,7 @@ def count_touches(
         num_batches: Number of distinct batch ids.
 
     Returns:
-        The per-rank tallies.
+        The per-rank totals and the per-batch counts.
     """
     num_nodes = owner.shape[0]
     remote = owner[tch.node] != rank
@@ -139,19 +147,15 @@ def count_touches(
     writes, received, write_b, received_b = _distinct(
         node[wr], br[wr], num_nodes, parts, owner, num_batches
     )
-    return _Tally(
-        remote_reads=reads,
-        remote_writes=writes,
-        naive_reads=np.bincount(r[rd], minlength=parts),
-        naive_writes=np.bincount(r[wr], minlength=parts),
-        served_reads=served,
-        received_writes=received,
-        batch_comm=read_b + write_b,
-        batch_reads=read_b,
-        batch_writes=write_b,
-        batch_served=served_b,
-        batch_received=received_b,
-    )
+    totals = {
+        "remote_reads": reads,
+        "remote_writes": writes,
+        "naive_reads": np.bincount(r[rd], minlength=parts),
+        "naive_writes": np.bincount(r[wr], minlength=parts),
+        "served_reads": served,
+        "received_writes": received,
+    }
+    return _Tally(totals, read_b, write_b, served_b, received_b)
 
 
 def _candidates(dst: np.ndarray, candidates: np.ndarray | None) -> torch.Tensor:
@@ -265,8 +269,8 @@ class _PartitionCount:
         self.batch_max_events += int(ev_br.max(axis=1).sum())
         local = tch.event - e0
         tally = count_touches(tch, ev_batch[local], ev_rank[local], self.owner, parts, nb)
-        for name in COUNT_FIELDS[2:]:
-            acc[name] += getattr(tally, name)
+        for name, count in tally.totals.items():
+            acc[name] += count
         self.batch_max_comm += int(tally.batch_comm.max(axis=1).sum())
         sent, recv = wire_bytes(
             tally.batch_reads, tally.batch_writes, tally.batch_served, tally.batch_received,
