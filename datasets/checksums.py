@@ -50,8 +50,8 @@ def verify_checksums(path: str | os.PathLike[str], meta: dict[str, Any] | None =
     # Every byte is hashed on every call, whatever ran before: no cache of verified
     # files (a same-size rewrite can keep size, name and mtime). The files hash in
     # parallel threads, so the wall time is that of the largest file; a small store
-    # (Wikipedia's 4 MB hash in about 10 ms) hashes in this thread, where starting
-    # threads would cost more than they save.
+    # (under _BYTES_PER_THREAD; docs/data.md has the timings) hashes in this thread,
+    # where starting threads would cost more than they save.
     size = sum(file.stat().st_size for file in files.values())
     workers = max(1, min(len(files), os.cpu_count() or 1, 8, size // _BYTES_PER_THREAD))
     if workers > 1:

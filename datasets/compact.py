@@ -19,7 +19,7 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)`` by sorting.
 
     numpy 2's hash-based ``np.unique`` is an order of magnitude slower than a sort on
-    the integer id columns seen here (about 1 s against 35 ms for 1.4M int64).
+    the integer id columns seen here (docs/data.md, "Memory and speed").
     """
     s = np.sort(values, kind="stable")
     if s.size == 0:

@@ -45,8 +45,9 @@ def _zipf_positions(u: np.ndarray, size: np.ndarray | int, exponent: float) -> n
     """Maps uniforms to Zipf-like ranks by inverting a continuous power law.
 
     The density is proportional to x^-exponent on [1, size + 1), so rank r gets
-    probability about (r + 1.5)^-exponent: a discretised Zipf law in O(1) per draw
-    (a cumulative-weight binary search costs over 1 us per draw at 10^7 nodes).
+    probability about (r + 1.5)^-exponent: a discretised Zipf law in O(1) per draw,
+    where a binary search over cumulative weights costs O(log N) scattered reads per
+    draw (docs/synthetic.md).
 
     Args:
         u: uniforms in [0, 1), any shape.

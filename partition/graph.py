@@ -109,8 +109,8 @@ def unique_sorted(x: np.ndarray) -> np.ndarray:
     ``np.unique`` on numpy 2.4 goes through a hash table that is two orders of
     magnitude slower than sorting for millions of int64 keys, so sort and compare.
     Unlike ``sven.datasets.compact.unique_sorted`` the sort is not stable: stability is
-    useless for distinct values and costs 3-4x on int64 keys, and this runs on every
-    chunk of the cost model.
+    useless for distinct values and costs several times as much on int64 keys, and this
+    runs on every chunk of the cost model.
 
     Args:
         x: (m,) integer array.

@@ -262,7 +262,7 @@ def register_compiled_ops() -> None:
     whose body is the eager function (the Triton kernel on CUDA, the reference on CPU):
     Inductor keeps it as one opaque kernel call rather than tracing the hash, whose
     64-bit constants it emits into its own kernels as int32 (``Scalar
-    7146057691288625177 is out of range for type int32``, torch 2.11 on an H200).
+    7146057691288625177 is out of range for type int32``, torch 2.11).
     Idempotent; called before the first compilation.
     """
     global _DROPOUT_OP

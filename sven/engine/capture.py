@@ -69,8 +69,8 @@ def no_uninitialized_fill() -> Iterator[None]:
     tensor it allocates uninitialized, so that a read of uninitialized memory cannot
     differ between runs. The step never reads memory it has not written (on CUDA it
     runs with the whole mode off, and the GPU test finds two runs bitwise equal), so
-    on CPU the fill is pure cost: 1 ms of a 20 ms TGN step at batch 200, one thread
-    (most of it the fill of index_select's gathered keys and values).
+    on CPU the fill is pure cost, most of it the fill of index_select's gathered keys
+    and values (docs/performance.md, "On CPU", has its share of the step).
     """
     fill = torch.utils.deterministic
     was = fill.fill_uninitialized_memory

@@ -12,8 +12,8 @@ from __future__ import annotations
 __all__ = ["LONG_CPU_EVENTS", "epoch_estimate", "start_hint"]
 
 #: Training events (epochs x events per epoch) from which a CPU run is called long:
-#: at the few thousand events/s of a CPU (docs/accuracy.md: TGN's 15 epochs of
-#: Wikipedia took 7-21 minutes), about ten minutes or more.
+#: about ten minutes or more at the rate of a CPU (docs/accuracy.md has the wall times
+#: of CPU runs).
 LONG_CPU_EVENTS = 2_000_000
 # The rest of a run that is worth an estimate, seconds.
 _SAY_FROM_S = 120.0

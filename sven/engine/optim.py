@@ -15,7 +15,7 @@ class Optimizer(torch.optim.Adam):
     """Adam with this run's implementation flags: the fused kernel, on CUDA with its
     step count on the device (so the optimizer step can be captured in a CUDA graph).
     On CPU too the fused step is one C++ loop instead of a Python loop of small ops per
-    parameter (TGN's 23 tensors: 0.24 ms against 0.82 ms per step, one thread).
+    parameter tensor (docs/performance.md, "On CPU", has the timings).
 
     Its state_dict is Adam's; :meth:`load_state_dict` accepts one saved by any run (CPU
     or GPU) and applies this run's flags.

@@ -49,7 +49,7 @@ __all__ = [
 
 _MODES = ("auto", "reference", "triton")
 #: The functions ``auto`` runs in Triton on CUDA: those measured faster than their
-#: reference inside the captured TGN step on an H200 (docs/kernels.md has the figures).
+#: reference inside the captured TGN step (docs/kernels.md has the figures and the GPU).
 AUTO_TRITON = frozenset(
     {
         "bce_loss",

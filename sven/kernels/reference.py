@@ -20,7 +20,8 @@ def take_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     while advanced indexing's backward (``index_put_`` with accumulation) walks the
     repeats of one row serially. Fixed-size batches repeat rows a lot (every masked
     neighbour slot points at the one scratch slot), which made that backward the
-    largest kernel of a TGN step (0.9 ms of 2.3 ms on an H200).
+    largest kernel of a TGN step on CUDA (docs/performance.md, "Where a step's time
+    goes").
 
     Args:
         table: (U, D) rows.

@@ -1,11 +1,12 @@
 """Column sums of the Triton kernels' backward passes (bias gradients) on cuBLAS.
 
-``x.sum(0)`` over a (M, N) gradient with M in the thousands and N in the hundreds ran
-as PyTorch's generic reduction at about 9 us on an H200, the slowest small kernels of
-the step; a matrix-vector product with a vector of ones (``cublasSgemv``, never TF32)
-sums the same column in one pass. The vectors of ones are made once per length, outside
-any CUDA graph capture (a capture only records a fill, so a vector first made there
-would hold garbage until a replay): a length first seen while capturing takes the sum.
+``x.sum(0)`` over a (M, N) gradient with M in the thousands and N in the hundreds runs
+as PyTorch's generic reduction, among the slowest small kernels of the step
+(docs/performance.md has the timings); a matrix-vector product with a vector of ones
+(``cublasSgemv``, never TF32) sums the same column in one pass. The vectors of ones are
+made once per length, outside any CUDA graph capture (a capture only records a fill, so
+a vector first made there would hold garbage until a replay): a length first seen while
+capturing takes the sum.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 :func:`link_decoder` computes what :func:`sven.kernels.reference.link_decoder` computes:
 for every (source, candidate) pair of a batch, ``w_out . relu(W_src s + b_src + W_dst c
 + b_dst) + b_out``. The reference runs two scorers (positives, negatives) of three
-linear layers each, about 10 kernels forward and 22 backward; here the source
-projection is one GEMM per event (not one per pair: 100 MRR negatives per event
-repeat it 100 times in the reference), and everything after it one kernel:
+linear layers each, several kernels per layer each way (docs/kernels.md counts them);
+here the source projection is one GEMM per event (not one per pair: 100 MRR negatives
+per event repeat it 100 times in the reference), and everything after it one kernel:
 
 - forward: ``A = h_src W_src^T + b_src`` (cuBLAS), then one program per block of pairs
   computes ``z = relu(A[s] + x W_dst^T + b_dst)`` in output chunks (``tl.dot`` in IEEE

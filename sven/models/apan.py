@@ -12,12 +12,11 @@ h = m * (1 + w dt) (JODIE's projection; TGL's ``time_transform: JODIE``, whose d
 the time since the node's memory was last written, ``mem_ts``). Without it the
 embedding is frozen between a node's updates, so a node silent for two months scores
 like one active an hour ago. On CollegeMsg, where the test period's random negatives
-are mostly long-silent nodes, that made test AP (0.54-0.57) fall far under val AP
-(0.76-0.78) and decay with time; with the projection test AP is at or above val AP
-(docs/accuracy.md has the ablations). The dt is not the age of the newest mail: mail
-delivered by a neighbour's event would make a silent node look active (measured on
-CollegeMsg, 3 epochs on CPU: test AP 85.4 with the newest mail's age, seed 0; 89.5
-with the node's own, mean of 3 seeds).
+are mostly long-silent nodes, that made test AP fall far under val AP and decay with
+time; with the projection test AP is at or above val AP. The dt is not the age of the
+newest mail: mail delivered by a neighbour's event would make a silent node look
+active, and test AP lower (docs/accuracy.md, "APAN: the val/test gap", has both
+ablations).
 """
 
 from __future__ import annotations

@@ -606,8 +606,8 @@ class TemporalAttentionLayer(nn.Module):
             out = kernels.temporal_attention_fused(*args, kv_edge, rows=kv_rows)
         else:
             # On CPU FLOPs are the cost: the factored form projects queries and
-            # attention-weighted sums instead of every neighbour slot (1.8-2.2x faster
-            # forward and backward for TGN's dims, docs/performance.md).
+            # attention-weighted sums instead of every neighbour slot, faster forward
+            # and backward for TGN's dims (docs/performance.md has the timings).
             feat = None if w_edge is None else edge_feat.to(dtype)
             out = kernels.temporal_attention_factored(*args, feat, w_edge)
         out = self.w_out(torch.cat([out, h_root], dim=1))

@@ -8,9 +8,9 @@ With ``time_projection`` the embedding is instead the memory projected by the ti
 since its last update, h = m (1 + w dt) (JODIE's projection, as in Sven's APAN). This is
 not in the paper nor in DyGLib: there the embedding is frozen between a node's events,
 so a node silent for months scores like one active an hour ago. On CollegeMsg, whose
-test-period random negatives are mostly long-silent nodes, that put test AP 13 points
-under val AP (CPU, 5 epochs); with the projection test AP is above val AP
-(docs/accuracy.md, "CPU experiments (session 3)").
+test-period random negatives are mostly long-silent nodes, that put test AP far under
+val AP; with the projection test AP is above val AP (docs/accuracy.md, "CPU
+experiments", DyRep).
 
 Mails are stored detached (as in TGN/TGL), so parameters used only inside a mail would
 never receive a gradient; the aggregation is therefore parameter-free scaled

@@ -376,8 +376,8 @@ class TimeEncoding(nn.Module):
     The geometric frequencies follow TGAT/DyGLib and are fixed by default: the gradient
     of cos(dt * w) with respect to w scales with dt, which is 10^5..10^9 for unix-second
     timestamps, so trained frequencies drift by whole periods per step and the encoding
-    turns into noise (TGN on CollegeMsg: val AP 0.85 trained vs 0.91 fixed, same run
-    otherwise). DyGLib and GraphMixer fix them for the same reason.
+    turns into noise (docs/benchmarks.md has TGN's val AP with either). DyGLib and
+    GraphMixer fix them for the same reason.
 
     Args:
         dim: Output dimension d.

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -518,3 +520,83 @@ def test_no_function_is_longer_than_80_lines() -> None:
         f"{k} ({n} lines)" for k, n in _function_lengths().items() if n > MAX_FUNCTION_LINES
     )
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines, split them: {long}"
+
+
+# ---------------------------------------------------------------------------
+# Prose: docstrings and comments say what and why; figures live in docs/
+# ---------------------------------------------------------------------------
+
+#: What a measurement or a piece of development history looks like in prose: a rate, an
+#: accuracy, a timing set against something, a speed ratio, a kernel count, the machine
+#: a figure came from, a development session, a change told as before and after.
+MEASUREMENT = re.compile(
+    "|".join(
+        [
+            r"\d[\d,.]*\s?k?\s(?:train |eval )?events/s",
+            r"\b(?:AP|AUC|MRR)\b\W{1,3}(?:of\s)?\d*\.\d{2,}",
+            r"\b\d+ points (?:under|over|above|below)\b",
+            r"\bsession \d+",
+            r"\d+(?:\.\d+)?\s?(?:us|µs|ms|s)\s(?:per|a|of|against|vs\.?|versus)\s",
+            r"\bin (?:about )?\d+(?:\.\d+)?\s?(?:us|µs|ms)\b",
+            r"\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x (?:faster|slower)\b",
+            r"\bcosts? \d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x\b",
+            r"\b\d+ kernels\b",
+            r"\bon an? (?:H100|H200|A100|V100)\b",
+            r"\btook (?:about )?\d",
+            r"\bwas \S+,? now\b",
+        ]
+    ),
+    re.IGNORECASE,
+)
+
+
+def _prose(source: str) -> Iterator[tuple[int, str]]:
+    """``(line, text)`` of every line of a docstring or other string statement, and of
+    every comment."""
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            for i, line in enumerate(ast.get_source_segment(source, node).splitlines()):
+                yield node.lineno + i, line
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+
+
+def _measurements(source: str) -> list[str]:
+    """``"line: text"`` of each line of prose that carries a measurement."""
+    found = {(n, line.strip()) for n, line in _prose(source) if MEASUREMENT.search(line)}
+    return [f"{n}: {text}" for n, text in sorted(found)]
+
+
+def test_measurements_in_prose_are_found() -> None:
+    source = (
+        '"""The step.\n\nIt ran at 189.2k train events/s; test AP 0.913 (session 5)."""\n'
+        "x = 1  # about 1.8-2.2x faster than before\n"
+        "def f():\n"
+        '    """Was slow, 0.9 ms of a 2.3 ms step on an H200."""\n'
+        "    # about 10 kernels forward; the hash in about 10 ms\n"
+        "    y = '12 events/s'  # a string value is no prose\n"
+        "# What a batch is: (B, d) rows, 10 ms clock ticks, a timeout of 30 s.\n"
+    )
+    assert _measurements(source) == [
+        '3: It ran at 189.2k train events/s; test AP 0.913 (session 5)."""',
+        "4: # about 1.8-2.2x faster than before",
+        '6: """Was slow, 0.9 ms of a 2.3 ms step on an H200."""',
+        "7: # about 10 kernels forward; the hash in about 10 ms",
+    ]
+
+
+def test_no_measurement_in_docstrings_or_comments() -> None:
+    """Docstrings and comments of sven/, pipeline/, partition/ and datasets/ say what
+    the code does and why; measurements and how they changed over time are in docs/
+    (performance.md, kernels.md, accuracy.md)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{use}"
+        for module, path in _modules().items()
+        for use in _measurements(path.read_text())
+    ]
+    assert not found, "measurements in prose, move them to docs/:\n" + "\n".join(found)
