@@ -1,4 +1,5 @@
-"""The fixed-shape step: fixed-slot de-duplication, dense write-back, padded batches."""
+"""The fixed-shape step: padded batches and their neighbour rows, the masked loss, the
+prefetch ring's in-place copies, the step graph and the compiled model."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from sven.engine.body import StepInput, masked_bce, train_step
 from sven.engine.capture import StepGraph
 from sven.models import MODELS, MemoryState, build_model
 from sven.models.base import ModelOutput
-from sven.models.memory import DenseUpdate
-from sven.pipeline.dedupe import dedupe_fixed
 from sven.pipeline.negatives import register_compiled_ops
 from sven.pipeline.sampler import TCSR, TemporalSampler
 from sven.pipeline.stages import EventTables, select_batch
@@ -23,27 +22,6 @@ SRC = torch.tensor([0, 1, 0, 2, 1, 3, 4, 4, 0, 5, 2])
 DST = torch.tensor([1, 2, 2, 3, 0, 0, 4, 1, 5, 1, 3])
 T = torch.tensor([1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 5.0, 6.0, 7.0, 7.0, 9.0], dtype=torch.float64)
 N = 7
-
-
-def test_dedupe_fixed_is_unique_in_fixed_slots() -> None:
-    ids = torch.tensor([5, 2, 5, 9, 2, 10, 0])
-    nodes, inverse = dedupe_fixed(ids, 10)
-    assert nodes.tolist() == [0, 2, 5, 9, 10, 10, 10]
-    assert inverse.tolist() == [2, 1, 2, 3, 1, 4, 0]
-    for seed in range(5):
-        g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, 30, (50,), generator=g)
-        nodes, inverse = dedupe_fixed(ids, 30)
-        u, inv = torch.unique(ids, return_inverse=True)
-        assert torch.equal(nodes[: u.numel()], u) and (nodes[u.numel() :] == 30).all()
-        assert torch.equal(inverse, inv) and torch.equal(nodes[inverse], ids)
-    # Ids past int32 (sorted as int64) and just under it (sorted as int32).
-    for pad in (2**31 - 1, 2**40):
-        ids = torch.tensor([pad - 1, 7, pad, pad - 1, 2**30])
-        nodes, inverse = dedupe_fixed(ids, pad)
-        assert nodes.dtype == torch.int64
-        assert nodes.tolist() == [7, 2**30, pad - 1, pad, pad]
-        assert inverse.tolist() == [2, 0, 3, 2, 1]
 
 
 def test_masked_neighbour_slots_read_distinct_rows() -> None:
@@ -66,44 +44,6 @@ def test_masked_neighbour_slots_read_distinct_rows() -> None:
     # Neighbour slot j reads row j mod U: no row takes more than its share.
     assert masked.bincount(minlength=u).max() <= -(-mask.numel() // u)
     assert ((masked >= 0) & (masked < u)).all()
-
-
-def _random_dense(g: torch.Generator, p: int, q: int, d: int, dm: int) -> DenseUpdate:
-    keys = torch.randperm(4 * p, generator=g)[:p]
-    keys[torch.rand(p, generator=g) < 0.3] = -1
-    mkeys = torch.randperm(4 * q, generator=g)[:q]
-    mkeys[torch.rand(q, generator=g) < 0.3] = -1
-    f64 = torch.float64
-    return DenseUpdate(
-        nodes=torch.randint(0, N, (p,), generator=g),
-        memory=torch.randn(p, d, generator=g, dtype=f64),
-        last_update=torch.rand(p, generator=g, dtype=f64),
-        key=keys,
-        mail_nodes=torch.randint(0, N, (q,), generator=g),
-        mail=torch.randn(q, dm, generator=g, dtype=f64),
-        mail_ts=torch.rand(q, generator=g, dtype=f64),
-        mail_key=mkeys,
-    )
-
-
-@pytest.mark.parametrize("mailbox", [1, 3])
-def test_commit_dense_equals_compact_commit(mailbox: int) -> None:
-    g = torch.Generator().manual_seed(mailbox)
-    a = MemoryState(N, 4, 6, mailbox, dtype=torch.float64)
-    b = MemoryState(N, 4, 6, mailbox, dtype=torch.float64)
-    for _ in range(6):
-        up = _random_dense(g, 12, 20, 4, 6)
-        a.commit_dense(up)
-        b.commit(up.compact())
-        for k, v in a.state_dict().items():
-            assert torch.equal(v, b.state_dict()[k]), k
-
-
-def test_winners_pick_the_largest_key_and_park_the_rest() -> None:
-    mem = MemoryState(N, 2, 2)
-    nodes = torch.tensor([3, 1, 3, 3, 1, 0])
-    key = torch.tensor([8, 5, 12, -1, 2, -1])
-    assert mem.winners(nodes, key).tolist() == [N, 1, 3, N, N, N]
 
 
 def _tables(dtype: torch.dtype = torch.float64, k: int = 3, strategy: str = "recent"):
