@@ -1,0 +1,32 @@
+"""The ranking metrics (sven.engine.metrics) against sklearn and by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from sven.engine.metrics import average_precision, mrr, roc_auc
+
+
+def test_metrics_match_sklearn_with_ties() -> None:
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        n = int(rng.integers(2, 300))
+        s = rng.integers(0, 6, n).astype(float) if i % 2 else rng.random(n)
+        y = rng.integers(0, 2, n)
+        if y.min() == y.max():
+            continue
+        assert average_precision(torch.tensor(s), torch.tensor(y)) == pytest.approx(
+            average_precision_score(y, s), abs=1e-12
+        )
+        auc = roc_auc(torch.tensor(s), torch.tensor(y))
+        assert auc == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+
+
+def test_mrr_exact() -> None:
+    pos = torch.tensor([3.0, 1.0])
+    neg = torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 5.0]])
+    # ranks: 1, and 1 + 2 (above) + 0.5 (tie) = 3.5
+    assert mrr(pos, neg) == pytest.approx((1 + 1 / 3.5) / 2)
