@@ -476,7 +476,9 @@ def _run_gather(
     from sven.kernels.triton_gather import gather_rows_sorted
 
     def gather(table: torch.Tensor, idx: torch.Tensor, lo: int) -> torch.Tensor:
-        return gather_rows_sorted(table, idx, runs.perm, runs.inverse, runs.nodes, runs.pad_id, lo)
+        return gather_rows_sorted(
+            table, idx, runs.perm, runs.inverse, runs.sorted_ids, runs.pad_id, lo
+        )
 
     return gather
 

@@ -12,13 +12,16 @@ from sven.models import MODELS, MemoryState
 from tests.unit.test_models import N, _batch, _model
 
 
-def _to(batch, device: str):
-    moved = {
-        f.name: getattr(batch, f.name).to(device)
-        for f in dataclasses.fields(batch)
-        if isinstance(getattr(batch, f.name), torch.Tensor)
-    }
-    return dataclasses.replace(batch, **moved)
+def _to(obj, device: str):
+    """A batch (its nested dataclasses too: the de-duplication's runs) on ``device``."""
+    moved = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, torch.Tensor):
+            moved[f.name] = v.to(device)
+        elif dataclasses.is_dataclass(v) and f.name == "runs":
+            moved[f.name] = _to(v, device)
+    return dataclasses.replace(obj, **moved)
 
 
 def _loss_and_grads(model, rows, batch, backend: str, monkeypatch):
