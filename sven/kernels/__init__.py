@@ -54,6 +54,7 @@ AUTO_TRITON = frozenset(
     {
         "bce_loss",
         "dedupe_compact",
+        "dedupe_count",
         "gather_rows",
         "link_decoder",
         "recurrent_update",
@@ -77,6 +78,7 @@ _TRITON_MODULE = {
     "sample_recent": "sven.kernels.triton_sampler",
     # The reference is pipeline.dedupe.dedupe_fixed's own code after its sort.
     "dedupe_compact": "sven.kernels.triton_dedupe",
+    "dedupe_count": "sven.kernels.triton_dedupe",
     # The references are sven.models.memory.MemoryState's own gather and commit_dense.
     "state_gather": "sven.kernels.triton_state",
     # The reference is sven.engine.body.masked_bce.

@@ -38,13 +38,14 @@ def cuda() -> str:
 
 @pytest.fixture
 def use_kernel(monkeypatch):
-    """``use_kernel(name, backend)``: the next calls of kernel ``name`` run on
-    ``backend`` (``SVEN_KERNELS=auto,name=backend``); the choice is undone after the
-    test."""
+    """``use_kernel(name, backend, **others)``: the next calls of kernel ``name`` (and
+    of each of ``others``) run on that backend (``SVEN_KERNELS=auto,name=backend,...``);
+    the choice is undone after the test."""
     from sven import kernels
 
-    def use(name: str, backend: str) -> None:
-        monkeypatch.setenv("SVEN_KERNELS", f"auto,{name}={backend}")
+    def use(name: str, backend: str, **others: str) -> None:
+        pairs = [f"{name}={backend}", *(f"{k}={v}" for k, v in others.items())]
+        monkeypatch.setenv("SVEN_KERNELS", ",".join(["auto", *pairs]))
         kernels.reset_backend()
 
     yield use

@@ -9,7 +9,8 @@ from sven.pipeline.dedupe import dedupe_fixed
 
 
 def _dedupe(use, backend: str, ids: torch.Tensor, pad_id: int, slots: int | None):
-    use("dedupe_compact", backend)
+    # The compaction after a sort: not the counting program small id ranges take.
+    use("dedupe_compact", backend, dedupe_count="reference")
     return dedupe_fixed(ids, pad_id, slots)
 
 
@@ -38,3 +39,36 @@ def test_compact_matches_reference(device: str, use_kernel, size: int, pad_id: i
     want = _dedupe(use_kernel, "reference", ids, pad_id, slots)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.int64 and torch.equal(g, w)
+
+
+@pytest.mark.parametrize(
+    ("size", "pad_id", "slots", "distinct"),
+    [
+        (1, 0, None, 1),
+        (3, 7, 2, 1),
+        (129, 5, 6, 6),
+        (6600, 9227, None, 3000),
+        (6600, 1899, 1900, 1900),
+        (5000, 60, 61, 61),
+        (300, 65535, None, 50),
+    ],
+)
+def test_count_matches_sorted_reference(
+    device: str, use_kernel, size: int, pad_id: int, slots, distinct: int
+) -> None:
+    """The counting program against the stable sort: the same nodes, slots, permutation
+    (equal ids in input order, runs crossing the program's 128-id blocks) and sorted ids."""
+    from sven.pipeline.dedupe import dedupe_sorted
+
+    gen = torch.Generator().manual_seed(size + pad_id)
+    pool = torch.randperm(pad_id + 1, generator=gen)[:distinct]
+    ids = pool[torch.randint(0, pool.numel(), (size,), generator=gen)]
+    ids[::5] = pad_id
+    ids = ids.to(device)
+    use_kernel("dedupe_count", "triton")
+    got = dedupe_sorted(ids, pad_id, slots)
+    use_kernel("dedupe_count", "reference", dedupe_compact="reference")
+    want = dedupe_sorted(ids, pad_id, slots)
+    for name, g, w in zip(("nodes", "inverse", "perm", "sorted_ids"), got, want):
+        assert torch.equal(g.long(), w.long()), name
+    assert got[2].dtype == torch.int64 and got[0].dtype == torch.int64
