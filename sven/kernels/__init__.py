@@ -54,7 +54,6 @@ AUTO_TRITON = frozenset(
     {
         "bce_loss",
         "dedupe_compact",
-        "dedupe_count",
         "gather_rows",
         "link_decoder",
         "recurrent_update",
