@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import sven
 from sven.cli import main
@@ -398,3 +399,42 @@ def test_a_corrupt_chunk_is_refused_where_a_question_reads_it(tmp_path, monkeypa
     with pytest.raises(SvenError, match="corrupt or incomplete"):
         find_checkpoint(folder)
 
+
+@pytest.mark.parametrize("model", ["jodie", "apan"])
+def test_the_time_scale_is_read_from_the_checkpoint(runs, tmp_path, monkeypatch, model):
+    """The time scale is saved with the model: answers from a checkpoint do not scan
+    the training events for it; a checkpoint saved without it (an older Sven's) has it
+    worked out from them, with the same answers."""
+    import json
+    import shutil
+
+    from sven.engine.checkpoint.format import file_digest
+    from sven.models import base
+
+    store = runs["store"]
+    ev = TemporalEvents.load(store)
+    lo, hi = ev.split_range("train")
+    want = base.time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
+    assert want != 1.0
+    scans: list[int] = []
+    real = base.time_gap_scale
+    monkeypatch.setattr(base, "time_gap_scale", lambda *a: scans.append(1) or real(*a))
+    raw = np.asarray(ev.id_map)
+    src, dst = raw[:6], raw[6:12]
+    t = np.full(6, float(ev.t[-1]) + 100.0)
+    p = Predictor(runs[model], device="cpu")
+    assert p.model.time_proj.time_scale == want and scans == []
+    scores = p.score(src, dst, t, logits=True)
+    # The same run, its best checkpoint's model without the scale.
+    run = tmp_path / "run"
+    shutil.copytree(runs[model], run)
+    folder = find_checkpoint(run)
+    state = load_file(folder / "state.pt")
+    assert state["model"].pop("time_proj.scale_bits").dtype == torch.int64
+    torch.save(state, folder / "state.pt")
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"]["state.pt"] = file_digest(folder / "state.pt")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    old = Predictor(run, device="cpu")
+    assert old.model.time_proj.time_scale == want and scans == [1]
+    np.testing.assert_array_equal(old.score(src, dst, t, logits=True), scores)
