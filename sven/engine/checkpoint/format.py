@@ -28,6 +28,7 @@ import json
 import os
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -265,6 +266,7 @@ class ChunkChecker:
         # nothing; many are hashed in parallel.
         self._buf = memoryview(bytearray(min(chunk, _READ)))
         self._file = open(path, "rb", buffering=0)  # open while the checker lives
+        self._lock = threading.Lock()  # the buffer and the flags: one reader at a time
         # The header's chunks, before any row is used.
         self.chunks(np.arange(min(max(1, num_chunks(offset, chunk)), self.checked.size)))
 
@@ -282,6 +284,10 @@ class ChunkChecker:
 
     def chunks(self, ks: np.ndarray) -> None:
         """Checks chunks ``ks`` (ascending, distinct) not checked yet."""
+        with self._lock:
+            self._check(ks)
+
+    def _check(self, ks: np.ndarray) -> None:
         todo = ks[~self.checked[ks]]
         if todo.size == 0:
             return
@@ -324,7 +330,8 @@ class ChunkChecker:
         """Chunks ``a`` to ``b`` (exclusive) hashed to ``sums`` match the sums file."""
         if b"".join(sums) == self.sums[32 * a : 32 * b]:
             return
-        k = a + next((i for i, g in enumerate(sums) if g != self.sums[32 * (a + i) :][:32]),
+        want = self.sums[32 * a : 32 * b]
+        k = a + next((i for i, g in enumerate(sums) if g != want[32 * i : 32 * (i + 1)]),
                      len(sums))  # fmt: skip
         c = self.chunk
         raise SvenError(
