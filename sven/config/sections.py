@@ -148,7 +148,7 @@ class TrainConfig:
     into its files), and the next checkpoint, or the run's end, waits for the commit.
     false: each checkpoint is on disk before training continues."""
     checkpoint_threads: int = 0
-    """Threads that write (and hash) a checkpoint's node state, each a 64 MiB chunk at a
+    """Threads that write (and hash) a checkpoint's node state, each a 64 MiB piece at a
     time (0: one per core, up to 8)."""
     resume: bool = False
     """Continue from the latest valid checkpoint under ``out``; with none there, say

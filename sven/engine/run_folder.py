@@ -56,14 +56,15 @@ RUN_FILES = frozenset(
 
 
 # One checkpoint (sven.engine.checkpoint, format 2): rank 0's state, each rank's small
-# state, the owner map, each rank's node-state files, meta.json; one being written
-# also holds each rank's done or failed mark. Format 1 (Sven 0.1): one memory shard per
-# rank and each rank's sums file.
+# state, the owner map, each rank's node-state files and their chunk sums, meta.json;
+# one being written also holds each rank's done or failed mark. Format 1 (Sven 0.1):
+# one memory shard per rank and each rank's sums file.
 _STEP: dict[str, Any] = {
     r"state\.pt": None,
     r"rank\d+\.pt": None,
     r"owner\.npy": None,
     r"nodes": {r"rank\d+": {r"\w+\.npy": None}},
+    r"sums": {r"rank\d+": {r"\w+\.sums": None}},
     r"meta\.json": None,
     r"(?:done-rank\d+\.json(?:\.part)?|failed-rank\d+)": None,
     r"memory-rank\d+\.pt": None,

@@ -442,6 +442,11 @@ class TimeProjection(nn.Linear):
     A ``Linear(1, d)`` (its parameters keep the names ``weight`` and ``bias``), with
     W ~ N(0, 1/d) and b = 0 so that it starts near the identity.
 
+    The scale is saved with the parameters (buffer ``scale_bits``: the float64's bits,
+    which a cast of the model leaves exact), so that a model loaded from a checkpoint
+    has it without the training events; a state saved without it leaves the scale
+    given here.
+
     Args:
         dim: Width d of the projected embeddings.
         time_scale: Divides dt first, so that the layer sees O(1) inputs whatever the
@@ -453,8 +458,17 @@ class TimeProjection(nn.Linear):
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
         self.time_scale = float(time_scale)
+        self.register_buffer(
+            "scale_bits", torch.tensor([self.time_scale], dtype=torch.float64).view(torch.int64)
+        )
         nn.init.normal_(self.weight, 0.0, 1.0 / dim**0.5)
         nn.init.zeros_(self.bias)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # (The dict is load_state_dict's own copy of the caller's.)
+        state_dict.setdefault(prefix + "scale_bits", self.scale_bits)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        self.time_scale = float(self.scale_bits.cpu().view(torch.float64)[0])
 
     def project(self, z: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
         """Projects (R, d) embeddings by (R,) time differences (any float dtype)."""

@@ -125,7 +125,11 @@ class Predictor:
             overrides.append(f"data.path={data}")
         self.log = log or (lambda msg: print(f"sven: {msg}", file=sys.stderr, flush=True))
         self._open = (overrides, other_store)
-        self.checkpoint, state, cfg = run_config(checkpoint, overrides, other_store=other_store)
+        # The node-state files are checked chunk by chunk as their rows are read; a
+        # replay's trainer verifies the whole checkpoint when it opens it.
+        self.checkpoint, state, cfg = run_config(
+            checkpoint, overrides, other_store=other_store, lazy=True
+        )
         #: The model, the store and the checkpoint's node-state files, with nothing of the
         #: graph's size in memory (:class:`~sven.tasks.stored.StoredRun`).
         self.run = StoredRun(self.checkpoint, state, cfg, other_store=other_store)

@@ -43,28 +43,35 @@ __all__ = [
 ]
 
 
-def read_checkpoint(path: str | Path, _depth: int = 0) -> tuple[Path, dict[str, Any]]:
+def read_checkpoint(
+    path: str | Path, _depth: int = 0, *, lazy: bool = False
+) -> tuple[Path, dict[str, Any]]:
     """The verified ``step-N`` folder a user's path stands for, and its ``state.pt``.
 
     A node-classification run with a frozen encoder stands for its encoder's checkpoint.
+    ``lazy``: its node-state chunks are left to their reader (:func:`find_checkpoint`).
 
     Raises:
         SvenError: No checkpoint there, a corrupt one, or one without a config.
     """
-    folder = find_checkpoint(path)
+    folder = find_checkpoint(path, lazy=lazy)
     state = load_file(folder / "state.pt")
     if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
         raise SvenError(f"{folder / 'state.pt'}: not a Sven checkpoint (no config in it)")
     if "model" not in state and isinstance(state.get("encoder"), str) and _depth < 2:
         # A node-classification run with a frozen encoder: the model is its encoder's.
-        return read_checkpoint(state["encoder"], _depth + 1)
+        return read_checkpoint(state["encoder"], _depth + 1, lazy=lazy)
     if "model" not in state:
         raise SvenError(f"{folder / 'state.pt'}: holds no model")
     return folder, state
 
 
 def run_config(
-    checkpoint: str | Path, overrides: list[str] | None = None, *, other_store: bool = False
+    checkpoint: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    other_store: bool = False,
+    lazy: bool = False,
 ) -> tuple[Path, dict[str, Any], Config]:
     """The checkpoint a user's path stands for, its state, and the config of a command
     that reuses it: the run's recorded config with ``overrides``, its paths absolute,
@@ -76,6 +83,8 @@ def run_config(
         overrides: Dotted overrides on the checkpoint's config (``data.path``,
             ``train.device``...).
         other_store: Accept a store other than the one the model was trained on.
+        lazy: Leave the node-state chunks to their reader (:func:`find_checkpoint`):
+            for answers from a few rows of the checkpoint's node state.
 
     Returns:
         The ``step-N`` folder, its ``state.pt`` and the config.
@@ -87,7 +96,7 @@ def run_config(
     from sven.config.paths import command_config, recorded_config
     from sven.distributed.launcher import detect_launcher
 
-    folder, state = read_checkpoint(checkpoint)
+    folder, state = read_checkpoint(checkpoint, lazy=lazy)
     # The run's paths as its run meant them, from wherever this command runs.
     cfg = recorded_config(state, folder, detect_launcher(os.environ).world_size)
     # The replay runs the model's encoder eagerly (Step.encode, never the compiled

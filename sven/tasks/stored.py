@@ -114,14 +114,19 @@ class StoredRun:
         self.note = check_same_data(state, facts, folder, other_store=other_store)
         self.edge_dim = 0 if ev.edge_feat is None else int(ev.edge_feat.shape[1])
         node_dim = 0 if ev.node_feat is None else int(ev.node_feat.shape[1])
-        lo, hi = self.ranges["train"]
-        # As the trainer builds it (JODIE's, DyRep's and APAN's time scale are the
-        # training events' statistic, not a parameter), then the saved parameters.
+        # As the trainer builds it, then the saved parameters. JODIE's, DyRep's and
+        # APAN's time scale (a statistic of the training events) is saved with them; a
+        # checkpoint without it has it worked out from the events, as the trainer does.
         torch.manual_seed(tc.seed)
-        self.model: MemoryModel = model_from_config(
-            cfg.model, edge_dim=self.edge_dim, node_dim=node_dim,
-            train_events=(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi]),
-        ).to(self.device, self.dtype)  # fmt: skip
+        model = model_from_config(cfg.model, edge_dim=self.edge_dim, node_dim=node_dim)
+        if any(k.endswith(".scale_bits") and k not in state["model"] for k in model.state_dict()):
+            lo, hi = self.ranges["train"]
+            torch.manual_seed(tc.seed)
+            model = model_from_config(
+                cfg.model, edge_dim=self.edge_dim, node_dim=node_dim,
+                train_events=(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi]),
+            )  # fmt: skip
+        self.model: MemoryModel = model.to(self.device, self.dtype)
         self.model.load_state_dict(state["model"])
         self.model.eval()
         self._files: Any = None

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import sven
 from sven.cli import main
 from sven.datasets.store import TemporalEvents, write_events
 from sven.engine.checkpoint import Checkpointer, find_checkpoint, load_file, load_node_state
 from sven.engine.checkpoint.load import NodeStateFiles
-from sven.errors import ConfigError
+from sven.errors import ConfigError, SvenError
 from sven.tasks.predict import Predictor, _query_keys, checkpoint_position
 
 MODELS = ("tgn", "jodie", "apan", "dyrep")
@@ -352,3 +353,88 @@ def test_node_features_are_read_as_the_trainer_reads_them(tmp_path, monkeypatch)
     zero = stored_mod.StoredRun.node_rows
     monkeypatch.setattr(stored_mod.StoredRun, "node_rows", lambda self, n: zero(self, n) * 0)
     assert not np.array_equal(stored.score(src, dst, t, logits=True), want)
+
+
+def test_a_corrupt_chunk_is_refused_where_a_question_reads_it(tmp_path, monkeypatch, capsys):
+    """``sven predict`` reads and checks the chunks of the node state its rows lie in
+    (chunks of 256 bytes here: 8 rows of JODIE's memory); a corrupt byte elsewhere is
+    not read, one in a row it reads is refused with one line."""
+    import pandas as pd
+
+    from sven.engine.checkpoint import format as fmt
+
+    monkeypatch.setattr(fmt, "CHUNK", 256)
+    store = _stream(tmp_path / "tiny")
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "jodie")).fit()
+    ev = TemporalEvents.load(store)
+    raw = np.asarray(ev.id_map)
+    pairs = tmp_path / "pairs.csv"
+    t = float(ev.t[-1]) + 100.0
+    pd.DataFrame({"src": raw[[0]], "dst": raw[[1]], "t": [t]}).to_csv(pairs, index=False)
+    base = ["predict", "--checkpoint", str(run), "--pairs", str(pairs), "--device", "cpu"]
+    assert main([*base, "--out", str(tmp_path / "a.csv")]) == 0
+    capsys.readouterr()
+    folder = find_checkpoint(run)
+    mem = folder / "nodes/rank0/memory.npy"
+    arr = np.load(mem, mmap_mode="r")
+    assert arr.shape == (24, 8) and arr.offset == 128  # rows 20..23: the 4th chunk
+
+    def flip(row: int) -> None:
+        raw_bytes = bytearray(mem.read_bytes())
+        raw_bytes[128 + 32 * row + 3] ^= 0x55
+        mem.write_bytes(bytes(raw_bytes))
+
+    flip(22)
+    assert main([*base, "--out", str(tmp_path / "b.csv")]) == 0
+    a, b = pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")
+    assert a.equals(b)
+    capsys.readouterr()
+    flip(1)
+    assert main([*base, "--out", str(tmp_path / "c.csv")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{mem}: corrupt checkpoint: bytes 0 to 256 " in err[0], err
+    assert not (tmp_path / "c.csv").exists()
+    # Evaluation and resume read every row: they refuse the checkpoint as a whole.
+    with pytest.raises(SvenError, match="corrupt or incomplete"):
+        find_checkpoint(folder)
+
+
+@pytest.mark.parametrize("model", ["jodie", "apan"])
+def test_the_time_scale_is_read_from_the_checkpoint(runs, tmp_path, monkeypatch, model):
+    """The time scale is saved with the model: answers from a checkpoint do not scan
+    the training events for it; a checkpoint saved without it (an older Sven's) has it
+    worked out from them, with the same answers."""
+    import json
+    import shutil
+
+    from sven.engine.checkpoint.format import file_digest
+    from sven.models import base
+
+    store = runs["store"]
+    ev = TemporalEvents.load(store)
+    lo, hi = ev.split_range("train")
+    want = base.time_gap_scale(ev.src[lo:hi], ev.dst[lo:hi], ev.t[lo:hi])
+    assert want != 1.0
+    scans: list[int] = []
+    real = base.time_gap_scale
+    monkeypatch.setattr(base, "time_gap_scale", lambda *a: scans.append(1) or real(*a))
+    raw = np.asarray(ev.id_map)
+    src, dst = raw[:6], raw[6:12]
+    t = np.full(6, float(ev.t[-1]) + 100.0)
+    p = Predictor(runs[model], device="cpu")
+    assert p.model.time_proj.time_scale == want and scans == []
+    scores = p.score(src, dst, t, logits=True)
+    # The same run, its best checkpoint's model without the scale.
+    run = tmp_path / "run"
+    shutil.copytree(runs[model], run)
+    folder = find_checkpoint(run)
+    state = load_file(folder / "state.pt")
+    assert state["model"].pop("time_proj.scale_bits").dtype == torch.int64
+    torch.save(state, folder / "state.pt")
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"]["state.pt"] = file_digest(folder / "state.pt")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    old = Predictor(run, device="cpu")
+    assert old.model.time_proj.time_scale == want and scans == [1]
+    np.testing.assert_array_equal(old.score(src, dst, t, logits=True), scores)

@@ -370,3 +370,21 @@ def test_time_encoding_at_zero_is_forward_of_zeros() -> None:
         enc.weight.mul_(-3.0)
     assert torch.equal(enc.at_zero(5), enc(torch.zeros(5)))
     assert enc.at_zero(0).shape == (0, 16)
+
+
+def test_the_time_scale_is_saved_exactly_with_the_parameters() -> None:
+    """Kept as a float64's bits: a float32 model saves and loads it to the last bit; a
+    state saved without it (an older checkpoint's) leaves the one the model was built
+    with."""
+    from sven.models.base import TimeProjection
+
+    scale = 1 / 3 * 1e7  # not a float32
+    proj = TimeProjection(4, scale).to(torch.float32)
+    sd = proj.state_dict()
+    assert sd["scale_bits"].dtype == torch.int64
+    other = TimeProjection(4, 1.0)
+    other.load_state_dict(sd)
+    assert other.time_scale == scale and float(np.float32(scale)) != scale
+    older = TimeProjection(4, 2.5)
+    older.load_state_dict({k: v for k, v in sd.items() if k != "scale_bits"})
+    assert older.time_scale == 2.5 and torch.equal(older.weight, proj.weight)

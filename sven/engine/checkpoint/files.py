@@ -1,17 +1,18 @@
 """Writing the files of a checkpoint: ``.npy`` files in parallel chunks, small files.
 
 A node-state field is written as one ``.npy`` file created at its full size; a pool of
-threads then writes it in :data:`~sven.engine.checkpoint.format.CHUNK`-byte chunks, each
-``os.pwrite`` at its offset straight from the tensor's memory (CPU, pinned, or a memory
+threads then writes it in pieces of :func:`~sven.engine.checkpoint.format.work_size`
+bytes, each ``os.pwrite`` at its offset straight from the tensor's memory (CPU, pinned, or a memory
 map), or, for a CUDA tensor, through a pinned buffer of a few megabytes per thread on a
-side stream: never a full second copy in host memory. Each thread hashes what it writes
-(hashlib releases the GIL on large buffers), so nothing is read back to be hashed.
+side stream: never a full second copy in host memory. Each thread hashes what it writes,
+chunk by chunk (hashlib releases the GIL on large buffers), so nothing is read back to be
+hashed; a node-state file's chunk sums are written with it
+(:mod:`~sven.engine.checkpoint.format`).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -24,12 +25,15 @@ import torch
 from sven.engine.capture import CUDA_SIDE_WORK
 from sven.engine.checkpoint import format as fmt
 from sven.engine.checkpoint.format import (
+    NODE_DIR,
+    ChunkHasher,
     bytes_digest,
     combine,
     default_threads,
     npy_header,
-    num_chunks,
     numpy_dtype,
+    sums_rel,
+    work_size,
 )
 
 __all__ = [
@@ -98,6 +102,7 @@ class Npy:
     src: torch.Tensor  # (bytes,) uint8 view of a contiguous tensor
     size: int
     fd: int
+    folder: Path
     deferred: bool = False  # written by the commit thread (from a device snapshot)
 
 
@@ -120,7 +125,7 @@ def create_npy(folder: Path, rel: str, t: torch.Tensor) -> Npy:
     except OSError as exc:
         os.close(fd)
         raise _named(exc, rel) from exc
-    return Npy(rel, header, flat, size, fd)
+    return Npy(rel, header, flat, size, fd, folder)
 
 
 def _bounce(device: torch.device) -> tuple[torch.Tensor, Any]:
@@ -136,28 +141,29 @@ def _bounce(device: torch.device) -> tuple[torch.Tensor, Any]:
     return got
 
 
-def _write_chunk(f: Npy, k: int, ready: Any) -> bytes:
-    """Writes chunk ``k`` of ``f`` and returns its raw sha256 (runs on a pool thread)."""
+def _write_piece(f: Npy, a: int, ready: Any) -> list[bytes]:
+    """Writes bytes ``[a, a + work_size())`` of ``f`` and returns the raw sha256 of each
+    of their chunks (runs on a pool thread)."""
     try:
-        return _write_chunk_of(f, k, ready)
+        return _write_piece_of(f, a, ready)
     except OSError as exc:
         raise _named(exc, f.rel) from exc
 
 
-def _write_chunk_of(f: Npy, k: int, ready: Any) -> bytes:
-    a, b = k * fmt.CHUNK, min((k + 1) * fmt.CHUNK, f.size)
-    h = hashlib.sha256()
+def _write_piece_of(f: Npy, a: int, ready: Any) -> list[bytes]:
+    b = min(a + work_size(), f.size)
+    h = ChunkHasher(fmt.CHUNK)
     hl = len(f.header)
     if a < hl:
         h.update(f.header[a : min(b, hl)])
     lo, hi = max(a, hl) - hl, b - hl
     if lo >= hi:
-        return h.digest()
+        return h.finish()
     if not f.src.is_cuda:
         part = f.src[lo:hi].numpy()
         _pwrite_all(f.fd, part, hl + lo)
         h.update(part)
-        return h.digest()
+        return h.finish()
     with CUDA_SIDE_WORK:
         buf, stream = _bounce(f.src.device)
     for pos in range(lo, hi, _BOUNCE):
@@ -172,16 +178,22 @@ def _write_chunk_of(f: Npy, k: int, ready: Any) -> bytes:
         part = buf[:n].numpy()
         _pwrite_all(f.fd, part, hl + pos)
         h.update(part)
-    return h.digest()
+    return h.finish()
 
 
 def write_npys(pool: WriterPool, files: list[Npy], ready: Any) -> dict[str, str]:
-    """Writes ``files`` chunk by chunk on the pool; returns their digests."""
-    tasks = [(f, k) for f in files for k in range(num_chunks(f.size))]
-    digests = pool.map(lambda fk: _write_chunk(fk[0], fk[1], ready), tasks)
+    """Writes ``files`` piece by piece on the pool, and the chunk sums of the node-state
+    ones next to them; returns their digests."""
+    tasks = [(f, a) for f in files for a in range(0, f.size, work_size())]
+    digests = pool.map(lambda fa: _write_piece(fa[0], fa[1], ready), tasks)
     per: dict[str, list[bytes]] = {f.rel: [] for f in files}
     for (f, _), d in zip(tasks, digests):
-        per[f.rel].append(d)
+        per[f.rel].extend(d)
+    for f in files:
+        if f.rel.startswith(f"{NODE_DIR}/"):
+            sums = f.folder / sums_rel(f.rel)
+            sums.parent.mkdir(parents=True, exist_ok=True)
+            write_file(sums, b"".join(per[f.rel]))
     return {rel: combine(ds) for rel, ds in per.items()}
 
 

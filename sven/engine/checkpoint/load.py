@@ -23,9 +23,12 @@ import torch
 from sven.engine.checkpoint.format import (
     NODE_DIR,
     OWNER,
+    ChunkChecker,
+    chunk_of,
     load_file,
     open_npy,
     read_meta,
+    read_sums,
     verify_folder,
 )
 from sven.engine.checkpoint.writer import Checkpointer
@@ -37,13 +40,17 @@ _WINDOW = 1 << 20
 _COPY_BYTES = 32 << 20
 
 
-def find_checkpoint(path: str | Path) -> Path:
+def find_checkpoint(path: str | Path, lazy: bool = False) -> Path:
     """The verified ``step-N`` folder that a path given by the user stands for.
 
     Args:
         path: A run folder (its best model; else its latest checkpoint), a folder of
             ``step-N`` folders (the latest valid one), a ``step-N`` folder, or its
             ``state.pt``.
+        lazy: Leave the node-state files that keep chunk sums to their reader, which
+            checks the chunks it reads (:class:`NodeStateFiles`); every other file is
+            hashed whole. For a caller that reads a few rows; resuming or replaying
+            reads every byte and verifies every byte first.
 
     Raises:
         SvenError: Nothing there is a checkpoint, or the one named is corrupt.
@@ -58,13 +65,13 @@ def find_checkpoint(path: str | Path) -> Path:
     if not p.is_dir():
         raise SvenError(f"no checkpoint at {path}")
     if (p / "state.pt").is_file():
-        if not verify_folder(p):
+        if not verify_folder(p, lazy=lazy):
             raise SvenError(f"{p}: corrupt or incomplete checkpoint (its checksums do not match)")
         return p
     for root in (p / "best", p / "checkpoints", p):
         ck = Checkpointer(root)
         if ck.steps():
-            step = ck.latest(quiet=True)
+            step = ck.latest(quiet=True, lazy=lazy)
             if step is None:
                 bad = ", ".join(ck.path(s).name for s in ck.steps())
                 raise SvenError(
@@ -175,8 +182,16 @@ class NodeStateFiles:
     (:func:`load_node_state` with ``files``): the ``.npy`` memory maps of every rank
     and the owner map's per-window counts are not set up again for each read.
 
+    Each file that keeps chunk sums matching ``meta.json`` has a :class:`ChunkChecker`:
+    the chunks that the rows read lie in are checked before the rows are used, each
+    once; the other files are those that :func:`find_checkpoint` (``lazy`` or not)
+    hashed whole.
+
     Args:
-        folder: A ``step-N`` folder (format 1 or 2).
+        folder: A ``step-N`` folder (format 1 or 2), found by :func:`find_checkpoint`.
+
+    Attributes:
+        checkers: Per rank, field -> :class:`ChunkChecker` of the files checked on read.
     """
 
     def __init__(self, folder: str | Path) -> None:
@@ -185,6 +200,19 @@ class NodeStateFiles:
         names = list(self.source.fields)
         self.arrays = [self.source.rank(r, names) for r in range(self.source.world_size)]
         self.locate = _Locator(self.source.owner, self.source.world_size, self.source.num_nodes)
+        self.checkers: list[dict[str, ChunkChecker]] = [{} for _ in self.arrays]
+        if self.source.format < 2:
+            return
+        meta = read_meta(self.folder)
+        for r, arrays in enumerate(self.arrays):
+            for k, a in arrays.items():
+                rel = f"{NODE_DIR}/rank{r}/{k}.npy"
+                sums = read_sums(self.folder, meta, rel)
+                if sums is not None:
+                    row = a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+                    self.checkers[r][k] = ChunkChecker(
+                        self.folder / rel, sums, chunk_of(meta), int(a.offset), row
+                    )
 
 
 def open_field(folder: Path, meta: dict[str, Any], rank: int, name: str) -> np.ndarray:
@@ -293,8 +321,9 @@ def load_node_state(
     if files is None:
         arrays = [src.rank(r, list(dest)) for r in range(src.world_size)]
         locate = _Locator(src.owner, src.world_size, src.num_nodes)
+        checkers: list[dict[str, ChunkChecker]] = [{} for _ in arrays]
     else:
-        arrays, locate = files.arrays, files.locate
+        arrays, locate, checkers = files.arrays, files.locate, files.checkers
     # Block by block of the requested vertices, in ascending id order: host memory is
     # a block's indices and a window of the owner map, not N.
     for s in range(0, rows.numel(), _WINDOW):
@@ -311,7 +340,7 @@ def load_node_state(
         owner, pos = locate(ids)
         for r in np.unique(owner):
             m = owner == r
-            _copy(dest, arrays[int(r)], pos[m], at[m])
+            _copy(dest, arrays[int(r)], pos[m], at[m], checkers[int(r)])
     return dest
 
 
@@ -377,10 +406,14 @@ def _copy(
     src: dict[str, np.ndarray],
     src_rows: np.ndarray,
     dest_rows: np.ndarray,
+    checkers: dict[str, ChunkChecker],
 ) -> None:
-    """``dest[k][dest_rows] = src[k][src_rows]`` for every field, in bounded pieces."""
+    """``dest[k][dest_rows] = src[k][src_rows]`` for every field, in bounded pieces,
+    each field's chunks checked first where it has a checker."""
     for k, t in dest.items():
         a = src[k]
+        if k in checkers:
+            checkers[k].rows(src_rows)
         row_bytes = max(1, a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)))
         step = max(1, _COPY_BYTES // row_bytes)
         for s in range(0, src_rows.size, step):

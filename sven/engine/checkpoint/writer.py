@@ -4,7 +4,7 @@ background while training goes on.
 Layout (format 2) under a root folder (``<out>/checkpoints`` or ``<out>/best``)::
 
     step-000000420/
-        meta.json       {"format": 2, "step": 420, "world_size": P,
+        meta.json       {"format": 2, "step": 420, "world_size": P, "chunk": 65536,
                          "files": {relative path: digest},
                          "node_state": {"fields": {name: {"dtype": "float32",
                                                           "row_shape": [100]}},
@@ -19,14 +19,17 @@ Layout (format 2) under a root folder (``<out>/checkpoints`` or ``<out>/best``):
         nodes/rank0/memory.npy, last_update.npy, mail.npy, mail_ts.npy, mail_valid.npy
                         rank r's rows of each node-state field, (N_r, *row_shape), in
                         shard order: the vertices with owner == r by ascending id
+        sums/rank0/memory.sums, ...
+                        each node-state file's chunk sums (its digest, chunk by chunk)
         nodes/rank1/...
 
 ``node_state`` is null in a checkpoint without node state (a node classifier's). The
 ``.pt`` files are read with ``torch.load(weights_only=True)`` and the ``.npy`` files with
 ``np.load(mmap_mode="r", allow_pickle=False)``: a checkpoint holds only tensors, arrays
 and plain values, so loading one never runs code from it, whoever wrote it. The digests
-are sha256 of 64 MiB chunks (:mod:`~sven.engine.checkpoint.format`). ``best/``'s
-``nodes/`` and ``owner.npy`` are hard links of the files of the latest checkpoint taken
+are sha256 of ``chunk``-byte chunks (:mod:`~sven.engine.checkpoint.format`; 64 MiB in
+folders that record no ``chunk``, which keep no ``sums/``). ``best/``'s
+``nodes/``, ``sums/`` and ``owner.npy`` are hard links of the files of the latest checkpoint taken
 at the same point (the node state is on disk once); a file system that refuses links
 gets copies, with one warning.
 
@@ -40,7 +43,7 @@ How a checkpoint is written (:meth:`Checkpointer.save`, called by every rank):
 1. Snapshot, the only part the caller waits for: the small states are serialised to
    bytes; the node-state tensors are either copied on their device (CUDA, when the
    caller says there is room: ``device_snapshot``) or written now into their ``.npy``
-   files by a pool of threads, each ``os.pwrite``-ing 64 MiB chunks at their offsets
+   files by a pool of threads, each ``os.pwrite``-ing 64 MiB pieces at their offsets
    and hashing what it writes (CUDA sources go through a small pinned buffer per
    thread): never a second full copy in host memory, nothing read back to be hashed.
 2. Commit, in a background thread (``asynchronous``) or before ``save`` returns: the
@@ -73,6 +76,7 @@ from typing import Any
 import torch
 
 from sven.engine.capture import CUDA_SIDE_WORK
+from sven.engine.checkpoint import format as fmt
 from sven.engine.checkpoint.files import (
     Npy,
     WriterPool,
@@ -88,11 +92,16 @@ from sven.engine.checkpoint.format import (
     NODE_DIR,
     OWNER,
     PREFIX,
+    SUMS_DIR,
+    combine,
+    file_sums,
     fsync_dir,
+    keeps_sums,
     load_file,
     numpy_dtype,
     read_meta,
     serialise,
+    sums_rel,
     verify_folder,
     warn,
 )
@@ -436,6 +445,7 @@ class Checkpointer:
             "format": FORMAT,
             "step": job.step,
             "world_size": job.world_size,
+            "chunk": fmt.CHUNK,
             "files": files,
             "node_state": node_state,
             "created": time.time(),
@@ -462,24 +472,40 @@ class Checkpointer:
         else:
             folder, meta = Path(src), read_meta(src)
         out = {}
+        # A folder of another digest chunk (an older Sven's) is hashed again in this one's.
+        same = meta.get("format", 1) >= 2 and meta.get("chunk") == fmt.CHUNK
         for rel, digest in meta["files"].items():
             if not (rel == OWNER or rel.startswith(f"{NODE_DIR}/")):
                 continue
             (job.tmp / rel).parent.mkdir(exist_ok=True)
-            try:
-                os.link(folder / rel, job.tmp / rel)
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                    raise
-                if not _warned_copy:
-                    _warned_copy.append(self.root)
-                    warn(
-                        f"{self.root}: the file system refuses hard links ({why(exc)}); "
-                        "the best model's node state is copied, not linked"
-                    )
-                shutil.copyfile(folder / rel, job.tmp / rel)
-            out[rel] = digest
+            self._link_file(folder / rel, job.tmp / rel)
+            if same:
+                if keeps_sums(meta, rel):
+                    (job.tmp / sums_rel(rel)).parent.mkdir(parents=True, exist_ok=True)
+                    self._link_file(folder / sums_rel(rel), job.tmp / sums_rel(rel))
+                out[rel] = digest
+                continue
+            sums = file_sums([job.tmp / rel], self.pool.threads)[0]
+            if rel.startswith(f"{NODE_DIR}/"):
+                (job.tmp / sums_rel(rel)).parent.mkdir(parents=True, exist_ok=True)
+                write_file(job.tmp / sums_rel(rel), b"".join(sums))
+            out[rel] = combine(sums)
         return out, meta.get("node_state")
+
+    def _link_file(self, src: Path, dst: Path) -> None:
+        """Hard-links ``src`` as ``dst``, or copies it where the file system refuses."""
+        try:
+            os.link(src, dst)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            if not _warned_copy:
+                _warned_copy.append(self.root)
+                warn(
+                    f"{self.root}: the file system refuses hard links ({why(exc)}); "
+                    "the best model's node state is copied, not linked"
+                )
+            shutil.copyfile(src, dst)
 
     def _clean_failed(self, job: _Job) -> None:
         """Removes every trace of a failed checkpoint and words its error."""
@@ -495,7 +521,8 @@ class Checkpointer:
                     pass
             shutil.rmtree(job.tmp, ignore_errors=True)
         else:
-            shutil.rmtree(job.tmp / NODE_DIR / f"rank{job.rank}", ignore_errors=True)
+            for part in (NODE_DIR, SUMS_DIR):
+                shutil.rmtree(job.tmp / part / f"rank{job.rank}", ignore_errors=True)
             for f in job.tmp.glob(f"rank{job.rank}.pt"):
                 f.unlink(missing_ok=True)
             self._failed_file(job, why(exc))
@@ -565,24 +592,26 @@ class Checkpointer:
         """The ``meta.json`` of a checkpoint."""
         return read_meta(self.path(step))
 
-    def verify(self, step: int) -> bool:
-        """Whether the checkpoint at ``step`` is complete and matches its checksums."""
-        return verify_folder(self.path(step), self.pool.threads)
+    def verify(self, step: int, lazy: bool = False) -> bool:
+        """Whether the checkpoint at ``step`` is complete and matches its checksums
+        (``lazy``: :func:`~sven.engine.checkpoint.format.verify_folder`'s)."""
+        return verify_folder(self.path(step), self.pool.threads, lazy)
 
     def load(self, step: int, name: str = "state", map_location: str | torch.device = "cpu") -> Any:
         """Loads one ``.pt`` file of a checkpoint (verification is :meth:`latest`'s job)."""
         return load_file(self.path(step) / f"{name}.pt", map_location)
 
-    def latest(self, quiet: bool = False) -> int | None:
+    def latest(self, quiet: bool = False, lazy: bool = False) -> int | None:
         """The newest checkpoint that verifies, skipping broken ones.
 
         Args:
             quiet: Say nothing; otherwise a ``sven: warning:`` line names the broken
                 ones skipped, and what is used instead (an older one, or none).
+            lazy: Leave the node-state chunks to their reader (:meth:`verify`).
         """
         bad = []
         for step in reversed(self.steps()):
-            if self.verify(step):
+            if self.verify(step, lazy):
                 if bad and not quiet:
                     warn(
                         f"checkpoint {', '.join(bad)} is corrupt or incomplete; using the "
