@@ -81,8 +81,9 @@ print(json.dumps(None if age is None else {{
     "import_torch_s": round(age - (now - t1), 4), "floor_s": round(age - (now - t2), 4)}}))
 """
 #: The phases a run's summary.json reports, in the order they run.
-PHASES = ("imports", "init", "cuda_init", "store_open", "checksums", "to_device", "model",
-          "tables", "optimizer", "first_step", "other")  # fmt: skip
+PHASES = ("imports", "init", "cuda_init", "store_open", "plan", "checksums", "to_device",
+          "model", "tables", "optimizer", "preload", "run_start", "epoch_start",
+          "first_batches", "first_step", "other")  # fmt: skip
 
 
 def run_facts(out: Path) -> dict[str, Any]:
