@@ -32,6 +32,7 @@ from tqdm import tqdm
 from sven.config import Config
 from sven.config.load import as_config
 from sven.distributed.grads import GradBucket, Gradients, LocalGrads
+from sven.engine import gcpause
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
@@ -583,6 +584,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.startup.add("first_step", time.perf_counter() - t_step)
         self.startup.finish()
+        # The collector back on (where the command line paused it), past start-up's objects.
+        gcpause.resume()
         if self.rank == 0 and not self.cfg.quiet:
             bar.write(self.startup.line(), file=sys.stderr)
 

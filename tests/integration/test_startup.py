@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from sven.cli import main
 from tests.integration.test_safety import _train
@@ -80,9 +82,17 @@ def test_train_imports_only_what_it_needs_and_reports_its_start_up(store, tmp_pa
     assert line["val_events_per_s"] > 0 and line["events_per_s"] > 0
 
 
-def _python(code: str) -> list:
+def _needs_triton() -> None:
+    # Looked up, not imported: triton's bindings complain of leaks at this process's exit.
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("needs triton")
+
+
+def _python(code: str, timeout: float = 120) -> list:
     """The last line ``code`` prints (JSON), run in a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -101,7 +111,7 @@ def test_triton_is_preloaded_for_cuda_runs_only() -> None:
 
 
 def test_a_preload_imports_in_its_thread_in_order_then_calls_then() -> None:
-    pytest.importorskip("triton")
+    _needs_triton()
     code = (
         "import json, sys, threading\n"
         "from sven.engine.startup import TRITON_MODULES, Preload\n"
@@ -132,6 +142,66 @@ def test_a_preload_keeps_its_error_and_stops_there() -> None:
         "print(json.dumps([type(p.error).__name__, 'sven.cli.plot' in sys.modules, calls]))\n"
     )
     assert _python(code) == ["ModuleNotFoundError", False, []]
+
+
+def test_the_cli_pauses_the_collector_to_the_first_step_then_freezes_start_up(
+    store, tmp_path
+) -> None:
+    argv = _train(store, tmp_path / "run")
+    missing = [argv[0], f"data.path={tmp_path / 'none'}", *argv[2:]]
+    code = (
+        "import gc, json\n"
+        "import sven.engine.trainer as tr\n"
+        "from sven.cli import main\n"
+        "seen = []\n"
+        "orig = tr.Trainer.first_step_done\n"
+        "def done(self, t, bar):\n"
+        "    seen.append(gc.isenabled())\n"
+        "    orig(self, t, bar)\n"
+        "    seen.append([gc.isenabled(), gc.get_freeze_count() > 0])\n"
+        "tr.Trainer.first_step_done = done\n"
+        f"rc = main({argv!r})\n"
+        "after_run = gc.isenabled()\n"
+        # A run that fails before its first step gives the collector back too.
+        f"bad = main({missing!r})\n"
+        "print(json.dumps([rc, seen, after_run, bad != 0, gc.isenabled()]))\n"
+    )
+    rc, seen, after_run, failed, after_failure = _python(code, timeout=300)
+    assert rc == 0
+    assert seen == [False, [True, True]]
+    assert after_run and failed and after_failure
+
+
+def test_a_library_run_leaves_the_collector_alone(store, tmp_path) -> None:
+    import gc
+
+    import sven
+    from sven.engine import gcpause
+
+    tr = sven.Trainer(None, _train(store, tmp_path / "run")[1:])
+    tr.fit()
+    assert gc.isenabled() and not gcpause.paused()
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_preloads_triton_and_says_how_long_it_waited(store, tmp_path) -> None:
+    _needs_triton()
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    out = tmp_path / "run"
+    argv = [a.replace("train.device=cpu", "train.device=cuda") for a in _train(store, out)]
+    code = (
+        "import json, sys\n"
+        "from sven.cli import main\n"
+        "from sven.engine.startup import TRITON_MODULES\n"
+        f"rc = main({argv!r})\n"
+        "print(json.dumps([rc, all(m in sys.modules for m in TRITON_MODULES)]))\n"
+    )
+    # A cold Triton cache compiles every kernel of the run.
+    assert _python(code, timeout=600) == [0, True]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["startup_preload_s"] >= 0
 
 
 def test_a_same_size_rewrite_keeping_mtime_and_inode_is_refused_next_run(
