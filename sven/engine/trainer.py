@@ -33,6 +33,7 @@ from sven.config import Config
 from sven.config.load import as_config
 from sven.distributed.grads import GradBucket, Gradients, LocalGrads
 from sven.engine import gcpause
+from sven.engine import step as step_module
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
@@ -164,7 +165,7 @@ class Trainer:
         t_opt = time.perf_counter()
         # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
         # unless the run compiles anyway.
-        compiles = cfg.train.compile and self.device.type == "cuda"
+        compiles = cfg.train.compile and self.device.type in step_module.COMPILE_DEVICES
         self.optimizer = Optimizer(
             self.model.parameters(), cfg.train.lr, self.device, lean=not compiles
         )
