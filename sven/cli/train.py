@@ -95,6 +95,17 @@ def slow_start_notice(quiet: bool, after_s: float = SLOW_START_S) -> Iterator[th
 
 
 def _train(args: argparse.Namespace) -> int:
+    from sven.engine import gcpause
+
+    # The collector off over the imports and the build, to the first step (gcpause).
+    gcpause.pause()
+    try:
+        return _train_paused(args)
+    finally:
+        gcpause.resume()
+
+
+def _train_paused(args: argparse.Namespace) -> int:
     from sven.config import load_config
     from sven.config.paths import command_config
 

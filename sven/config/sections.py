@@ -179,11 +179,14 @@ class TrainConfig:
     if capture fails), on (fail if it cannot), off (eager). Ignored on CPU and on
     several ranks."""
     compile: bool = False
-    """On CUDA, compile the model with ``torch.compile(model, dynamic=False)`` (Inductor
-    fuses its element-wise work, forward and backward) inside the captured step. The
-    first steps of each graph pay the compilation (tens of seconds; Inductor caches it on
-    disk for later runs), so it pays on long runs. Ignored, with a notice, on CPU, where
-    the exact-size eager step runs."""
+    """On CUDA, compile the model for training with ``torch.compile(model,
+    dynamic=False)`` (Inductor fuses its element-wise work, forward and backward) inside
+    the captured step; evaluation runs the model uncompiled, in its own captured step.
+    The first training step pays the compilation, once per machine: Inductor keeps it in
+    a folder per torch version and GPU model under ``~/.cache/sven/compile`` (unless
+    ``TORCHINDUCTOR_CACHE_DIR`` names another), which later and resumed runs load. A
+    compiler error falls back to the uncompiled step with one warning. Ignored, with a
+    notice, on CPU, where the exact-size eager step runs."""
     matmul_precision: str = "high"
     """float32 matrix products on CUDA, cuBLAS's and Sven's Triton kernels' alike:
     ``high`` (the default: TF32 tensor cores, products of 10-bit-mantissa operands

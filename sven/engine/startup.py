@@ -10,14 +10,24 @@ the seconds before the first step go (``summary.json``'s ``startup_s`` and
 - ``cuda_init``: CUDA's own initialisation (context creation on the device), apart so
   that Sven's part can be read without it;
 - ``store_open``: ``meta.json``, headers and the value checks of the event store;
+- ``plan``: where the run's tensors go and whether they fit (:mod:`sven.engine.plan`);
 - ``checksums``: the store's sha256 over every byte
   (:func:`sven.datasets.checksums.verify_checksums`);
 - ``to_device``: the event columns copied to the run's device;
 - ``model``, ``tables``: the model, the T-CSR sampler and the step's event tables;
 - ``optimizer``: Adam's construction, where ``torch.optim`` imports ``torch._dynamo``;
+- ``run_start``: the run folder claimed and made, ``config.json``, a resume's checks;
+- ``epoch_start``: the node state's reset and the exchange's capacities (on several
+  ranks a replay of the epoch's batch building);
+- ``first_batches``: the prefetch ring's first batches built (on CUDA the first calls
+  of the selection's Triton kernels: hashes, sampler, de-duplication);
+- ``preload``: the wait, at the end of the trainer's construction, for Triton's
+  imports in a thread (:func:`preload_triton`; CUDA only): what the overlap with CUDA's
+  start and the store's loading did not hide;
 - ``first_step``: the first training step: on CUDA its warm-up runs (cuBLAS, Triton
   kernels compiled or loaded from the on-disk cache), the graph capture and the first
-  replay, waited for.
+  replay, waited for;
+- ``other``: the rest (logging, the progress bar, small bookkeeping).
 
 What a run imports is kept to what it needs: pandas, pyarrow, torch_geometric,
 matplotlib and (on CPU) triton are not imported by ``sven train``, nor the other
@@ -34,19 +44,25 @@ its flags (:func:`set_deterministic`).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 __all__ = [
+    "TRITON_MODULES",
+    "Preload",
     "StartupClock",
     "lean_adam",
+    "preload_triton",
     "process_age_s",
     "set_deterministic",
     "triton_cache_dir",
@@ -127,6 +143,88 @@ def triton_cache_dir() -> str:
     return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
 
 
+#: Sven's Triton kernels (:mod:`sven.kernels`), each module imported at its first call on
+#: CUDA: the selection's (hashes, sampler, de-duplication) in the first batches, the
+#: model's in the first step.
+TRITON_MODULES = (
+    "sven.kernels.triton_hash",
+    "sven.kernels.triton_sampler",
+    "sven.kernels.triton_dedupe",
+    "sven.kernels.triton_rnn",
+    "sven.kernels.triton_attention",
+    "sven.kernels.triton_decoder",
+)
+
+
+class Preload:
+    """Imports ``modules``, then calls ``then``, in a daemon thread while the caller
+    works on; :meth:`join` waits for it.
+
+    Python's import locks keep this safe: a module the caller imports meanwhile is
+    either loaded already or waited for. The thread only overlaps work that releases the
+    GIL (CUDA's start, the checksums, the copies to the device); a failure is kept in
+    :attr:`error`, not raised, since the caller's own import or call at the module's
+    first use raises it where it belongs.
+
+    Args:
+        modules: Names of the modules to import, in order.
+        then: Called once they are imported (None: nothing).
+    """
+
+    def __init__(self, modules: Sequence[str], then: Callable[[], Any] | None = None) -> None:
+        self.error: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(tuple(modules), then), name="sven-preload", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, modules: tuple[str, ...], then: Callable[[], Any] | None) -> None:
+        try:
+            for name in modules:
+                importlib.import_module(name)
+            if then is not None:
+                then()
+        except Exception as exc:  # kept for the caller (see the class)
+            self.error = exc
+
+    def join(self) -> float:
+        """Waits for the thread; returns the seconds waited."""
+        t = time.perf_counter()
+        self._thread.join()
+        return time.perf_counter() - t
+
+
+def _triton_driver() -> None:
+    """Triton's driver made active: its launcher utilities built or loaded from the
+    on-disk cache and the CUDA library located (no CUDA context is touched)."""
+    import triton
+
+    _ = triton.runtime.driver.active
+
+
+def preload_triton(device: str | torch.device) -> Preload | None:
+    """On a CUDA run whose kernels may take Triton: ``import triton``, Sven's Triton
+    modules (:data:`TRITON_MODULES`) and Triton's driver, in a :class:`Preload` thread
+    that overlaps CUDA's start and the store's loading (each module is otherwise
+    imported inside the first batches or the first step). None where nothing is
+    preloaded: CPU, no triton installed, ``SVEN_KERNELS=reference``.
+
+    Args:
+        device: The run's ``train.device`` (``auto`` counts as CUDA where there is one).
+    """
+    name = str(device)
+    cuda = name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
+    mode = os.environ.get("SVEN_KERNELS", "").strip().lower()
+    if not cuda or mode.startswith("reference"):
+        return None
+    try:
+        if importlib.util.find_spec("triton") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    return Preload(("triton", *TRITON_MODULES), then=_triton_driver)
+
+
 class StartupClock:
     """Wall time of each start-up phase (seconds), in the order they ran.
 
@@ -172,8 +270,8 @@ class StartupClock:
 
     def summary(self) -> dict[str, float]:
         """``startup_s`` (process start to the end of the first step), each measured
-        phase as ``startup_<phase>_s`` (``startup_other_s`` is the rest: folders,
-        config, logging) and ``startup_s_without_cuda_init``; flat, for summary.json."""
+        phase as ``startup_<phase>_s`` (``startup_other_s`` is the rest: logging, the
+        progress bar) and ``startup_s_without_cuda_init``; flat, for summary.json."""
         total = self.elapsed()
         out = {"startup_s": round(total, 4)}
         for k, v in self.parts.items():

@@ -107,17 +107,27 @@ class StepStatus:
         return round(vals[0]), int(vals[1]), int(vals[2])
 
 
+#: Devices where ``train.compile`` compiles (tests add the CPU, with a cheap backend).
+COMPILE_DEVICES = ("cuda",)
+#: Torch's compiler backend for ``train.compile`` (tests swap it).
+COMPILE_BACKEND: Any = "inductor"
+
+
 def _compiled(
     model: MemoryModel, compiles: bool, dev: torch.device, log: Callable[[str], None]
 ) -> Any:
-    """The model the step calls: ``torch.compile``'d on CUDA where ``train.compile``."""
-    if compiles and dev.type == "cuda":
+    """The model the training step calls: compiled on CUDA where ``train.compile``
+    (:mod:`sven.engine.compiled`: once per machine, with a fallback)."""
+    if compiles and dev.type in COMPILE_DEVICES:
+        from sven.engine.compiled import CompiledModel, use_compile_cache
         from sven.pipeline.negatives import register_compiled_ops
 
+        # The cache first: registering the ops may make torch set its default one.
+        log(f"sven: train.compile: compiled kernels kept in {use_compile_cache(dev)}")
         register_compiled_ops()
-        # Fixed shapes: one compilation per mode (train, eval) serves every batch.
-        # The batch selection stays eager (its hashes are Triton kernels already).
-        return torch.compile(model, dynamic=False)
+        # Fixed shapes: one compilation serves every training batch. The batch
+        # selection stays eager (its hashes are Triton kernels already).
+        return CompiledModel(model, log, backend=COMPILE_BACKEND)
     if compiles:
         log("sven: train.compile applies on CUDA; the CPU step runs eagerly")
     return model
@@ -192,7 +202,8 @@ class Step:
             cfg=cfg,
             spec=spec,
             data=data,
-            model=self.model,
+            # The model itself: evaluation's no-grad passes would compile it again.
+            model=model,
             model_ref=model,
             source=self.source,
             planner=self.planner,

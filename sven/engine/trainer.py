@@ -32,6 +32,8 @@ from tqdm import tqdm
 from sven.config import Config
 from sven.config.load import as_config
 from sven.distributed.grads import GradBucket, Gradients, LocalGrads
+from sven.engine import gcpause
+from sven.engine import step as step_module
 from sven.engine.checkpoint import (
     Checkpointer,
     RunCheckpoints,
@@ -49,7 +51,7 @@ from sven.engine.optim import Optimizer
 from sven.engine.plan import plan_for
 from sven.engine.run_folder import prepare_out
 from sven.engine.spec import RunSpec, resolve_spec
-from sven.engine.startup import StartupClock, set_deterministic
+from sven.engine.startup import StartupClock, preload_triton, set_deterministic
 from sven.engine.step import Step
 from sven.engine.tblog import EpochLog
 from sven.engine.timeline import StepProfiler, Timeline
@@ -116,11 +118,11 @@ class Trainer:
         from sven.config.paths import command_config
 
         # Every path absolute (what the run records) and of the right kind, before any work.
-        cfg = command_config(as_config(config, overrides), writes=purpose == "train")
+        writes = purpose == "train"
+        cfg = command_config(as_config(config, overrides), writes=writes)
         self.cfg = cfg
         self._purpose = purpose
-        # Start-up phases to the first training step (sven.engine.startup); the CLI's clock
-        # counts from process start.
+        # Start-up phases to the first step (sven.engine.startup); the CLI's from process start.
         self.startup = clock = startup or StartupClock()
         self._start_process(cfg, clock)
         self.dtype = torch.float64 if cfg.train.dtype == "float64" else torch.float32
@@ -139,14 +141,12 @@ class Trainer:
             load=False,
         )
         #: What the run needs where, and the node-state tier (:mod:`sven.engine.plan`).
-        self.plan = plan_for(
-            cfg, self.data.events, self.world_size, self.device, writes=purpose == "train"
-        )
-        self.plan.check()
+        with clock.phase("plan"):
+            self.plan = plan_for(cfg, self.data.events, self.world_size, self.device, writes)
+            self.plan.check()
         self.data.load()
-        t_model = time.perf_counter()
-        self._build_model_and_state(cfg)
-        clock.add("model", time.perf_counter() - t_model)
+        with clock.phase("model"):
+            self._build_model_and_state(cfg)
         t_tables = time.perf_counter()
         #: How the run runs, decided once (:mod:`sven.engine.spec`).
         self.spec = resolve_spec(
@@ -165,7 +165,7 @@ class Trainer:
         t_opt = time.perf_counter()
         # lean: without torch.optim's compiler wrappers (and their imports; sven.engine.startup),
         # unless the run compiles anyway.
-        compiles = cfg.train.compile and self.device.type == "cuda"
+        compiles = cfg.train.compile and self.device.type in step_module.COMPILE_DEVICES
         self.optimizer = Optimizer(
             self.model.parameters(), cfg.train.lr, self.device, lean=not compiles
         )
@@ -185,6 +185,8 @@ class Trainer:
             predict_comm(cfg, self.data, self.model, self.exchange) if distributed else None
         )
         clock.add("tables", time.perf_counter() - t_tables - dt_opt)
+        if self._preload is not None:
+            clock.add("preload", self._preload.join())
 
     def _start_process(self, cfg: Config, clock: StartupClock) -> None:
         """Threads, determinism, the process group and the device (its CUDA context)."""
@@ -202,6 +204,9 @@ class Trainer:
         # Under a launcher even one rank gets a process group: the P-rank step with
         # its collectives, as on many ranks (a plain process runs without one).
         launched = detect_launcher(os.environ).launcher != "single"
+        # Triton imported in a thread from here to the end of the trainer's build,
+        # beside CUDA's start and the store's loading (CUDA runs only).
+        self._preload = preload_triton(tc.device)
         t_init = time.perf_counter()
         self.ctx = init_distributed(
             cfg.dist.backend, timeout_s=cfg.dist.timeout_s, device=tc.device,
@@ -580,6 +585,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.startup.add("first_step", time.perf_counter() - t_step)
         self.startup.finish()
+        # The collector back on (where the command line paused it), past start-up's objects.
+        gcpause.resume()
         if self.rank == 0 and not self.cfg.quiet:
             bar.write(self.startup.line(), file=sys.stderr)
 

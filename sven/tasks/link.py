@@ -89,24 +89,25 @@ class LinkPrediction:
         tr, tc = self.tr, self.cfg.train
         wall0 = time.perf_counter()
         main = tr.rank == 0
-        tr.claim_out()
-        if main:
-            tr.out.mkdir(parents=True, exist_ok=True)
-        tr.barrier("start")
-        loop = RunLoop(
-            self,
-            tr.checkpoints,
-            out=tr.out,
-            epochs=tc.epochs,
-            patience=tc.patience,
-            checkpoint_every=tc.checkpoint_every,
-            main=main,
-            log=tr.log,
-            on_line=tr.epoch_log.write,
-            save=self._save,
-            device=tr.device,
-        )
-        progress, start_epoch, start_batch = self._start(loop, main)
+        with tr.startup.phase("run_start"):
+            tr.claim_out()
+            if main:
+                tr.out.mkdir(parents=True, exist_ok=True)
+            tr.barrier("start")
+            loop = RunLoop(
+                self,
+                tr.checkpoints,
+                out=tr.out,
+                epochs=tc.epochs,
+                patience=tc.patience,
+                checkpoint_every=tc.checkpoint_every,
+                main=main,
+                log=tr.log,
+                on_line=tr.epoch_log.write,
+                save=self._save,
+                device=tr.device,
+            )
+            progress, start_epoch, start_batch = self._start(loop, main)
         # The first whole epoch this process runs: one resumed halfway is no measure.
         self._estimate_epoch = start_epoch + (start_batch != 0)
         progress = loop.run(progress, start_epoch, start_batch)
@@ -217,15 +218,16 @@ class LinkPrediction:
         (the first epoch this process runs), starts the progress bar, the profiler and
         the prefetch ring; returns the epoch's batch count."""
         tr, tc = self.tr, self.cfg.train
-        if first == 0:
-            tr.memory.reset()
-            tr.exchange.drop_held()
-            progress.update(epoch_loss=0.0, epoch_batches=0, epoch_time=0.0)
-            tr.exchange.counter.reset()
-        if not self._capacities_planned:
-            # The exchange's fixed sizes, from an exact replay of this epoch's batches.
-            tr.step.plan_capacities(epoch)
-            self._capacities_planned = True
+        with tr.startup.phase("epoch_start"):
+            if first == 0:
+                tr.memory.reset()
+                tr.exchange.drop_held()
+                progress.update(epoch_loss=0.0, epoch_batches=0, epoch_time=0.0)
+                tr.exchange.counter.reset()
+            if not self._capacities_planned:
+                # The exchange's fixed sizes, from an exact replay of this epoch's batches.
+                tr.step.plan_capacities(epoch)
+                self._capacities_planned = True
         nb = tr.num_batches("train")
         last = nb if not tc.max_batches else min(nb, tc.max_batches)
         lo, hi = tr.ranges["train"]
@@ -236,7 +238,8 @@ class LinkPrediction:
         )
         if tr.profiler is not None:
             tr.profiler.fit(first, last)
-        tr.step.start_epoch(epoch, first, last)
+        with tr.startup.phase("first_batches"):
+            tr.step.start_epoch(epoch, first, last)
         self._ep_t0, self._paused = time.perf_counter(), 0.0
         tr.timeline.begin()
         return last
