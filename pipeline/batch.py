@@ -154,6 +154,7 @@ def make_batch(
     rng: tuple[int, int | torch.Tensor, int | torch.Tensor] | None = None,
     valid: torch.Tensor | None = None,
     pad_node: int | None = None,
+    slots: int | None = None,
 ) -> Batch:
     """Builds a :class:`Batch`: samples neighbours and de-duplicates the nodes to read.
 
@@ -183,6 +184,10 @@ def make_batch(
             at ``pad_node``; nothing
             then depends on the data's values, so the step can be captured. The node
             feature table must then have a row for ``pad_node``.
+        slots: With ``pad_node``: U planned by the caller (at most ``slot_count``'s),
+            which must hold the batch's distinct ids and the padding id (an evaluation
+            width's, from a replay of its batches:
+            :func:`~sven.engine.capacities.plan_slots`); None: ``slot_count``'s.
 
     Returns:
         The batch.
@@ -200,22 +205,8 @@ def make_batch(
         keys = None if root_key is None else root_key[:n_sample]
         block = sampler.sample(roots[:n_sample], root_t[:n_sample], generator, keys=keys)[0]
     if pad_node is not None:
-        from sven.pipeline.dedupe import dedupe_fixed, slot_count
-
-        ids = roots
-        if block is not None and read_neighbors:
-            pad = torch.full_like(block.nbr, pad_node)
-            ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
-        u = slot_count(ids.shape[0], pad_node)
-        nodes, inverse = dedupe_fixed(ids, pad_node, u)
-        r = roots.shape[0]
-        root_pos = inverse[:r]
-        if block is not None and read_neighbors:
-            # A masked slot may read any row: each reads a row of its own (its position
-            # among the ids, modulo the slots), not the one padding row, so that the zero
-            # gradients of the masked slots are not atomic adds piled on one row.
-            own = (torch.arange(r, ids.shape[0], device=ids.device) % u).view_as(block.nbr)
-            nbr_pos = torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
+        nbrs = block if read_neighbors else None
+        nodes, root_pos, nbr_pos = _fixed_slots(roots, nbrs, pad_node, slots)
     elif block is not None and read_neighbors:
         valid_nbr = block.nbr[block.mask]
         nodes, inverse = torch.unique(torch.cat([roots, valid_nbr]), return_inverse=True)
@@ -244,6 +235,36 @@ def make_batch(
         node_key=None if rng is None else node_keys(*rng, nodes),
         valid=valid,
     )
+
+
+def _fixed_slots(
+    roots: torch.Tensor, block: NeighborBlock | None, pad_node: int, slots: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`make_batch`'s fixed-slot de-duplication of (R,) roots and the sampled
+    neighbours of ``block`` (None: no neighbour is read) into U slots (``slots``, at
+    most ``slot_count``'s).
+
+    Returns:
+        nodes (U,), root_pos (R,), nbr_pos (R, K) or None.
+    """
+    from sven.pipeline.dedupe import dedupe_fixed, slot_count
+
+    ids = roots
+    if block is not None:
+        pad = torch.full_like(block.nbr, pad_node)
+        ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+    u = slot_count(ids.shape[0], pad_node)
+    if slots is not None:
+        u = min(u, slots)
+    nodes, inverse = dedupe_fixed(ids, pad_node, u)
+    r = roots.shape[0]
+    if block is None:
+        return nodes, inverse[:r], None
+    # A masked slot may read any row: each reads a row of its own (its position among
+    # the ids, modulo the slots), not the one padding row, so that the zero gradients
+    # of the masked slots are not atomic adds piled on one row.
+    own = (torch.arange(r, ids.shape[0], device=ids.device) % u).view_as(block.nbr)
+    return nodes, inverse[:r], torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
 
 
 def last_occurrence(nodes: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,6 +65,7 @@ def select_batch(
     table_lo: int | torch.Tensor = 0,
     order: torch.Tensor | None = None,
     batch_start: int | torch.Tensor | None = None,
+    slots: int | None = None,
 ) -> Batch:
     """The batch of events [start, stop) with its negatives, neighbours and node slots.
 
@@ -94,24 +95,13 @@ def select_batch(
             ``order[start:stop]`` of a global batch.
         batch_start: First event of the global batch (keys the nodes' random draws);
             None: ``start``.
+        slots: With a capacity, the node slots U planned for this kind of batch, or
+            None for the most its ids could need (:func:`~sven.pipeline.batch.make_batch`).
 
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
     """
-    dev = tables.src.device
-    if capacity is None:
-        idx = torch.arange(int(start), int(stop), device=dev)
-        valid = None
-    else:
-        idx = torch.arange(capacity, device=dev) + start
-        valid = idx < stop
-        # Padding repeats the last real event; an empty share (possible on several
-        # ranks) repeats an earlier one of the rank, or the filler entry.
-        idx = torch.clamp(idx, max=stop - 1)
-        if order is not None:
-            idx = idx.clamp(min=0)
-    if order is not None:
-        idx = order[idx]
+    idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
     neg = None
     if neg_table is not None:
         # The padding of a rank's share may come from another split: any row will do.
@@ -131,7 +121,33 @@ def select_batch(
         fixed=capacity is not None,
         mrr_stream=mrr_stream,
         mrr_negatives=mrr_negatives,
+        slots=slots,
     )
+
+
+def _event_slots(
+    dev: torch.device,
+    start: int | torch.Tensor,
+    stop: int | torch.Tensor,
+    capacity: int | None,
+    order: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The global event of each of a batch's event slots, and which are real (None
+    without a capacity); arguments as :func:`select_batch`'s."""
+    if capacity is None:
+        idx = torch.arange(int(start), int(stop), device=dev)
+        valid = None
+    else:
+        idx = torch.arange(capacity, device=dev) + start
+        valid = idx < stop
+        # Padding repeats the last real event; an empty share (possible on several
+        # ranks) repeats an earlier one of the rank, or the filler entry.
+        idx = torch.clamp(idx, max=stop - 1)
+        if order is not None:
+            idx = idx.clamp(min=0)
+    if order is not None:
+        idx = order[idx]
+    return idx, valid
 
 
 def events_batch(
@@ -149,6 +165,7 @@ def events_batch(
     mrr_stream: int | torch.Tensor | None = None,
     mrr_negatives: int = 0,
     neg: torch.Tensor | None = None,
+    slots: int | None = None,
 ) -> Batch:
     """The batch of the given events (any subset, e.g. one rank's share of a global batch).
 
@@ -164,6 +181,7 @@ def events_batch(
             ``torch.unique``.
         neg: (B, n) negatives to use instead of uniform draws (evaluation protocols);
             the MRR negatives are still appended.
+        slots: See :func:`select_batch`.
 
     Returns:
         The batch.
@@ -190,4 +208,5 @@ def events_batch(
         rng=(seed, stream, batch_start),
         valid=valid,
         pad_node=tables.num_nodes if fixed else None,
+        slots=slots,
     )

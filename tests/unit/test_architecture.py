@@ -509,8 +509,7 @@ LONG_FUNCTIONS = {
     "sven.partition.api:partition_arrays": 127,
     "sven.datasets.writer:_finish": 119,
     "sven.partition.assign:assign_events": 112,
-    "sven.pipeline.batch:make_batch": 106,
-    "sven.pipeline.stages:select_batch": 84,
+    "sven.pipeline.batch:make_batch": 97,
 }
 
 
