@@ -197,7 +197,7 @@ def plan_slots(
     takes them, whose negatives are fixed by the seed).
 
     Without a plan a batch's slots hold every id it lists, up to the graph's N + 1: an
-    evaluation batch with 100 MRR negatives lists 20 times more roots than it has
+    evaluation batch with 100 MRR negatives lists many times more ids than it has
     distinct nodes, and every per-slot stage (the state gather and write-back, the
     memory updater, the node projections) would compute on the empty slots too.
 
