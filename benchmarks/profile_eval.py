@@ -8,7 +8,7 @@ batch); first, after ``--train-batches`` steps, ``--profile-batches`` training s
 are timed and as many profiled (``profile_step.py``'s steady state).
 
 Usage:
-    python benchmarks/profile_eval.py --data STORE --out OUT [key=value ...]
+    python benchmarks/profile_eval.py --data STORE --out OUT [--fixed-shapes] [key=value ...]
 """
 
 from __future__ import annotations
@@ -41,11 +41,21 @@ def main() -> None:
     ap.add_argument("--tag", default="eval")
     ap.add_argument("--train-batches", type=int, default=50)
     ap.add_argument("--profile-batches", type=int, default=20, help="timed, then profiled, steps")
+    ap.add_argument(
+        "--fixed-shapes",
+        action="store_true",
+        help="CUDA's fixed-shape step on any device (its padded work, measured on a CPU)",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rec: dict[str, Any] = {"tag": args.tag, "overrides": args.overrides}
+    if args.fixed_shapes:
+        import sven.engine.spec
+
+        sven.engine.spec.fixed_shapes = lambda device, distributed: True
+        rec["fixed_shapes"] = True
     with tempfile.TemporaryDirectory() as run:
         n = args.train_batches + 2 * args.profile_batches
         tr, train, sync = profile_step.one_process(args.data, run, args.overrides, n)

@@ -37,7 +37,8 @@ class Batch:
         nbr_pos: (block_roots, K) position in ``nodes`` of each neighbour (where
             masked any row: 0 on exact-size batches, a distinct row per slot on
             fixed-slot ones), or None when neighbour state is not read.
-        nbr_edge_feat: (block_roots, K, d_e) features of the neighbour events, or None.
+        nbr_edge_feat: (block_roots, K, d_e) features of the neighbour events (zero where
+            masked), or None: read from ``edge_table`` where they are used.
         node_feat: (U, d_n) static features of ``nodes``, or None.
         root_key: (R,) int64 random keys of the roots (uniform sampling, dropout), or
             None when the batch draws from torch's generators instead.
@@ -47,6 +48,8 @@ class Batch:
             when every event is real.
         runs: The fixed-slot de-duplication's sort (fixed-capacity batches), which the
             backward of the row gathers reuses; None otherwise.
+        edge_table: The events' feature table, whose rows ``block.eid`` names for the
+            neighbour slots (:meth:`neighbour_edges`), or None.
     """
 
     index: torch.Tensor
@@ -65,7 +68,24 @@ class Batch:
     root_key: torch.Tensor | None = None
     node_key: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    edge_table: FeatureTable | None = None
     runs: SortedRuns | None = None
+
+    def neighbour_edges(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The neighbour slots' event features as their consumer reads them.
+
+        Returns:
+            (features, rows): (block_roots, K, d_e) features and None where the batch
+            holds them (``nbr_edge_feat``); else the (E, d_e) table and the (block_roots,
+            K) rows of it each slot reads (``block.eid``; the consumer masks), which a
+            wide batch (100 MRR negatives: 206,000 slots at batch 200) never writes out
+            per slot; (None, None) without edge features.
+        """
+        if self.nbr_edge_feat is not None:
+            return self.nbr_edge_feat, None
+        if self.edge_table is None or self.block is None:
+            return None, None
+        return self.edge_table.rows, self.block.eid
 
     @property
     def size(self) -> int:
@@ -81,6 +101,23 @@ class Batch:
     def roots(self) -> torch.Tensor:
         """(R,) root node ids."""
         return self.nodes[self.root_pos]
+
+
+class FeatureTable:
+    """A feature table a batch reads rows of, held by reference.
+
+    Not a tensor nor a dataclass: a leaf of a batch's tree that the prefetch ring's
+    copies of a built batch and a capture's state pass over (the table is the store's,
+    the same for every batch).
+
+    Attributes:
+        rows: (E, F) the table.
+    """
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows
 
 
 @dataclass
@@ -158,6 +195,7 @@ def make_batch(
     rng: tuple[int, int | torch.Tensor, int | torch.Tensor] | None = None,
     valid: torch.Tensor | None = None,
     pad_node: int | None = None,
+    slots: int | None = None,
 ) -> Batch:
     """Builds a :class:`Batch`: samples neighbours and de-duplicates the nodes to read.
 
@@ -187,6 +225,10 @@ def make_batch(
             at ``pad_node``; nothing
             then depends on the data's values, so the step can be captured. The node
             feature table must then have a row for ``pad_node``.
+        slots: With ``pad_node``: U planned by the caller (at most ``slot_count``'s),
+            which must hold the batch's distinct ids and the padding id (an evaluation
+            width's, from a replay of its batches:
+            :func:`~sven.engine.capacities.plan_slots`); None: ``slot_count``'s.
 
     Returns:
         The batch.
@@ -200,25 +242,26 @@ def make_batch(
     runs = None
     if pad_node is not None:
         nbrs = block if read_neighbors else None
-        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node)
+        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node, slots)
     else:
         nodes, root_pos, nbr_pos = _unique_slots(roots, block if read_neighbors else None)
     return Batch(
         index=index, src=src, dst=dst, t=t.to(torch.float64), neg=neg,
         edge_feat=None if edge_feat_table is None else edge_feat_table[index],
         nodes=nodes, root_pos=root_pos, root_t=root_t, block=block, nbr_pos=nbr_pos,
-        nbr_edge_feat=_nbr_edge_feat(block, edge_feat_table),
         node_feat=None if node_feat_table is None else node_feat_table[nodes],
         root_key=root_key, node_key=None if rng is None else node_keys(*rng, nodes), valid=valid,
         runs=runs,
+        edge_table=None if edge_feat_table is None else FeatureTable(edge_feat_table),
     )  # fmt: skip
 
 
 def _fixed_slots(
-    roots: torch.Tensor, block: NeighborBlock | None, pad_node: int
+    roots: torch.Tensor, block: NeighborBlock | None, pad_node: int, slots: int | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SortedRuns]:
     """:func:`make_batch`'s fixed-slot de-duplication of (R,) roots and the sampled
-    neighbours of ``block`` (None: no neighbour is read) into ``slot_count``'s U slots.
+    neighbours of ``block`` (None: no neighbour is read) into U slots (``slots``, at
+    most ``slot_count``'s).
 
     Returns:
         nodes (U,), root_pos (R,), nbr_pos (R, K) or None, and the de-duplication's sort.
@@ -230,6 +273,8 @@ def _fixed_slots(
         pad = torch.full_like(block.nbr, pad_node)
         ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
     u = slot_count(ids.shape[0], pad_node)
+    if slots is not None:
+        u = min(u, slots)
     nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad_node, u)
     r = roots.shape[0]
     runs = SortedRuns(perm, inverse, sorted_ids, pad_node, r)
@@ -270,16 +315,6 @@ def _unique_slots(
     nbr_pos = torch.zeros_like(block.nbr)
     nbr_pos[block.mask] = inverse[roots.shape[0] :]
     return nodes, inverse[: roots.shape[0]], nbr_pos
-
-
-def _nbr_edge_feat(
-    block: NeighborBlock | None, edge_feat_table: torch.Tensor | None
-) -> torch.Tensor | None:
-    """(R, K, d_e) features of the sampled neighbour events, zero where masked; None
-    without neighbours or edge features."""
-    if block is None or edge_feat_table is None:
-        return None
-    return edge_feat_table[block.eid] * block.mask[..., None].to(edge_feat_table.dtype)
 
 
 def last_occurrence(nodes: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,6 +65,7 @@ def select_batch(
     table_lo: int | torch.Tensor = 0,
     order: torch.Tensor | None = None,
     batch_start: int | torch.Tensor | None = None,
+    slots: int | None = None,
 ) -> Batch:
     """The batch of events [start, stop) with its negatives, neighbours and node slots.
 
@@ -94,6 +95,8 @@ def select_batch(
             ``order[start:stop]`` of a global batch.
         batch_start: First event of the global batch (keys the nodes' random draws);
             None: ``start``.
+        slots: With a capacity, the node slots U planned for this kind of batch, or
+            None for the most its ids could need (:func:`~sven.pipeline.batch.make_batch`).
 
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
@@ -118,6 +121,7 @@ def select_batch(
         fixed=capacity is not None,
         mrr_stream=mrr_stream,
         mrr_negatives=mrr_negatives,
+        slots=slots,
     )
 
 
@@ -161,6 +165,7 @@ def events_batch(
     mrr_stream: int | torch.Tensor | None = None,
     mrr_negatives: int = 0,
     neg: torch.Tensor | None = None,
+    slots: int | None = None,
 ) -> Batch:
     """The batch of the given events (any subset, e.g. one rank's share of a global batch).
 
@@ -176,6 +181,7 @@ def events_batch(
             ``torch.unique``.
         neg: (B, n) negatives to use instead of uniform draws (evaluation protocols);
             the MRR negatives are still appended.
+        slots: See :func:`select_batch`.
 
     Returns:
         The batch.
@@ -202,4 +208,5 @@ def events_batch(
         rng=(seed, stream, batch_start),
         valid=valid,
         pad_node=tables.num_nodes if fixed else None,
+        slots=slots,
     )

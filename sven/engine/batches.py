@@ -223,6 +223,9 @@ class BatchSource:
         self.shares = shares
         self.exchange = exchange
         self._rows = self._planned_rows if spec.distributed else self._local_rows
+        #: Node slots per kind of step (``eval<width>``) planned from a replay of its
+        #: batches; a kind not listed takes the most its ids could need.
+        self.slots: dict[str, int] = {}
 
     def select(
         self,
@@ -232,8 +235,10 @@ class BatchSource:
         stop: Any,
         capacity: int | None,
         neg_table: torch.Tensor | None = None,
+        slots: int | None = None,
     ) -> Batch:
-        """The events [start, stop) of this rank's order, as one batch."""
+        """The events [start, stop) of this rank's order, as one batch (``slots``:
+        its planned node slots, or None)."""
         from sven.pipeline.stages import select_batch
 
         return select_batch(
@@ -250,16 +255,23 @@ class BatchSource:
             table_lo=inp["split_lo"],
             order=self.shares.order,
             batch_start=inp["gstart"],
+            slots=slots,
         )
 
     def select_share(
-        self, inp: BatchInputs, num_neg: int, neg_table: torch.Tensor | None, micro: int
+        self,
+        inp: BatchInputs,
+        num_neg: int,
+        neg_table: torch.Tensor | None,
+        micro: int,
+        slots: int | None = None,
     ) -> list[Batch]:
-        """The share named by ``inp``, whole or as ``micro`` parts of equal capacity
-        that its events fill in order."""
+        """The share named by ``inp``, whole (in ``slots`` node slots, or None for
+        the most its ids could need) or as ``micro`` parts of equal capacity that its
+        events fill in order."""
         start, stop, cap = inp["start"], inp["stop"], self.shares.capacity
         if micro == 1:
-            return [self.select(inp, num_neg, start, stop, cap, neg_table)]
+            return [self.select(inp, num_neg, start, stop, cap, neg_table, slots)]
         c = -(-cap // micro)  # type: ignore[operator]
         return [
             self.select(
@@ -286,7 +298,7 @@ class BatchSource:
         """A share's micro-batches and the plan of its rows; ``lap`` ends the
         ``sample`` and ``id_exchange`` stages (eager runs)."""
         lap = lap or _no_lap
-        batches = self.select_share(inp, num_neg, neg_table, micro)
+        batches = self.select_share(inp, num_neg, neg_table, micro, self.slots.get(mode))
         lap("sample")
         return self._rows(batches, mode, group, lap)
 

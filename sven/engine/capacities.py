@@ -26,7 +26,7 @@ from sven.models.base import endpoints
 from sven.pipeline.exchange_api import read_occurrences
 from sven.pipeline.wire import Capacities
 
-__all__ = ["CapacityPlanner", "OneProcess", "Planner", "capacity_planner"]
+__all__ = ["CapacityPlanner", "OneProcess", "Planner", "capacity_planner", "plan_slots"]
 
 Counts = tuple[list[int], list[int]]
 #: (lo, hi, stream, num_neg, neg_table) of one replayed pass.
@@ -185,6 +185,48 @@ class OneProcess(Planner):
 
     def plan_passes(self, mode: str, passes: list[Callable[[], Pass]]) -> None:
         """Nothing to set: no pass is replayed."""
+
+
+@torch.no_grad()
+def plan_slots(
+    source: BatchSource, inputs: BatchInputs, batch_size: int, passes: list[Callable[[], Pass]]
+) -> int:
+    """Node slots that hold every batch of the passes listed: the most distinct nodes
+    any of this rank's batches reads, plus one for the padding id, by an exact replay
+    of their building (a fixed-shape step; the passes as :meth:`Planner.plan_passes`
+    takes them, whose negatives are fixed by the seed).
+
+    Without a plan a batch's slots hold every id it lists, up to the graph's N + 1: an
+    evaluation batch with 100 MRR negatives lists many times more ids than it has
+    distinct nodes, and every per-slot stage (the state gather and write-back, the
+    memory updater, the node projections) would compute on the empty slots too.
+
+    Args:
+        source: The step's batch source (its shares and event tables).
+        inputs: Batch inputs to copy for the replay (it never touches the step's).
+        batch_size: The global batch size B.
+        passes: Each callable readies its pass and returns ``(lo, hi, stream, num_neg,
+            neg_table)``.
+
+    Returns:
+        U, one host read for all the passes. The batches a prefetch ring builds past a
+        split's end repeat one event: U also holds one event's ids.
+    """
+    pad, b = source.tables.num_nodes, batch_size
+    inp = inputs.copy()
+    most = torch.zeros((), dtype=torch.int64, device=inputs.device)
+    one_event = 1
+    with determinism(inputs.device):
+        for ready in passes:
+            lo, hi, stream, num_neg, neg_table = ready()
+            inp.fill(split_lo=lo, stream=stream)
+            for start in range(lo, hi, b):
+                source.shares.name(inp, start, min(start + b, hi), stream)
+                for mb in source.select_share(inp, num_neg, neg_table, 1):
+                    torch.maximum(most, (mb.nodes != pad).sum(), out=most)
+                    nbrs = 0 if mb.nbr_pos is None else mb.nbr_pos.shape[1]
+                    one_event = max(one_event, mb.root_pos.shape[0] // mb.size * (1 + nbrs))
+    return max(int(most), one_event) + 1
 
 
 def capacity_planner(

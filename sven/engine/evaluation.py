@@ -21,7 +21,7 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Inline, Ring, batch_bounds, ring
 from sven.engine.body import StepInput, eval_step
-from sven.engine.capacities import Planner
+from sven.engine.capacities import Planner, plan_slots
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.metrics import average_precision, batched_link_metrics, mrr
 from sven.engine.spec import RunSpec
@@ -258,8 +258,10 @@ class Evaluation:
         return self.widths[w]
 
     def _plan_capacities(self, w: int, neg_table: torch.Tensor) -> None:
-        """Exact capacities of the evaluation step of width ``w``: its negatives are
-        fixed by the seed (a replay of every split of that width)."""
+        """Exact capacities of the evaluation step of width ``w``, from a replay of
+        every split of that width (its negatives are fixed by the seed): the
+        exchange's, and on a fixed-shape step its node slots (the most distinct nodes
+        a batch of the width reads, where the default holds every id it lists)."""
 
         def ready(split: str) -> Callable[[], tuple[int, int, int, int, torch.Tensor]]:
             def fn() -> tuple[int, int, int, int, torch.Tensor]:
@@ -274,7 +276,11 @@ class Evaluation:
             for s, (lo, hi) in self.data.ranges.items()
             if s != "train" and hi > lo and self.split_width(s) == w
         ]
-        self.planner.plan_passes(f"eval{w}", [ready(s) for s in splits])
+        passes = [ready(s) for s in splits]
+        self.planner.plan_passes(f"eval{w}", passes)
+        if self.inp.fixed and passes:
+            b = self.cfg.train.batch_size
+            self.source.slots[f"eval{w}"] = plan_slots(self.source, self.inp, b, passes)
 
     # --------------------------------------------------------------- step
     def _build(self, inp: BatchInputs, neg_table: torch.Tensor, group: Any = None) -> StepInput:

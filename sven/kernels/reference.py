@@ -35,6 +35,20 @@ def take_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return table[idx]
 
 
+def masked_rows(table: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rows of a feature table per neighbour slot, zero where masked.
+
+    Args:
+        table: (E, F) features (the events' edge features).
+        rows: (R, K) int row of each slot (any valid row where masked).
+        mask: (R, K) bool validity.
+
+    Returns:
+        (R, K, F) in the table's dtype.
+    """
+    return table[rows] * mask[..., None].to(table.dtype)
+
+
 def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the valid neighbour slots.
 
@@ -86,6 +100,7 @@ def temporal_attention_factored(
     w_kv_time: torch.Tensor,
     edge_feat: torch.Tensor | None = None,
     w_kv_edge: torch.Tensor | None = None,
+    edge_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`temporal_attention_fused` with the slot projections factored out.
 
@@ -107,12 +122,16 @@ def temporal_attention_factored(
         time_w: (T,) time-encoding frequencies.
         time_b: (T,) time-encoding phases.
         w_kv_time: (2 O, T) projection of the time encoding (no bias).
-        edge_feat: (R, K, d_e) neighbour event features, or None.
+        edge_feat: (R, K, d_e) neighbour event features, or None; with ``edge_rows``
+            the (E, d_e) table they are rows of.
         w_kv_edge: (2 O, d_e) their projection (no bias), or None.
+        edge_rows: (R, K) int row of ``edge_feat`` of each slot, or None.
 
     Returns:
         (R, O) attention output; zero rows where no slot is valid.
     """
+    if edge_rows is not None and edge_feat is not None:
+        edge_feat = masked_rows(edge_feat, edge_rows, mask)
     r, h, d = q.shape
     o, k = h * d, nbr_pos.shape[1]
     dt = dt.to(time_w.dtype)[..., None]

@@ -453,11 +453,12 @@ def temporal_attention_fused(
 
 @triton.jit
 def _slot_feat(
-    r, ok, valid, oc, cm, f_ptr, dt_ptr, tw_ptr, tb_ptr, sf_r, sf_k, sf_c, sdt_r, sdt_k,
+    r, ok, valid, oc, cm, f_ptr, dt_ptr, tw_ptr, tb_ptr, f_at, sf_c, sdt_r, sdt_k,
     IS_TIME: tl.constexpr,
 ):  # fmt: skip
     """One chunk (BLOCK_K, BLOCK_C) of root r's slot features, fp32, 0 where masked: the
-    time encoding cos(dt w + b) computed here, or edge features read."""
+    time encoding cos(dt w + b) computed here, or edge features read (each slot's row
+    at offset ``f_at`` (BLOCK_K,) of ``f_ptr``)."""
     tile = valid[:, None] & cm[None, :]
     if IS_TIME:
         dt = tl.load(dt_ptr + r * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
@@ -465,72 +466,111 @@ def _slot_feat(
         b = tl.load(tb_ptr + oc, mask=cm, other=0.0).to(tl.float32)
         f = tl.cos(dt[:, None] * w[None, :] + b[None, :])
     else:
-        at = f_ptr + r * sf_r + ok[:, None] * sf_k + oc[None, :] * sf_c
-        f = tl.load(at, mask=tile, other=0.0)
+        f = tl.load(f_ptr + f_at[:, None] + oc[None, :] * sf_c, mask=tile, other=0.0)
     return tl.where(tile, f.to(tl.float32), 0.0)
 
 
 @triton.jit
 def _factored_fwd_kernel(
-    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr,
+    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
     o_ptr, ft_ptr, fe_ptr,
-    K, D, OD, T, E, scale,
+    K, H, D, OD, T, E, scale,
     sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
-    HAS_EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    ser_r, ser_k,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    # One program per (root, head). qt (R, H, T) and qe (R, H, E): the queries carried
-    # back through the key blocks of the time and edge projections; outputs: the
-    # attention over the node values o (R, H, D) and the attention-weighted slot
-    # features ft (R, H, T), fe (R, H, E), all contiguous.
+    # One program per root, every head at once, each slot's features built once: its
+    # time encoding (the cosines of large arguments are the kernel's cost) and its edge
+    # row are the same for every head and for both uses (the scores, then the weighted
+    # sums), so they stay in registers (BLOCK_T and BLOCK_E hold all of T and E). qt
+    # (R, H, T) and qe (R, H, E): the queries carried back through the key blocks of the
+    # time and edge projections; outputs: the attention over the node values o (R, H,
+    # D) and the attention-weighted slot features ft (R, H, T), fe (R, H, E), all
+    # contiguous. Edge features: ef (R, K, E), or with EDGE_ROWS the (events, E) table
+    # whose row er[r, k] each slot reads.
     r = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    nh = tl.num_programs(1)
     ok = tl.arange(0, BLOCK_K)
+    oh = tl.arange(0, BLOCK_H)
     od = tl.arange(0, BLOCK_D)
-    dm = od < D
+    hm = oh < H
+    hdm = hm[:, None] & (od < D)[None, :]
+    hd = oh[:, None] * D + od[None, :]
+    qrow = r * H + oh
     valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
-    tile = valid[:, None] & dm[None, :]
+    tile = valid[:, None, None] & hdm[None, :, :]
     nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=valid, other=0).to(tl.int64)
-    row = kvn_ptr + nbr[:, None] * sn_u
-    key = tl.load(row + (h * D + od)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    q = tl.load(q_ptr + r * sq_r + h * sq_h + od * sq_d, mask=dm, other=0.0).to(tl.float32)
-    s = tl.sum(key * q[None, :], axis=1)
-    for t0 in range(0, T, BLOCK_T):
-        oc = t0 + tl.arange(0, BLOCK_T)
-        cm = oc < T
-        f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, 0, 0, 0,
+    row = kvn_ptr + nbr[:, None, None] * sn_u
+    key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    q_at = q_ptr + r * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d
+    q = tl.load(q_at, mask=hdm, other=0.0).to(tl.float32)
+    s = tl.sum(key * q[None, :, :], axis=2)
+    ot = tl.arange(0, BLOCK_T)
+    tm = hm[:, None] & (ot < T)[None, :]
+    ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
                        sdt_r, sdt_k, True)  # fmt: skip
-        qt = tl.load(qt_ptr + (r * nh + h) * T + oc, mask=cm, other=0.0).to(tl.float32)
-        s += tl.sum(f * qt[None, :], axis=1)
+    qt = tl.load(qt_ptr + qrow[:, None] * T + ot[None, :], mask=tm, other=0.0)
+    s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
     if HAS_EDGE:
-        for e0 in range(0, E, BLOCK_E):
-            oc = e0 + tl.arange(0, BLOCK_E)
-            cm = oc < E
-            f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, se_r, se_k,
+        if EDGE_ROWS:
+            erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
+            e_at = erow * se_r
+        else:
+            e_at = r * se_r + ok * se_k
+        oe = tl.arange(0, BLOCK_E)
+        em = hm[:, None] & (oe < E)[None, :]
+        fedge = _slot_feat(r, ok, valid, oe, oe < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
                            se_c, 0, 0, False)  # fmt: skip
-            qe = tl.load(qe_ptr + (r * nh + h) * E + oc, mask=cm, other=0.0).to(tl.float32)
-            s += tl.sum(f * qe[None, :], axis=1)
-    p = _softmax_valid(s * scale, valid)
-    val = tl.load(row + (OD + h * D + od)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    out = tl.sum(p[:, None] * val, axis=0)
-    tl.store(o_ptr + (r * nh + h) * D + od, out.to(o_ptr.dtype.element_ty), mask=dm)
-    # The slot features again (recomputing the cosines costs less than keeping them).
-    for t0 in range(0, T, BLOCK_T):
-        oc = t0 + tl.arange(0, BLOCK_T)
-        cm = oc < T
-        f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, 0, 0, 0,
-                       sdt_r, sdt_k, True)  # fmt: skip
-        fa = tl.sum(p[:, None] * f, axis=0)
-        tl.store(ft_ptr + (r * nh + h) * T + oc, fa.to(ft_ptr.dtype.element_ty), mask=cm)
+        qe = tl.load(qe_ptr + qrow[:, None] * E + oe[None, :], mask=em, other=0.0)
+        s += tl.sum(fedge[:, None, :] * qe.to(tl.float32)[None, :, :], axis=2)
+    p = _softmax_valid(s * scale, valid[:, None] & hm[None, :])
+    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    out = tl.sum(p[:, :, None] * val, axis=0)
+    tl.store(o_ptr + qrow[:, None] * D + od[None, :], out.to(o_ptr.dtype.element_ty), mask=hdm)
+    fa = tl.sum(p[:, :, None] * ftime[:, None, :], axis=0)
+    tl.store(ft_ptr + qrow[:, None] * T + ot[None, :], fa.to(ft_ptr.dtype.element_ty), mask=tm)
     if HAS_EDGE:
-        for e0 in range(0, E, BLOCK_E):
-            oc = e0 + tl.arange(0, BLOCK_E)
-            cm = oc < E
-            f = _slot_feat(r, ok, valid, oc, cm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, se_r, se_k,
-                           se_c, 0, 0, False)  # fmt: skip
-            fa = tl.sum(p[:, None] * f, axis=0)
-            tl.store(fe_ptr + (r * nh + h) * E + oc, fa.to(fe_ptr.dtype.element_ty), mask=cm)
+        fa = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
+        tl.store(fe_ptr + qrow[:, None] * E + oe[None, :], fa.to(fe_ptr.dtype.element_ty),
+                 mask=em)  # fmt: skip
+
+
+#: Warps of a factored-attention program (one root, every head).
+FACTORED_WARPS = 8
+#: The widest time encoding or edge feature row a program holds in registers; wider
+#: ones take the reference.
+FACTORED_MAX_WIDTH = 256
+
+
+def _edge_operands(
+    q: torch.Tensor,
+    edge_feat: torch.Tensor | None,
+    w_kv_edge: torch.Tensor | None,
+    edge_rows: torch.Tensor | None,
+    qt: torch.Tensor,
+    ft: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor, tuple[int, int, int], torch.Tensor, torch.Tensor]:
+    """The factored kernel's edge operands (arguments as
+    :func:`temporal_attention_factored`'s; ``qt``, ``ft`` stand for unused pointers).
+
+    Returns:
+        w_edge (2 O, d_e) in q's dtype (None without edges); what the kernel reads edge
+        features from: the (R, K, d_e) features in q's dtype, or the table in place
+        (slot (r, k) reads row ``edge_rows[r, k]``, scaled by the first stride); its
+        (root, slot, column) strides; qe (R, H, d_e) the queries through the key block;
+        fe (R, H, d_e) the output of the attention-weighted features.
+    """
+    if edge_feat is None or w_kv_edge is None:
+        return None, qt, (0, 0, 0), qt, ft
+    r, h, d = q.shape
+    e = w_kv_edge.shape[1]
+    w_edge = w_kv_edge.to(q.dtype)
+    qe = torch.einsum("rhd,hdf->rhf", q, w_edge[: h * d].view(h, d, e)).contiguous()
+    fe = torch.empty(r, h, e, device=q.device, dtype=q.dtype)
+    if edge_rows is None:
+        ef = edge_feat.to(q.dtype)
+        return w_edge, ef, ef.stride(), qe, fe
+    return w_edge, edge_feat, (edge_feat.stride(0), 0, edge_feat.stride(1)), qe, fe
 
 
 def temporal_attention_factored(
@@ -544,6 +584,7 @@ def temporal_attention_factored(
     w_kv_time: torch.Tensor,
     edge_feat: torch.Tensor | None = None,
     w_kv_edge: torch.Tensor | None = None,
+    edge_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The factored temporal attention's forward as one kernel (Triton), for evaluation.
 
@@ -553,9 +594,9 @@ def temporal_attention_factored(
     blocks, each a GEMM over the roots; between them one kernel gathers each
     neighbour's node key and value, builds cos(dt w + b) in registers, and attends.
     No (R, K, T) or (R, K, 2 O) tensor is written: a wide evaluation batch (100 MRR
-    negatives: 20,600 roots, 206,000 neighbour slots at batch 200) reads its slots
-    once. Forward only: where a gradient is needed the reference runs (its backward
-    is autograd's).
+    negatives: 206,000 neighbour slots at batch 200) reads its slots once. Forward
+    only: the reference runs where a gradient is needed (its backward is autograd's)
+    and for features wider than :data:`FACTORED_MAX_WIDTH`.
 
     Args:
         q: (R, H, D) queries.
@@ -567,8 +608,11 @@ def temporal_attention_factored(
         time_w: (T,) time-encoding frequencies.
         time_b: (T,) time-encoding phases.
         w_kv_time: (2 O, T) projection of the time encoding (no bias).
-        edge_feat: (R, K, d_e) neighbour event features, or None.
+        edge_feat: (R, K, d_e) neighbour event features, or None; with ``edge_rows``
+            the (E, d_e) table they are rows of, read in place (in its dtype).
         w_kv_edge: (2 O, d_e) their projection (no bias), or None.
+        edge_rows: (R, K) int row of ``edge_feat`` of each slot (any row where masked),
+            or None.
 
     Returns:
         (R, O) in q's dtype; zero rows where no slot is valid.
@@ -576,9 +620,11 @@ def temporal_attention_factored(
     from sven.kernels import reference
 
     args = (q, kv_node, time_w, time_b, w_kv_time, edge_feat, w_kv_edge)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args):
+    wide = max(time_w.shape[0], 0 if w_kv_edge is None else w_kv_edge.shape[1])
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
+    if grad or wide > FACTORED_MAX_WIDTH:
         return reference.temporal_attention_factored(
-            q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, edge_feat, w_kv_edge
+            q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, *args[5:], edge_rows
         )
     r, h, d = q.shape
     o, t = h * d, time_w.shape[0]
@@ -588,26 +634,20 @@ def temporal_attention_factored(
     qt = torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)).contiguous()
     ft = torch.empty(r, h, t, device=q.device, dtype=q.dtype)
     out = torch.empty(r, h, d, device=q.device, dtype=q.dtype)
+    w_edge, ef, se, qe, fe = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft)
     e = int(w_kv_edge.shape[1]) if edge else 0
-    if edge:
-        w_edge = w_kv_edge.to(q.dtype)
-        ef = edge_feat.to(q.dtype)
-        qe = torch.einsum("rhd,hdf->rhf", q, w_edge[:o].view(h, d, e)).contiguous()
-        fe = torch.empty(r, h, e, device=q.device, dtype=q.dtype)
-        se = ef.stride()
-    else:
-        # Any tensor stands for the unused pointers.
-        ef, qe, fe, se = qt, qt, ft, (0, 0, 0)
+    rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
     if r > 0:
-        _factored_fwd_kernel[(r, h)](
+        _factored_fwd_kernel[(r,)](
             q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
-            out, ft, fe,
-            nbr_pos.shape[1], d, o, t, e, 1.0 / (d**0.5),
+            rows, out, ft, fe,
+            nbr_pos.shape[1], h, d, o, t, e, 1.0 / (d**0.5),
             *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
-            HAS_EDGE=edge,
-            BLOCK_K=_pow2(nbr_pos.shape[1], 16), BLOCK_D=_pow2(d, 16),
-            BLOCK_T=min(_pow2(t, 16), 32), BLOCK_E=min(_pow2(e, 16), 32),
+            *sr,
+            HAS_EDGE=edge, EDGE_ROWS=edge and edge_rows is not None,
+            BLOCK_K=_pow2(nbr_pos.shape[1], 16), BLOCK_H=_pow2(h), BLOCK_D=_pow2(d, 16),
+            BLOCK_T=_pow2(t, 16), BLOCK_E=_pow2(e, 16), num_warps=FACTORED_WARPS,
         )  # fmt: skip
     out = out + torch.einsum("rhf,hdf->rhd", ft, w_time[o:].view(h, d, t))
     if edge:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sven.kernels.reference import take_rows
+from sven.kernels.reference import masked_rows, take_rows
 from sven.kernels.sums import linear
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
 from sven.pipeline.batch import Batch
@@ -559,6 +559,7 @@ class TemporalAttentionLayer(nn.Module):
         mask: torch.Tensor,
         edge_feat: torch.Tensor | None,
         row_key: torch.Tensor | None = None,
+        edge_rows: torch.Tensor | None = None,
         runs: SortedRuns | None = None,
     ) -> torch.Tensor:
         """Attends from each root to its neighbours.
@@ -569,8 +570,11 @@ class TemporalAttentionLayer(nn.Module):
             nbr_pos: (R, K) row of each neighbour in ``z`` (any valid row where masked).
             dt: (R, K) time since each neighbour event.
             mask: (R, K) bool validity.
-            edge_feat: (R, K, d_e) neighbour event features, or None.
+            edge_feat: (R, K, d_e) neighbour event features, or None; with ``edge_rows``
+                the (E, d_e) table they are rows of.
             row_key: (R,) int64 dropout keys of the roots, or None (torch's RNG).
+            edge_rows: (R, K) row of ``edge_feat`` of each slot (any row where masked),
+                or None.
             runs: The batch's de-duplication (``Batch.runs``), when ``root_pos`` and
                 ``nbr_pos`` are its slots: the row gathers' backward then sums over its
                 sorted runs instead of sorting again (``kernels.triton_gather``).
@@ -618,14 +622,17 @@ class TemporalAttentionLayer(nn.Module):
             # The neighbour gather, the time encoding of dt and its projection happen
             # inside the attention kernel (Triton), or in the reference whose few large
             # GEMMs were measured fastest in the captured CUDA step (docs/performance.md).
+            if edge_rows is not None and w_edge is not None:
+                edge_feat = masked_rows(edge_feat, edge_rows, mask)
             kv_edge = None if w_edge is None else nn.functional.linear(edge_feat.to(dtype), w_edge)
             out = kernels.temporal_attention_fused(*args, kv_edge, rows=kv_rows)
         else:
             # On CPU FLOPs are the cost: the factored form projects queries and
             # attention-weighted sums instead of every neighbour slot, faster forward
             # and backward for TGN's dims (docs/performance.md has the timings).
-            feat = None if w_edge is None else edge_feat.to(dtype)
-            out = kernels.temporal_attention_factored(*args, feat, w_edge)
+            # A table (edge_rows) stays in its dtype: each form converts the rows it reads.
+            feat = edge_feat if w_edge is None or edge_rows is not None else edge_feat.to(dtype)
+            out = kernels.temporal_attention_factored(*args, feat, w_edge, edge_rows)
         out = self.w_out(torch.cat([out, h_root], dim=1))
         out = keyed_dropout(torch.relu(out), self.dropout.p, row_key, self.training)
         return self.norm(out)

@@ -66,13 +66,15 @@ class TGN(MemoryModel):
         z = self.node_state(batch, memory)
         block = batch.block
         dt = torch.where(block.mask, batch.root_t[:, None] - block.ts.to(torch.float64), 0.0)
+        feat, rows = batch.neighbour_edges()
         return self.attn(
             z,
             batch.root_pos,
             batch.nbr_pos,
             dt,
             block.mask,
-            batch.nbr_edge_feat,
+            feat,
             batch.root_key,
+            rows,
             runs=batch.runs,
         )

@@ -223,3 +223,57 @@ def test_auto_form_is_factored_for_wide_batches_without_a_gradient(monkeypatch) 
 def _out(args: tuple) -> torch.Tensor:
     q = args[0]
     return torch.zeros(q.shape[0], q.shape[1] * q.shape[2])
+
+
+def _table_inputs(r: int, k: int, device: str) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Factored inputs whose edge features are rows of a table: (inputs with the
+    materialised (R, K, d_e) features, the (E, d_e) table, the (R, K) rows)."""
+    gen = torch.Generator().manual_seed(5)
+    inputs = _inputs(r, 2, 8, k, torch.float32, dt_max=10.0)
+    table = torch.randn(11, E_DIM, generator=gen)
+    # Masked slots name any row (the sampler's padding: 0), read as zeros.
+    rows = torch.randint(0, 11, (r, k), generator=gen).masked_fill(~inputs[4], 0)
+    inputs[8] = table[rows] * inputs[4][..., None].float()
+    return [x.to(device) for x in inputs], table.to(device), rows.to(device)
+
+
+def test_factored_reads_edge_rows_of_a_table_exactly() -> None:
+    """``edge_rows``: the reference reads the slots' rows of the table as the batch
+    built them (zero where masked), to the last bit, forward and backward."""
+    inputs, table, rows = _table_inputs(33, 5, "cpu")
+    q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
+    want = reference.temporal_attention_factored(q, kvn, pos, dt, mask, tw, tb, wt, ef, we)
+    got = reference.temporal_attention_factored(
+        q, kvn, pos, dt, mask, tw, tb, wt, table, we, edge_rows=rows
+    )
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("r,k", [(7, 5), (1, 1)])
+def test_triton_factored_reads_edge_rows_in_place(r: int, k: int, device) -> None:
+    """The Triton kernel with ``edge_rows`` reads each slot's row of the table in place,
+    and gives what it gives on the materialised features, bit for bit (the same values
+    loaded in the same order)."""
+    from sven.kernels import triton_attention
+
+    inputs, table, rows = _table_inputs(r, k, device)
+    q, kvn, pos, dt, mask, tw, tb, wt, _, we = inputs
+    with torch.no_grad():
+        want = triton_attention.temporal_attention_factored(*inputs)
+        got = triton_attention.temporal_attention_factored(
+            q, kvn, pos, dt, mask, tw, tb, wt, table, we, edge_rows=rows
+        )
+    assert torch.equal(got, want)
+
+
+def test_triton_factored_wider_than_a_program_holds_is_the_reference(device, monkeypatch) -> None:
+    """Features wider than ``FACTORED_MAX_WIDTH`` (a program holds a slot's time
+    encoding and edge row in registers) take the reference, bit for bit."""
+    from sven.kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "FACTORED_MAX_WIDTH", T_DIM - 1)
+    inputs = [x.to(device) for x in _inputs(5, 2, 8, 3, torch.float32)]
+    with torch.no_grad():
+        got = triton_attention.temporal_attention_factored(*inputs)
+        want = reference.temporal_attention_factored(*inputs)
+    assert torch.equal(got, want)
