@@ -497,6 +497,21 @@ def _run_gather(
     return gather
 
 
+def _root_rows(
+    z: torch.Tensor, root_pos: torch.Tensor, runs: SortedRuns | None
+) -> tuple[torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None]:
+    """The roots' rows of ``z`` (R, D), and how the neighbours' key/value rows are read
+    (None: the attention's own gather)."""
+    gather = _run_gather(z, runs)
+    if gather is None:
+        return take_rows(z, root_pos), None
+
+    def kv_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return gather(table, idx, runs.nbr_lo)
+
+    return gather(z, root_pos, 0), kv_rows
+
+
 class TemporalAttentionLayer(nn.Module):
     """One layer of temporal graph attention over sampled neighbours (TGAT/TGN).
 
@@ -586,15 +601,7 @@ class TemporalAttentionLayer(nn.Module):
 
         r = mask.shape[0]
         dtype = z.dtype
-        gather = _run_gather(z, runs)
-        kv_rows = None
-        if gather is None:
-            h_root = take_rows(z, root_pos)
-        else:
-            h_root = gather(z, root_pos, 0)
-
-            def kv_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-                return gather(table, idx, runs.nbr_lo)
+        h_root, kv_rows = _root_rows(z, root_pos, runs)
 
         zero = self.time_enc.at_zero(r).to(dtype)
         q = self.w_q(torch.cat([h_root, zero], dim=1))

@@ -201,7 +201,7 @@ def test_auto_form_is_factored_for_wide_batches_without_a_gradient(monkeypatch) 
 
     calls: list[str] = []
     for name in ("temporal_attention_fused", "temporal_attention_factored"):
-        monkeypatch.setattr(kernels, name, lambda *a, name=name: calls.append(name) or _out(a))
+        monkeypatch.setattr(kernels, name, lambda *a, name=name, **_: calls.append(name) or _out(a))
     # The layer's choice as it is made for CUDA tensors, on the CPU.
     monkeypatch.setattr(kernels, "backend_for", lambda t, name=None: "triton")
     monkeypatch.setattr(base, "WIDE_ROOTS", 6)
