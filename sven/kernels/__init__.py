@@ -58,7 +58,6 @@ AUTO_TRITON = frozenset(
         "link_decoder",
         "recurrent_update",
         "sample_recent",
-        "state_commit",
         "state_gather",
         "temporal_attention",
         "temporal_attention_factored",

@@ -13,13 +13,15 @@ from tests.unit.test_models import N, _batch, _model
 
 
 def _to(obj, device: str):
-    """A batch (its nested dataclasses too: the de-duplication's runs) on ``device``."""
+    """A batch (its nested dataclasses too: the neighbour block, the de-duplication's
+    runs) on ``device``."""
     moved = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if isinstance(v, torch.Tensor):
             moved[f.name] = v.to(device)
-        elif dataclasses.is_dataclass(v) and f.name == "runs":
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            # The sampled neighbours, the de-duplication's runs.
             moved[f.name] = _to(v, device)
     return dataclasses.replace(obj, **moved)
 
