@@ -307,24 +307,21 @@ class MemoryModel(nn.Module):
 
     # -- step 4 -----------------------------------------------------------------
     def event_mail(
-        self, batch: Batch, memory: torch.Tensor, own: torch.Tensor | None = None
+        self, batch: Batch, memory: torch.Tensor, own: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw mails of the positive events from each side.
 
         Args:
             batch: The batch.
             memory: (U, d_mem) the batch's updated memory.
-            own: (2B, d_mem) ``memory`` at the events' sources then destinations, when
-                the caller has read them already (one gather serves the mails and the
-                write-back); None reads them here.
+            own: (2B, d_mem) ``memory`` at the events' sources then destinations, read
+                once by the caller for the mails and the write-back.
 
         Returns:
             (B, d_mail) mails for the source side and (B, d_mail) for the destination side:
             [own memory, what the side sees of the other endpoint, edge features].
         """
         b = batch.size
-        if own is None:
-            own = memory[batch.root_pos[: 2 * b]]
         m_src, m_dst = own[:b], own[b:]
         seen_by_src, seen_by_dst = self.other_endpoint(batch, memory, own)
         parts_s = [m_src, seen_by_src]
@@ -476,35 +473,24 @@ class TimeProjection(nn.Linear):
         return z * (1 + self(x))
 
 
-def _run_gather(
-    z: torch.Tensor, runs: SortedRuns | None
-) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
-    """The row gather whose backward sums over ``runs`` (``kernels.triton_gather``),
-    where it runs (float32 tables, Triton chosen for ``gather_rows``); else None."""
+def _root_rows(
+    z: torch.Tensor, root_pos: torch.Tensor, runs: SortedRuns | None
+) -> tuple[torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None]:
+    """The roots' rows of ``z`` (R, D), and how the neighbours' key/value rows are read:
+    with a backward that sums over ``runs`` (``kernels.triton_gather``) where it runs
+    (float32 tables, Triton chosen for ``gather_rows``), else None (the attention's own
+    gather)."""
     from sven import kernels
 
-    if runs is None or z.dtype != torch.float32:
-        return None
-    if kernels.backend_for(z, "gather_rows") != "triton":
-        return None
+    usable = runs is not None and z.dtype == torch.float32
+    if not usable or kernels.backend_for(z, "gather_rows") != "triton":
+        return take_rows(z, root_pos), None
     from sven.kernels.triton_gather import gather_rows_sorted
 
     def gather(table: torch.Tensor, idx: torch.Tensor, lo: int) -> torch.Tensor:
         return gather_rows_sorted(
             table, idx, runs.perm, runs.inverse, runs.sorted_ids, runs.pad_id, lo
         )
-
-    return gather
-
-
-def _root_rows(
-    z: torch.Tensor, root_pos: torch.Tensor, runs: SortedRuns | None
-) -> tuple[torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None]:
-    """The roots' rows of ``z`` (R, D), and how the neighbours' key/value rows are read
-    (None: the attention's own gather)."""
-    gather = _run_gather(z, runs)
-    if gather is None:
-        return take_rows(z, root_pos), None
 
     def kv_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return gather(table, idx, runs.nbr_lo)
