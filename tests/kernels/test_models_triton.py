@@ -9,12 +9,13 @@ import torch
 
 from sven import kernels
 from sven.models import MODELS, MemoryState
+from sven.pipeline.batch import FeatureTable
 from tests.unit.test_models import N, _batch, _model
 
 
 def _to(obj, device: str):
     """A batch (its nested dataclasses too: the neighbour block, the de-duplication's
-    runs) on ``device``."""
+    runs; and its feature table) on ``device``."""
     moved = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
@@ -23,6 +24,9 @@ def _to(obj, device: str):
         elif dataclasses.is_dataclass(v) and not isinstance(v, type):
             # The sampled neighbours, the de-duplication's runs.
             moved[f.name] = _to(v, device)
+        elif isinstance(v, FeatureTable):
+            # The edge features, read in place by the attention.
+            moved[f.name] = FeatureTable(v.rows.to(device))
     return dataclasses.replace(obj, **moved)
 
 
