@@ -58,6 +58,7 @@ AUTO_TRITON = frozenset(
         "link_decoder",
         "recurrent_update",
         "sample_recent",
+        "state_commit",
         "state_gather",
         "temporal_attention",
         "temporal_attention_factored",

@@ -107,9 +107,6 @@ def _write_kernel(
     k = tl.load(key_ptr + rows, mask=rm, other=-1)
     b = tl.load(best_ptr + n, mask=rm & (k >= 0), other=-2)
     win = rm & (k >= 0) & (b == k)
-    # Only the winner resets its node's maximum: a loser of the same node reads either
-    # the winner's key or -1, neither of which is its own (keys are >= 0 and distinct).
-    tl.store(best_ptr + n, tl.full([ROWS], -1, tl.int64), mask=win)
     r64 = rows.to(tl.int64)
     if WRITE_MEM:
         c = tl.arange(0, B_MEM)
@@ -134,6 +131,13 @@ def _write_kernel(
         tl.store(mail_ptr + row + c[None, :], x, mask=m2)
         tl.store(mts_ptr + n * M, tl.load(src_mts + r64, mask=win), mask=win)
         tl.store(mv_ptr + n * M, tl.full([ROWS], 1, tl.int8), mask=win)
+    # Only the winner resets its node's maximum, and only once every thread of this
+    # program is past its reads of it: the compiler may load ``best`` again in each
+    # thread that needs ``win`` (one per column group of a row), and a read after the
+    # reset would drop the winner's remaining columns. A loser in another program reads
+    # either the winner's key or -1, neither its own (keys are >= 0 and distinct).
+    tl.debug_barrier()
+    tl.store(best_ptr + n, tl.full([ROWS], -1, tl.int64), mask=win)
 
 
 def commit_rows(

@@ -109,3 +109,33 @@ def test_commit_equals_reference(device, use_kernel, m, dtype, receivers):
         tri.commit_dense(up)
         _assert_same(ref, tri)
         assert (tri._best == -1).all()
+
+
+def test_commit_wide_rows_many_writers_per_node(device, use_kernel):
+    # A training batch's shape: 400 writers on 60 nodes, mails of 35 columns (a row
+    # spans several thread groups on the GPU). Every column of each winner's row must
+    # land, on every repetition: the winner resets its node's maximum only after all
+    # of its program's reads of it.
+    n, p = 60, 400
+    g = torch.Generator().manual_seed(3)
+    ref = MemoryState(n, 16, 35, device=device)
+    tri = MemoryState(n, 16, 35, device=device)
+    for rep in range(20 if device == "cuda" else 2):
+        nodes = torch.randint(0, n, (p,), generator=g).to(device)
+        up = DenseUpdate(
+            nodes=nodes,
+            memory=torch.randn(p, 16, generator=g).to(device),
+            last_update=torch.rand(p, generator=g, dtype=torch.float64).to(device),
+            key=(torch.randperm(p, generator=g) + rep * p).to(device),
+            mail_nodes=nodes,
+            mail=torch.randn(p, 35, generator=g).to(device),
+            mail_ts=torch.rand(p, generator=g, dtype=torch.float64).to(device),
+            mail_key=None,  # set below: the same tensor as key (one set of winners)
+        )
+        up.mail_key = up.key
+        use_kernel("state_commit", "reference")
+        ref.commit_dense(up)
+        use_kernel("state_commit", "triton")
+        tri.commit_dense(up)
+        _assert_same(ref, tri)
+        assert (tri._best == -1).all()
