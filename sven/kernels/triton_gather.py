@@ -37,9 +37,13 @@ import triton.language as tl
 
 __all__ = ["gather_rows_sorted", "segment_sum"]
 
+# Sorted entries and columns a program takes (a 32-column row block is one 128-byte
+# line), and the entries of a run's walk per step; benchmarks/bench_segment_sum.py
+# times other choices.
 _CH = 32
 _BC = 32
 _WALK = 256
+_WARPS = 4
 
 
 @triton.jit
@@ -67,10 +71,13 @@ def _walk(
 
 @triton.jit
 def _chunk_sums(
-    g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, c0, S, G, lo, pad_id, D, cols, cm,
-    CH: tl.constexpr, BC: tl.constexpr, W: tl.constexpr,
+    g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, c0, tail, before, key, after,
+    S, G, lo, pad_id, D, cols, cm, CH: tl.constexpr, BC: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
-    """Writes the sums of the runs that start among sorted entries c0 .. c0 + CH."""
+    """Writes the sums of the runs that start among sorted entries c0 .. tail: a run
+    that started in an earlier chunk (id ``before``, the entry before c0) is that
+    chunk's; the last run (id ``key``), if it goes on past the chunk (entry ``after``),
+    is followed here to its end."""
     j = c0 + tl.arange(0, CH)
     jm = j < S
     sid = tl.load(sid_ptr + j, mask=jm, other=-1).to(tl.int64)
@@ -80,12 +87,6 @@ def _chunk_sums(
     live = jm & (sid != pad_id)
     xm = (live & (r >= 0) & (r < G))[:, None] & cm[None, :]
     x = tl.load(g_ptr + r[:, None] * D + cols[None, :], mask=xm, other=0.0)
-    # A run that started in an earlier chunk is that chunk's; the chunk's last run, if
-    # it goes on past the chunk, is followed here to its end.
-    before = tl.load(sid_ptr + c0 - 1, mask=c0 > 0, other=-1).to(tl.int64)
-    tail = tl.minimum(c0 + CH, S) - 1
-    key = tl.load(sid_ptr + tail).to(tl.int64)
-    after = tl.load(sid_ptr + tail + 1, mask=tail + 1 < S, other=-1).to(tl.int64)
     longer = (key == after) & (key != before) & (key != pad_id)
     extra = tl.zeros([BC], tl.float32)
     if longer:
@@ -110,18 +111,25 @@ def _segment_sum_kernel(
     c0 = tl.program_id(0) * CH
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = cols < D
+    # The sorted order's last entry tells the distinct ids (read here, used last).
+    last_p = tl.load(perm_ptr + S - 1)
+    pad_last = (tl.load(sid_ptr + S - 1).to(tl.int64) == pad_id).to(tl.int64)
     # The padding's run is the last (its id is the largest): a chunk that starts in it
     # holds no sum to write.
     lead = tl.load(sid_ptr + c0, mask=c0 < S, other=pad_id).to(tl.int64)
+    # Read beside it, so that a hub's walk waits for one read before its own.
+    before = tl.load(sid_ptr + c0 - 1, mask=(c0 > 0) & (c0 < S), other=-1).to(tl.int64)
+    tail = tl.minimum(c0 + CH, S) - 1
+    key = tl.load(sid_ptr + tail, mask=c0 < S, other=pad_id).to(tl.int64)
+    after = tl.load(sid_ptr + tail + 1, mask=tail + 1 < S, other=-1).to(tl.int64)
     if lead != pad_id:
         _chunk_sums(
-            g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, c0, S, G, lo, pad_id, D, cols, cm,
-            CH, BC, W,
+            g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, c0, tail, before, key, after,
+            S, G, lo, pad_id, D, cols, cm, CH, BC, W,
         )  # fmt: skip
     # The padding's slot (the last distinct id's, where it occurs) and the slots past
-    # the distinct ids are zeros.
-    nd = tl.load(inv_ptr + tl.load(perm_ptr + S - 1)) + 1
-    nd -= (tl.load(sid_ptr + S - 1).to(tl.int64) == pad_id).to(nd.dtype)
+    # the distinct ids are zeros (rows no run's sum writes).
+    nd = tl.load(inv_ptr + last_p) + 1 - pad_last
     z = c0 + tl.arange(0, CH)
     zm = (z >= nd) & (z < U)
     zero = tl.zeros([CH, BC], tl.float32)
@@ -157,9 +165,8 @@ def segment_sum(
     if s == 0:
         return out.zero_()
     grid = (triton.cdiv(max(s, u), _CH), triton.cdiv(d, _BC))
-    _segment_sum_kernel[grid](
-        g, perm, inverse, sorted_ids, out, s, g.shape[0], lo, pad_id, u, d, CH=_CH, BC=_BC, W=_WALK
-    )
+    args = (g, perm, inverse, sorted_ids, out, s, g.shape[0], lo, pad_id, u, d)
+    _segment_sum_kernel[grid](*args, CH=_CH, BC=_BC, W=_WALK, num_warps=_WARPS)
     return out
 
 
