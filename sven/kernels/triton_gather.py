@@ -9,12 +9,19 @@ permutation lists, run by run, the positions that read each row. Here the backwa
 one kernel over those runs, in a fixed order (deterministic, no atomics):
 
 - each program takes CH consecutive entries of the sorted order and a block of
-  columns; the entries of one run are summed by one product with a 0/1 matrix
-  (``A[j, i] = 1`` where entries i and j share a run), exact in IEEE products;
-- the run that starts in the chunk and runs past its end is followed, tile by tile,
-  by the same program; a run that started in an earlier chunk is that chunk's;
-- the run of the padding id (masked neighbour slots, whose gradient is zero) and the
-  unused slots are written as zeros.
+  columns; runs are told apart by the sorted ids themselves (read beside the
+  permutation, so a row waits for two reads, not three), and the entries of one run
+  are summed by one product with a 0/1 matrix (``A[j, i] = 1`` where entries i and j
+  share a run), exact in IEEE products;
+- the run that starts in the chunk and runs past its end is followed by the same
+  program in tiles of W entries (a hub's few hundred entries in a step or two), each
+  step deciding the next from its own sorted ids; a run that started in an earlier
+  chunk is that chunk's;
+- the padding id's run is the last of the sorted order (its id is the largest): a
+  chunk that starts in it loads nothing, and its rows are never read. The padding's
+  slot and the slots past the distinct ids are written as zeros, which the caller's
+  autograd needs (the (U, D) gradient flows on, whole, into the GEMMs that made the
+  table).
 
 Contract: for every position i of the gather whose gradient may be nonzero,
 ``idx[i] == inverse[lo + i]`` (the de-duplication's slot of that id). Masked
@@ -30,63 +37,100 @@ import triton.language as tl
 
 __all__ = ["gather_rows_sorted", "segment_sum"]
 
+# Sorted entries and columns a program takes (a 32-column row block is one 128-byte
+# line), and the entries of a run's walk per step; benchmarks/bench_segment_sum.py
+# times other choices.
 _CH = 32
-_BC = 64
+_BC = 32
+_WALK = 256
+_WARPS = 4
+
+
+@triton.jit
+def _walk(
+    g_ptr, perm_ptr, sid_ptr, key, jj, S, G, lo, D, cols, cm, BC: tl.constexpr, W: tl.constexpr
+):  # fmt: skip
+    """(BC,) the sum of the rows of id ``key``'s run from sorted entry ``jj`` on."""
+    extra = tl.zeros([BC], tl.float32)
+    go = jj < S
+    while go:
+        jt = jj + tl.arange(0, W)
+        mt = jt < S
+        # The run is told by the sorted ids, read beside the permutation: a step waits
+        # for two reads (the permutation, then the rows), not three.
+        run = mt & (tl.load(sid_ptr + jt, mask=mt, other=-1).to(tl.int64) == key)
+        rt = tl.load(perm_ptr + jt, mask=mt, other=0) - lo
+        it = run & (rt >= 0) & (rt < G)
+        xm = it[:, None] & cm[None, :]
+        x = tl.load(g_ptr + rt[:, None] * D + cols[None, :], mask=xm, other=0.0)
+        extra += tl.sum(x, axis=0)
+        jj += W
+        go = (jj < S) & (tl.sum(run.to(tl.int32), axis=0) == W)
+    return extra
+
+
+@triton.jit
+def _chunk_sums(
+    g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, c0, tail, before, key, after,
+    S, G, lo, pad_id, D, cols, cm, CH: tl.constexpr, BC: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """Writes the sums of the runs that start among sorted entries c0 .. tail: a run
+    that started in an earlier chunk (id ``before``, the entry before c0) is that
+    chunk's; the last run (id ``key``), if it goes on past the chunk (entry ``after``),
+    is followed here to its end."""
+    j = c0 + tl.arange(0, CH)
+    jm = j < S
+    sid = tl.load(sid_ptr + j, mask=jm, other=-1).to(tl.int64)
+    nxt = tl.load(sid_ptr + j + 1, mask=(j + 1) < S, other=-1).to(tl.int64)
+    p = tl.load(perm_ptr + j, mask=jm, other=0)
+    r = p - lo
+    live = jm & (sid != pad_id)
+    xm = (live & (r >= 0) & (r < G))[:, None] & cm[None, :]
+    x = tl.load(g_ptr + r[:, None] * D + cols[None, :], mask=xm, other=0.0)
+    longer = (key == after) & (key != before) & (key != pad_id)
+    extra = tl.zeros([BC], tl.float32)
+    if longer:
+        extra = _walk(g_ptr, perm_ptr, sid_ptr, key, tail + 1, S, G, lo, D, cols, cm, BC, W)
+    # The entries of one run summed by one product with a 0/1 matrix (exact in IEEE
+    # products: each sum adds the same terms, in the product's fixed order).
+    same = (sid[:, None] == sid[None, :]).to(tl.float32)
+    part = tl.dot(same, x, input_precision="ieee")
+    total = tl.where(((j == tail) & longer)[:, None], part + extra[None, :], part)
+    # One store per run, from its last entry in the chunk.
+    keep = live & (sid != before) & ((sid != nxt) | (j == tail))
+    slot = tl.load(inv_ptr + p, mask=keep, other=0)
+    sm = keep[:, None] & cm[None, :]
+    tl.store(out_ptr + slot[:, None] * D + cols[None, :], total, mask=sm)
 
 
 @triton.jit
 def _segment_sum_kernel(
     g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, S, G, lo, pad_id, U, D,
-    CH: tl.constexpr, BC: tl.constexpr,
+    CH: tl.constexpr, BC: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
-    c = tl.program_id(0)
+    c0 = tl.program_id(0) * CH
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = cols < D
-    j = c * CH + tl.arange(0, CH)
-    jm = j < S
-    p = tl.load(perm_ptr + j, mask=jm, other=0)
-    s = tl.load(inv_ptr + p, mask=jm, other=-1)
-    r = p - lo
-    inr = jm & (r >= 0) & (r < G)
-    gt = tl.load(g_ptr + r[:, None] * D + cols[None, :], mask=inr[:, None] & cm[None, :], other=0.0)
-    same = (s[:, None] == s[None, :]).to(tl.float32)
-    part = tl.dot(same, gt, input_precision="ieee")
-    p_prev = tl.load(perm_ptr + j - 1, mask=jm & (j > 0), other=0)
-    s_prev = tl.load(inv_ptr + p_prev, mask=jm & (j > 0), other=-1)
-    first = jm & (s != s_prev)
-    # The chunk's last run may go on past its end: the program where it starts follows
-    # it (a run that started earlier is its own chunk's), unless it is the padding's.
-    last = tl.minimum(c * CH + CH, S) - 1
-    s_last = tl.load(inv_ptr + tl.load(perm_ptr + last))
-    starts_here = tl.sum((first & (s == s_last)).to(tl.int32), axis=0) > 0
-    not_pad = tl.load(sid_ptr + last).to(tl.int64) != pad_id
-    extra = tl.zeros([BC], tl.float32)
-    jj = c * CH + CH
-    go = (jj < S) & starts_here & not_pad
-    if go:
-        go = tl.load(inv_ptr + tl.load(perm_ptr + jj)) == s_last
-    while go:
-        jt = jj + tl.arange(0, CH)
-        mt = jt < S
-        pt = tl.load(perm_ptr + jt, mask=mt, other=0)
-        st = tl.load(inv_ptr + pt, mask=mt, other=-1)
-        rt = pt - lo
-        it = mt & (st == s_last) & (rt >= 0) & (rt < G)
-        xm = it[:, None] & cm[None, :]
-        x = tl.load(g_ptr + rt[:, None] * D + cols[None, :], mask=xm, other=0.0)
-        extra += tl.sum(x, axis=0)
-        jj += CH
-        go = jj < S
-        if go:
-            go = tl.load(inv_ptr + tl.load(perm_ptr + jj)) == s_last
-    total = part + tl.where(s == s_last, 1.0, 0.0)[:, None] * extra[None, :]
-    node = tl.load(sid_ptr + j, mask=first, other=0).to(tl.int64)
-    total = tl.where((node == pad_id)[:, None], 0.0, total)
-    sm = first[:, None] & cm[None, :]
-    tl.store(out_ptr + s[:, None].to(tl.int64) * D + cols[None, :], total, mask=sm)
-    # Slots past the distinct ids hold no run: zeros.
-    nd = tl.load(inv_ptr + tl.load(perm_ptr + S - 1)) + 1
-    z = c * CH + tl.arange(0, CH)
+    # The sorted order's last entry tells the distinct ids (read here, used last).
+    last_p = tl.load(perm_ptr + S - 1)
+    pad_last = (tl.load(sid_ptr + S - 1).to(tl.int64) == pad_id).to(tl.int64)
+    # The padding's run is the last (its id is the largest): a chunk that starts in it
+    # holds no sum to write.
+    lead = tl.load(sid_ptr + c0, mask=c0 < S, other=pad_id).to(tl.int64)
+    # Read beside it, so that a hub's walk waits for one read before its own.
+    before = tl.load(sid_ptr + c0 - 1, mask=(c0 > 0) & (c0 < S), other=-1).to(tl.int64)
+    tail = tl.minimum(c0 + CH, S) - 1
+    key = tl.load(sid_ptr + tail, mask=c0 < S, other=pad_id).to(tl.int64)
+    after = tl.load(sid_ptr + tail + 1, mask=tail + 1 < S, other=-1).to(tl.int64)
+    if lead != pad_id:
+        _chunk_sums(
+            g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, c0, tail, before, key, after,
+            S, G, lo, pad_id, D, cols, cm, CH, BC, W,
+        )  # fmt: skip
+    # The padding's slot (the last distinct id's, where it occurs) and the slots past
+    # the distinct ids are zeros (rows no run's sum writes).
+    nd = tl.load(inv_ptr + last_p) + 1 - pad_last
+    z = c0 + tl.arange(0, CH)
     zm = (z >= nd) & (z < U)
     zero = tl.zeros([CH, BC], tl.float32)
     zm2 = zm[:, None] & cm[None, :]
@@ -121,9 +165,8 @@ def segment_sum(
     if s == 0:
         return out.zero_()
     grid = (triton.cdiv(max(s, u), _CH), triton.cdiv(d, _BC))
-    _segment_sum_kernel[grid](
-        g, perm, inverse, sorted_ids, out, s, g.shape[0], lo, pad_id, u, d, CH=_CH, BC=_BC
-    )
+    args = (g, perm, inverse, sorted_ids, out, s, g.shape[0], lo, pad_id, u, d)
+    _segment_sum_kernel[grid](*args, CH=_CH, BC=_BC, W=_WALK, num_warps=_WARPS)
     return out
 
 

@@ -93,3 +93,77 @@ def test_short_lists(device):
             table, inverse, gout, lambda t, i, runs=runs: gather_rows_sorted(t, i, *runs, 99, 0)
         )
         assert torch.equal(got, want), ids
+
+
+def _shuffled_runs(lengths: list[int], pad: int, pad_count: int, gen: torch.Generator):
+    """Ids 1, 4, 7, .. repeated by ``lengths`` (in that sorted order), then ``pad_count``
+    padding ids, in a random order."""
+    real = torch.arange(len(lengths)) * 3 + 1
+    ids = torch.cat([real.repeat_interleave(torch.tensor(lengths)), torch.full((pad_count,), pad)])
+    return ids[torch.randperm(ids.shape[0], generator=gen)]
+
+
+def _index_add(g, inverse, nodes, pad, lo, slots, dtype):
+    """The reference: rows of ``g`` added into their slots in position order; the
+    padding's slot zero."""
+    want = torch.zeros(slots, g.shape[1], dtype=dtype)
+    want.index_add_(0, inverse[lo : lo + g.shape[0]].cpu(), g.cpu().to(dtype))
+    want[nodes.cpu() == pad] = 0.0
+    return want
+
+
+def _boundary_lengths() -> list[int]:
+    """Runs placed against the kernel's chunk (CH) and walk tile (W): one from a
+    chunk's last entry for exactly one tile past it, one from a chunk's first entry
+    over three tiles, single entries, runs of a chunk, and a long run at the end."""
+    from sven.kernels.triton_gather import _CH, _WALK
+
+    ch, w = _CH, _WALK
+    return [ch - 1, 1 + w, 2 * w + ch + 5, 1, ch, ch, 1, 3 * w + 7, 2, ch + 1, 5, 600]
+
+
+@pytest.mark.parametrize("d", [3, 40])
+@pytest.mark.parametrize("pad_count", [0, 2500])
+def test_runs_across_chunks_and_walk_tiles(device, d, pad_count):
+    """Hub runs over many chunks, runs across chunk and walk-tile boundaries, a padding
+    run of thousands, more slots than distinct ids: integer gradients give indexing's
+    sums to the bit; the padding's rows are never read (their gradient may be anything)
+    and its slot, like the unused ones, is zero."""
+    from sven.kernels.triton_gather import segment_sum
+
+    gen = torch.Generator().manual_seed(d + pad_count)
+    pad = 10_000
+    ids = _shuffled_runs(_boundary_lengths(), pad, pad_count, gen).to(device)
+    s = ids.shape[0]
+    distinct = len(_boundary_lengths()) + (pad_count > 0)
+    nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad, distinct + 37)
+    for lo, n in ((0, 700), (700, s - 700)):
+        g = torch.randint(-8, 9, (n, d), generator=gen).float()
+        want = _index_add(g, inverse, nodes, pad, lo, distinct + 37, torch.float32)
+        g[(ids[lo : lo + n] == pad).cpu()] = 1e30
+        got = segment_sum(g.to(device), perm, inverse, sorted_ids, pad, lo, distinct + 37)
+        assert torch.equal(got.cpu(), want), (lo, n)
+
+
+def test_float_sums_close_and_repeatable(device):
+    """Random float gradients in a Wikipedia-like list (a few hundred ids, hubs of
+    hundreds of reads, a long padding run): within float32 rounding of a float64
+    index_add, and two calls equal to the bit."""
+    from sven.kernels.triton_gather import segment_sum
+
+    gen = torch.Generator().manual_seed(3)
+    pad, r = 9000, 300
+    lengths = [*torch.randint(1, 6, (150,), generator=gen).tolist(), 450, 120, 260]
+    ids = _shuffled_runs(lengths, pad, 1800, gen)
+    ids = torch.cat([ids[ids != pad][:r], ids[r:]]).to(device)  # roots are real ids
+    s = ids.shape[0]
+    nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad)
+    g = torch.randn(s - r, 24, generator=gen)
+    g[(ids[r:] == pad).cpu()] = 0.0
+    want = _index_add(g, inverse, nodes, pad, r, s, torch.float64)
+    g = g.to(device)
+    got = segment_sum(g, perm, inverse, sorted_ids, pad, r, s)
+    again = segment_sum(g, perm, inverse, sorted_ids, pad, r, s)
+    assert torch.equal(got, again)
+    assert torch.allclose(got.cpu().double(), want, rtol=1e-5, atol=1e-4)
+    assert not got[len(lengths) :].any()
