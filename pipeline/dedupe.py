@@ -90,13 +90,13 @@ def dedupe_sorted(
         (tensor([ 2,  5,  9, 10]), tensor([1, 0, 1, 2]))
     """
     u = ids.shape[0] if slots is None else slots
-    if ids.shape[0] <= _COMPACT_MAX_IDS and kernels.backend_for(ids, "dedupe_count") == "triton":
-        from sven.kernels.triton_dedupe import COUNT_MAX_RANGE, dedupe_count
+    if kernels.backend_for(ids, "dedupe_sort") == "triton":
+        from sven.kernels.triton_dedupe import dedupe_sort, sort_fits
 
-        if pad_id < COUNT_MAX_RANGE:
-            # A small id range: a counting sort in one program, where a radix sort
-            # and the compaction were some fifteen kernels.
-            return dedupe_count(ids, pad_id, u)
+        if sort_fits(ids.shape[0], pad_id):
+            # A batch's list: the sort and the compaction in one program, where the
+            # radix sort alone is some fifteen kernels.
+            return dedupe_sort(ids, pad_id, u)
     if pad_id < 2**31:
         # Sorted as int32: a radix sort does half the passes of an int64 one (4 of 8 on
         # CUDA, the step's largest kernels after the GEMMs), for the same order.

@@ -75,9 +75,10 @@ _TRITON_MODULE = {
     "link_decoder": "sven.kernels.triton_decoder",
     # The reference is the sampler's own code (sven.pipeline.sampler), the CPU path.
     "sample_recent": "sven.kernels.triton_sampler",
-    # The reference is pipeline.dedupe.dedupe_fixed's own code after its sort.
+    # The reference is pipeline.dedupe.dedupe_fixed's own code after its sort
+    # (dedupe_compact), and with it (dedupe_sort).
     "dedupe_compact": "sven.kernels.triton_dedupe",
-    "dedupe_count": "sven.kernels.triton_dedupe",
+    "dedupe_sort": "sven.kernels.triton_dedupe",
     # The references are sven.models.memory.MemoryState's own gather and commit_dense.
     "state_gather": "sven.kernels.triton_state",
     # The reference is sven.engine.body.masked_bce.

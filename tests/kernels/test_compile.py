@@ -60,6 +60,14 @@ for tdt in ("i64", "fp64"):
 from sven.kernels import triton_dedupe as tdd
 for sdt in ("i32", "i64"):
     cases.append((tdd._compact_kernel, "i64", {"BLOCK": 4096}, {"sorted_ptr": "*" + sdt}))
+import triton.language as tl
+# The one-program sort at 4 warps (its width up to 2,048 keys): int32 keys, and int64
+# keys with int32 sorted ids (a padding id below 2**31) and with int64 ones.
+for key, sdt in ((tl.int32, "i32"), (tl.int64, "i32"), (tl.int64, "i64")):
+    top = 2**31 - 1 if key == tl.int32 else 2**63 - 1
+    cases.append((tdd._sort_kernel, "i64",
+                  {"BLOCK": 1024, "POS_BITS": 10, "KEY": key, "TOP": top},
+                  {"sorted_ptr": "*" + sdt}))
 failures = []
 for fn, dt, consts, *over in cases:
     pointee = {**POINTEE, **(over[0] if over else {})}
@@ -93,5 +101,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 66
+    assert report["cases"] == 69
     assert report["failures"] == []
