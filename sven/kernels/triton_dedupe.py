@@ -69,10 +69,11 @@ def compact_sorted(
 
 #: The longest id list :func:`dedupe_sort` takes: the whole list is one block of keys in
 #: one program's registers, a bitonic sort of log2(block) * (log2(block) + 1) / 2
-#: compare-and-swap rounds. An evaluation batch (11,000 ids at batch 200) fits, its
-#: block of 16,384 keys past what 16 warps' registers hold (docs/kernels.md); MRR
-#: evaluation's 200,000 ids take the radix sort.
-SORT_MAX_IDS = 1 << 14
+#: compare-and-swap rounds. A training batch's block (8,192 keys for 6,600 ids at batch
+#: 200) fits 16 warps' registers; a block of 16,384 (an evaluation batch's 11,000 ids)
+#: spills (docs/kernels.md), so evaluation keeps the radix sort until that block is
+#: measured on the GPU.
+SORT_MAX_IDS = 1 << 13
 
 
 @triton.jit
