@@ -26,6 +26,7 @@ from torch import nn
 from sven.kernels.reference import masked_rows, take_rows
 from sven.kernels.sums import linear
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
+from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 from sven.pipeline.negatives import dropout_scale
 
@@ -75,13 +76,14 @@ def endpoint_keys(batch: Batch, side_offsets: tuple[int, int] = (0, 1)) -> torch
     its destination-side mail). Multiples of 4 leave room for neighbour delivery (APAN,
     offsets 2 and 3).
     """
-    a, b = side_offsets
-    i4 = batch.index * 4
-    # Adding 0 is a kernel too: the captured step is bound by its kernel count.
-    keys = torch.cat([i4 if a == 0 else i4 + a, i4 if b == 0 else i4 + b])
-    if batch.valid is None:
-        return keys
-    return torch.where(batch.valid.repeat(2), keys, -1)
+    dev = batch.index.device
+    # Both sides in one kernel, the padding in one more (shape constants, kept: the
+    # captured step is bound by its kernel count).
+    sides = constants.values(tuple(side_offsets), torch.int64, dev)[:, None]
+    keys = torch.add(sides, batch.index[None, :], alpha=4)
+    if batch.valid is not None:
+        keys = torch.where(batch.valid[None, :], keys, constants.filled(-1, (), torch.int64, dev))
+    return keys.reshape(-1)
 
 
 def endpoints(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
