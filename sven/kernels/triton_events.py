@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.triton_hash import _scalar
+
 __all__ = ["select_events"]
 
 _BLOCK = 256
@@ -53,13 +55,6 @@ def _select_kernel(
     tl.store(out_t_ptr + j, tl.load(t_ptr + i, mask=m, other=0).to(tl.float64), mask=m)
 
 
-def _scalar(x: int | torch.Tensor) -> tuple[int | torch.Tensor, bool]:
-    """A kernel argument and whether it is a pointer (a 0-d device tensor)."""
-    if isinstance(x, torch.Tensor):
-        return x.reshape(()).to(torch.int64), True
-    return int(x), False
-
-
 def select_events(
     src: torch.Tensor,
     dst: torch.Tensor,
@@ -92,8 +87,8 @@ def select_events(
     out_t = torch.empty(capacity, dtype=torch.float64, device=dev)
     if capacity == 0:
         return idx, valid, out_src, out_dst, out_t
-    s, s_ptr = _scalar(start)
-    e, e_ptr = _scalar(stop)
+    s, s_ptr = _scalar(start, dev)
+    e, e_ptr = _scalar(stop, dev)
     _select_kernel[(triton.cdiv(capacity, _BLOCK),)](
         s, e, src if order is None else order, src, dst, t,
         idx, valid.view(torch.int8), out_src, out_dst, out_t,

@@ -12,12 +12,11 @@ import torch
 from sven import kernels
 
 
-@pytest.fixture
-def reference(monkeypatch):
-    """Calls the PyTorch chains whatever the device (SVEN_KERNELS=reference)."""
+def _forced(monkeypatch, mode: str):
+    """Calls with ``SVEN_KERNELS=mode`` whatever the device."""
 
     def run(fn, *args):
-        monkeypatch.setenv("SVEN_KERNELS", "reference")
+        monkeypatch.setenv("SVEN_KERNELS", mode)
         kernels.reset_backend()
         try:
             return fn(*args)
@@ -26,6 +25,18 @@ def reference(monkeypatch):
             kernels.reset_backend()
 
     return run
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """Calls the PyTorch chains whatever the device (SVEN_KERNELS=reference)."""
+    return _forced(monkeypatch, "reference")
+
+
+@pytest.fixture
+def triton_hashes(monkeypatch):
+    """Calls with the hashes on Triton whatever the device (SVEN_KERNELS=triton)."""
+    return _forced(monkeypatch, "triton")
 
 
 def _index(n: int, device: str) -> torch.Tensor:
@@ -144,22 +155,6 @@ def test_keyed_dropout_is_the_product_it_was() -> None:
     (y * w).sum().backward()
     (y2 * w).sum().backward()
     assert torch.equal(x.grad, x2.grad)
-
-
-@pytest.fixture
-def triton_hashes(monkeypatch):
-    """Calls with the hashes on Triton whatever the device (SVEN_KERNELS=triton)."""
-
-    def run(fn, *args):
-        monkeypatch.setenv("SVEN_KERNELS", "triton")
-        kernels.reset_backend()
-        try:
-            return fn(*args)
-        finally:
-            monkeypatch.delenv("SVEN_KERNELS")
-            kernels.reset_backend()
-
-    return run
 
 
 @pytest.mark.parametrize("as_tensor", [False, True])
