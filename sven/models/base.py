@@ -366,7 +366,9 @@ class MemoryModel(nn.Module):
             (-1 for the padded events of a fixed-capacity batch).
         """
         mails = torch.cat([mail_src, mail_dst])
-        ts = torch.cat([batch.t, batch.t])
+        # The roots' times start with [t (B), t (B)]: those of the sources and the
+        # destinations, a view where a concatenation was a kernel.
+        ts = batch.root_t[: 2 * batch.size]
         return endpoints[0], mails, ts, endpoints[1]
 
     def write_back(
