@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sven.pipeline import constants
 from sven.pipeline.negatives import node_keys, root_keys
 
 if TYPE_CHECKING:
@@ -155,6 +156,7 @@ def root_layout(
     *,
     sample_roots: str = "all",
     rng: tuple[int, int | torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
 ) -> RootLayout:
     """The roots of a batch of events and which of them are sampled and written.
 
@@ -167,16 +169,23 @@ def root_layout(
         sample_roots: "all" roots or only the "positive" ones (src and dst) have their
             neighbours sampled; "none": no root.
         rng: ``(seed, stream)`` of the roots' random keys, or None for no keys.
+        out: (R,) int64 contiguous where the roots are written (the head of a batch's
+            id list), or None.
 
     Returns:
         The layout.
     """
     b = src.shape[0]
     width = 2 + neg.shape[1]
-    nodes = torch.cat([src, dst, neg.t().reshape(-1)])
+    nodes = torch.cat([src, dst, neg.t().reshape(-1)], out=out)
     keys = None if rng is None else root_keys(rng[0], rng[1], index, width)
-    sampled = {"all": nodes.shape[0], "positive": 2 * b, "none": 0}[sample_roots]
+    sampled = num_sampled(sample_roots, b, width)
     return RootLayout(nodes, t.to(torch.float64).repeat(width), keys, sampled, 2 * b)
+
+
+def num_sampled(sample_roots: str, b: int, width: int) -> int:
+    """How many of a batch's B * width roots have their neighbours sampled."""
+    return {"all": b * width, "positive": 2 * b, "none": 0}[sample_roots]
 
 
 def make_batch(
@@ -233,16 +242,18 @@ def make_batch(
     Returns:
         The batch.
     """
+    ids = _id_list(src.shape[0], neg.shape[1], sampler, sample_roots, read_neighbors, pad_node)
     layout = root_layout(
         index, src, dst, t, neg, sample_roots=sample_roots,
         rng=None if rng is None else (rng[0], rng[1]),
+        out=None if ids is None else ids[: src.shape[0] * (2 + neg.shape[1])],
     )  # fmt: skip
     roots, root_t, root_key = layout.nodes, layout.times, layout.keys
-    block = None if sampler is None else _sample(sampler, layout, generator)
+    block = None if sampler is None else _sample(sampler, layout, generator, ids, pad_node)
     runs = None
     if pad_node is not None:
         nbrs = block if read_neighbors else None
-        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node, slots)
+        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node, slots, ids)
     else:
         nodes, root_pos, nbr_pos = _unique_slots(roots, block if read_neighbors else None)
     return Batch(
@@ -256,21 +267,46 @@ def make_batch(
     )  # fmt: skip
 
 
+def _id_list(
+    b: int,
+    n: int,
+    sampler: TemporalSampler | None,
+    sample_roots: str,
+    read_neighbors: bool,
+    pad_node: int | None,
+) -> torch.Tensor | None:
+    """The empty id list of a fixed-slot batch that reads neighbours: (R + S K,) int64,
+    the R roots then the K neighbour slots of the S sampled ones, which the roots'
+    layout and the sampler write in place (no concatenation); else None."""
+    if pad_node is None or sampler is None or not read_neighbors:
+        return None
+    r = b * (2 + n)
+    k = sampler.fanouts[0]
+    return torch.empty(r + num_sampled(sample_roots, b, 2 + n) * k, dtype=torch.int64,
+                       device=sampler.tcsr.device)  # fmt: skip
+
+
 def _fixed_slots(
-    roots: torch.Tensor, block: NeighborBlock | None, pad_node: int, slots: int | None
+    roots: torch.Tensor,
+    block: NeighborBlock | None,
+    pad_node: int,
+    slots: int | None,
+    ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SortedRuns]:
     """:func:`make_batch`'s fixed-slot de-duplication of (R,) roots and the sampled
     neighbours of ``block`` (None: no neighbour is read) into U slots (``slots``, at
-    most ``slot_count``'s).
+    most ``slot_count``'s); ``ids`` is their id list (:func:`_id_list`) where written
+    already, ``pad_node`` in the masked neighbour slots.
 
     Returns:
         nodes (U,), root_pos (R,), nbr_pos (R, K) or None, and the de-duplication's sort.
     """
     from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
 
-    ids = roots
-    if block is not None:
-        pad = torch.full_like(block.nbr, pad_node)
+    if block is None:
+        ids = roots
+    elif ids is None:
+        pad = constants.filled(pad_node, (), torch.int64, roots.device)
         ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
     u = slot_count(ids.shape[0], pad_node)
     if slots is not None:
@@ -283,18 +319,28 @@ def _fixed_slots(
     # A masked slot may read any row: each reads a row of its own (its position among
     # the ids, modulo the slots), not the one padding row, so that the zero gradients
     # of the masked slots are not atomic adds piled on one row.
-    own = (torch.arange(r, ids.shape[0], device=ids.device) % u).view_as(block.nbr)
+    own = constants.arange_mod(r, ids.shape[0], u, ids.device).view_as(block.nbr)
     nbr_pos = torch.where(block.mask, inverse[r:].view_as(block.nbr), own)
     return nodes, inverse[:r], nbr_pos, runs
 
 
 def _sample(
-    sampler: TemporalSampler, layout: RootLayout, generator: torch.Generator | None
+    sampler: TemporalSampler,
+    layout: RootLayout,
+    generator: torch.Generator | None,
+    ids: torch.Tensor | None = None,
+    pad_node: int | None = None,
 ) -> NeighborBlock:
-    """The neighbours of the roots the model samples (the first ``layout.num_sampled``)."""
+    """The neighbours of the roots the model samples (the first ``layout.num_sampled``),
+    with their ages; written into the tail of the id list ``ids`` too, where there is
+    one (:func:`_id_list`)."""
     n = layout.num_sampled
     keys = None if layout.keys is None else layout.keys[:n]
-    return sampler.sample(layout.nodes[:n], layout.times[:n], generator, keys=keys)[0]
+    tail = None if ids is None else ids[layout.nodes.shape[0] :]
+    return sampler.sample(
+        layout.nodes[:n], layout.times[:n], generator, keys=keys, ids=tail,
+        pad_id=0 if pad_node is None else pad_node, age=True,
+    )[0]  # fmt: skip
 
 
 def _unique_slots(

@@ -146,6 +146,12 @@ def sample_negatives(
     """
     if candidates.numel() == 0:
         raise ValueError("no candidate nodes to draw negatives from")
+    if kernels.hash_backend(event_index) == "triton":
+        from sven.kernels import triton_hash
+
+        # The draw, its remainder and the candidates' gather in one kernel.
+        cols = triton_hash.hash_columns(seed, epoch, event_index, 0, num_neg, candidates=candidates)
+        return cols.t()
     draws = hash_columns(seed, epoch, event_index, 0, num_neg)
     return candidates[draws % candidates.numel()].t()
 
@@ -188,6 +194,13 @@ def node_keys(
     Returns:
         (U,) int64 in [0, 2**63).
     """
+    if kernels.hash_backend(nodes) == "triton":
+        from sven.kernels import triton_hash
+
+        # The draw number's sum inside the kernel, not a kernel of its own.
+        return triton_hash.hash_columns(
+            seed, stream, nodes, batch_start, 1, draw_offset=_NODE_DRAW
+        )[0]
     return hash_columns(seed, stream, nodes, _NODE_DRAW + batch_start, 1)[0]
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from sven import kernels
+from sven.pipeline import constants
 from sven.pipeline.negatives import draws_from_keys
 
 __all__ = ["TCSR", "NeighborBlock", "TemporalSampler"]
@@ -189,6 +190,9 @@ class NeighborBlock:
         eid: (R, K) int64 event ids; 0 in padded slots.
         ts: (R, K) event times, the dtype of the T-CSR's ts; 0 in padded slots.
         mask: (R, K) bool, True for real neighbours. Valid slots come first.
+        age: (R, K) float64 time from each neighbour's event to its root's time as the
+            sampler was given it (``float64(time) - float64(ts)``), 0 where masked; or
+            None where not asked for (``TemporalSampler.sample``'s ``age``).
     """
 
     nodes: torch.Tensor
@@ -197,6 +201,7 @@ class NeighborBlock:
     eid: torch.Tensor
     ts: torch.Tensor
     mask: torch.Tensor
+    age: torch.Tensor | None = None
 
     @property
     def dt(self) -> torch.Tensor:
@@ -270,6 +275,9 @@ class TemporalSampler:
         *,
         root_mask: torch.Tensor | None = None,
         keys: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None,
+        pad_id: int = 0,
+        age: bool = False,
     ) -> list[NeighborBlock]:
         """Samples ``len(fanouts)`` layers of temporal neighbours.
 
@@ -292,6 +300,12 @@ class TemporalSampler:
                 key alone, so that they do not depend on which rank samples it or on
                 any generator state. Slot j of a root draws from ``mix(key, j)``; the
                 next layer's roots are keyed by those draws. Overrides ``generator``.
+            ids: (R * fanouts[0],) int64 contiguous, or None: written with the first
+                layer's neighbour ids, ``pad_id`` where masked (a batch's id list,
+                whose padding is a node of its own).
+            pad_id: See ``ids``.
+            age: Whether the blocks carry ``age`` (the time since each neighbour's
+                event).
 
         Returns:
             One NeighborBlock per layer; layer l has ``R * prod(fanouts[:l])`` roots and
@@ -299,15 +313,19 @@ class TemporalSampler:
         """
         device = self.tcsr.device
         nodes = nodes.to(device=device, dtype=torch.int64)
-        times = self._cast_times(times.to(device))
+        # The roots' times as given: each path brings them to the index's time dtype
+        # (_cast_times), the Triton kernel inside its one launch.
+        times = times.to(device)
         valid = None if root_mask is None else root_mask.to(device=device, dtype=torch.bool)
         if keys is not None:
             keys = keys.to(device=device, dtype=torch.int64)
         blocks = []
         for k in self.fanouts:
-            block, keys = self._sample_layer(nodes, times, valid, k, generator, keys)
+            out = _Extras(ids, pad_id, age)
+            block, keys = self._sample_layer(nodes, times, valid, k, generator, keys, out)
             blocks.append(block)
             nodes, times, valid = block.nbr.flatten(), block.ts.flatten(), block.mask.flatten()
+            ids = None
         return blocks
 
     def _cast_times(self, times: torch.Tensor) -> torch.Tensor:
@@ -326,18 +344,22 @@ class TemporalSampler:
         k: int,
         generator: torch.Generator | None,
         keys: torch.Tensor | None = None,
+        extras: _Extras | None = None,
     ) -> tuple[NeighborBlock, torch.Tensor | None]:
-        """One layer: (R,) roots -> (R, k) neighbours, and the next layer's (R * k,)
-        keys (None without ``keys`` or for "recent"). See ``sample``."""
+        """One layer: (R,) roots at their (R,) times as given -> (R, k) neighbours, and
+        the next layer's (R * k,) keys (None without ``keys`` or for "recent"). See
+        ``sample``."""
         tcsr = self.tcsr
         device = tcsr.device
         num_roots = nodes.numel()
+        extras = extras or _Extras()
         if (
             self.strategy == "recent"
             and tcsr.num_entries
             and kernels.backend_for(nodes, "sample_recent") == "triton"
         ):
-            return self._recent_triton(nodes, times, valid, k), None
+            return self._recent_triton(nodes, times, valid, k, extras), None
+        given, times = times, self._cast_times(times)
         lo = tcsr.indptr.index_select(0, nodes)
         if tcsr.num_entries == 0:
             # No entries to gather from; known at construction, so not a data branch.
@@ -382,18 +404,48 @@ class TemporalSampler:
             eid = torch.where(mask, tcsr.eid.index_select(0, flat).view(num_roots, k), zero)
             ts = tcsr.ts.index_select(0, flat).view(num_roots, k)
             ts = torch.where(mask, ts, zero.to(ts.dtype))
-        block = NeighborBlock(nodes=nodes, times=times, nbr=nbr, eid=eid, ts=ts, mask=mask)
+        age = extras.write(given, nbr, ts, mask)
+        block = NeighborBlock(nodes=nodes, times=times, nbr=nbr, eid=eid, ts=ts, mask=mask, age=age)
         return block, next_keys
 
     def _recent_triton(
-        self, nodes: torch.Tensor, times: torch.Tensor, valid: torch.Tensor | None, k: int
+        self,
+        nodes: torch.Tensor,
+        times: torch.Tensor,
+        valid: torch.Tensor | None,
+        k: int,
+        extras: _Extras,
     ) -> NeighborBlock:
         """The "recent" layer as one Triton kernel (``sven.kernels.triton_sampler``):
-        the same block as the reference path above, in one launch instead of ~17."""
+        the same block as the reference path above, its times' cast and ``extras``
+        included, in one launch instead of ~20."""
         from sven.kernels.triton_sampler import sample_recent
 
         tcsr = self.tcsr
-        nbr, eid, ts, mask = sample_recent(
-            tcsr.indptr, tcsr.ts, tcsr.nbr, tcsr.eid, nodes, times, valid, k, self._steps
-        )
-        return NeighborBlock(nodes=nodes, times=times, nbr=nbr, eid=eid, ts=ts, mask=mask)
+        nbr, eid, ts, mask, cast, age = sample_recent(
+            tcsr.indptr, tcsr.ts, tcsr.nbr, tcsr.eid, nodes, times, valid, k, self._steps,
+            ids=extras.ids, pad_id=extras.pad_id, age=extras.age,
+        )  # fmt: skip
+        return NeighborBlock(nodes=nodes, times=cast, nbr=nbr, eid=eid, ts=ts, mask=mask, age=age)
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """What a layer writes beside its block (``TemporalSampler.sample``'s ``ids``,
+    ``pad_id`` and ``age``)."""
+
+    ids: torch.Tensor | None = None
+    pad_id: int = 0
+    age: bool = False
+
+    def write(
+        self, given: torch.Tensor, nbr: torch.Tensor, ts: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Writes ``ids`` from the (R, K) ``nbr`` and ``mask``; returns the (R, K) age
+        from the (R,) times as ``given`` and the (R, K) ``ts`` (None without ``age``)."""
+        if self.ids is not None:
+            pad = constants.filled(self.pad_id, (), torch.int64, nbr.device)
+            torch.where(mask, nbr, pad, out=self.ids.view(nbr.shape))
+        if not self.age:
+            return None
+        return torch.where(mask, given.to(torch.float64)[:, None] - ts.to(torch.float64), 0.0)

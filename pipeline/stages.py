@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from sven import kernels
+from sven.pipeline import constants
 from sven.pipeline.batch import Batch, make_batch
 from sven.pipeline.negatives import sample_negatives
 from sven.pipeline.sampler import TemporalSampler
 
-__all__ = ["EventTables", "events_batch", "select_batch"]
+__all__ = ["EventTables", "events_batch", "select_batch", "select_events"]
 
 
 @dataclass
@@ -101,7 +103,7 @@ def select_batch(
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
     """
-    idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
+    idx, valid, *columns = select_events(tables, start, stop, capacity, order)
     neg = None
     if neg_table is not None:
         # The padding of a rank's share may come from another split: any row will do.
@@ -122,7 +124,30 @@ def select_batch(
         mrr_stream=mrr_stream,
         mrr_negatives=mrr_negatives,
         slots=slots,
+        columns=tuple(columns),
     )
+
+
+def select_events(
+    tables: EventTables,
+    start: int | torch.Tensor,
+    stop: int | torch.Tensor,
+    capacity: int | None,
+    order: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The global event of each of a batch's event slots, which are real, and their
+    columns; arguments as :func:`select_batch`'s.
+
+    Returns:
+        idx (B,) int64, valid (B,) bool (None without a capacity), and the events' src
+        (B,), dst (B,) and t (B,) float64.
+    """
+    if capacity is not None and kernels.backend_for(tables.src, "select_events") == "triton":
+        from sven.kernels.triton_events import select_events as fused
+
+        return fused(tables.src, tables.dst, tables.t, start, stop, capacity, order)
+    idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
+    return idx, valid, tables.src[idx], tables.dst[idx], tables.t[idx].to(torch.float64)
 
 
 def _event_slots(
@@ -138,7 +163,7 @@ def _event_slots(
         idx = torch.arange(int(start), int(stop), device=dev)
         valid = None
     else:
-        idx = torch.arange(capacity, device=dev) + start
+        idx = constants.arange(capacity, dev) + start
         valid = idx < stop
         # Padding repeats the last real event; an empty share (possible on several
         # ranks) repeats an earlier one of the rank, or the filler entry.
@@ -166,6 +191,7 @@ def events_batch(
     mrr_negatives: int = 0,
     neg: torch.Tensor | None = None,
     slots: int | None = None,
+    columns: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> Batch:
     """The batch of the given events (any subset, e.g. one rank's share of a global batch).
 
@@ -182,10 +208,13 @@ def events_batch(
         neg: (B, n) negatives to use instead of uniform draws (evaluation protocols);
             the MRR negatives are still appended.
         slots: See :func:`select_batch`.
+        columns: The events' (B,) src, dst and t, gathered already, or None.
 
     Returns:
         The batch.
     """
+    if columns is None:
+        columns = (tables.src[idx], tables.dst[idx], tables.t[idx])
     if neg is None:
         neg = sample_negatives(seed, stream, idx, tables.candidates, num_neg)
     if mrr_stream is not None and mrr_negatives:
@@ -194,9 +223,7 @@ def events_batch(
         )
     return make_batch(
         idx,
-        tables.src[idx],
-        tables.dst[idx],
-        tables.t[idx],
+        *columns,
         neg,
         edge_feat_table=tables.edge_feat,
         node_feat_table=tables.node_feat,

@@ -58,6 +58,7 @@ AUTO_TRITON = frozenset(
         "link_decoder",
         "recurrent_update",
         "sample_recent",
+        "select_events",
         "state_commit",
         "state_gather",
         "temporal_attention",
@@ -75,6 +76,8 @@ _TRITON_MODULE = {
     "link_decoder": "sven.kernels.triton_decoder",
     # The reference is the sampler's own code (sven.pipeline.sampler), the CPU path.
     "sample_recent": "sven.kernels.triton_sampler",
+    # The reference is sven.pipeline.stages.select_events's own code.
+    "select_events": "sven.kernels.triton_events",
     # The reference is pipeline.dedupe.dedupe_fixed's own code after its sort
     # (dedupe_compact), and with it (dedupe_sort).
     "dedupe_compact": "sven.kernels.triton_dedupe",

@@ -41,10 +41,11 @@ def _mix(x):
 
 
 # Scalars stay runtime arguments: Triton would otherwise make a value of 1 a constant.
-@triton.jit(do_not_specialize=["epoch", "first_draw", "seed_term", "B", "N"])
+@triton.jit(do_not_specialize=["epoch", "first_draw", "draw_offset", "seed_term", "B", "N", "C"])
 def _hash_columns_kernel(
-    index_ptr, out_ptr, epoch, first_draw, seed_term, B, N,
-    EPOCH_PTR: tl.constexpr, DRAW_PTR: tl.constexpr, BLOCK: tl.constexpr,
+    index_ptr, out_ptr, cand_ptr, epoch, first_draw, draw_offset, seed_term, B, N, C,
+    EPOCH_PTR: tl.constexpr, DRAW_PTR: tl.constexpr, HAS_CAND: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     # out is (num_draws, B) contiguous; element n is draw n // B of index n % B.
     n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -54,7 +55,7 @@ def _hash_columns_kernel(
     else:
         e = epoch.to(tl.int64)
     if DRAW_PTR:
-        d0 = tl.load(first_draw).to(tl.int64)
+        d0 = tl.load(first_draw).to(tl.int64) + draw_offset
     else:
         d0 = first_draw.to(tl.int64)
     j = n // B
@@ -62,7 +63,11 @@ def _hash_columns_kernel(
     # stream_key(seed, epoch, first_draw + j): the same sum modulo 2**64, then masked.
     key = _mix(e * 0x85EBCA77 + (d0 + j) * 0xC2B2AE3D + seed_term)
     idx = tl.load(index_ptr + i, mask=m, other=0).to(tl.int64)
-    tl.store(out_ptr + n, _mix(idx * 0x2545F4914F6CDD1D + key), mask=m)
+    h = _mix(idx * 0x2545F4914F6CDD1D + key)
+    if HAS_CAND:
+        # The hash is non-negative: % is torch's remainder.
+        h = tl.load(cand_ptr + h % C, mask=m, other=0)
+    tl.store(out_ptr + n, h, mask=m)
 
 
 @triton.jit(do_not_specialize=["W", "N"])
@@ -132,8 +137,18 @@ def hash_columns(
     index: torch.Tensor,
     first_draw: int | torch.Tensor,
     num_draws: int,
+    *,
+    draw_offset: int = 0,
+    candidates: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`sven.pipeline.negatives.hash_columns` in one kernel; (num_draws, B) int64."""
+    """:func:`sven.pipeline.negatives.hash_columns` in one kernel; (num_draws, B) int64.
+
+    Args:
+        seed, epoch, index, first_draw, num_draws: As the reference's.
+        draw_offset: Added to ``first_draw`` (in the kernel where that is a tensor).
+        candidates: (C,) int64, or None: each hash h becomes ``candidates[h % C]``
+            (``negatives.sample_negatives``'s draw) in the same kernel.
+    """
     index = index.to(torch.int64).contiguous()
     b = index.numel()
     out = torch.empty(num_draws, b, dtype=torch.int64, device=index.device)
@@ -141,12 +156,16 @@ def hash_columns(
     if total == 0:
         return out
     e, e_ptr = _scalar(epoch, index.device)
+    if not isinstance(first_draw, torch.Tensor):
+        first_draw, draw_offset = first_draw + draw_offset, 0
     d, d_ptr = _scalar(first_draw, index.device)
+    off, _ = _scalar(draw_offset, index.device)
     seed_term = (seed * 0x9E3779B1) & _MASK63
+    cand = index if candidates is None else candidates.to(torch.int64).contiguous()
     grid = (triton.cdiv(total, _BLOCK),)
     _hash_columns_kernel[grid](
-        index, out, e, d, seed_term, b, total,
-        EPOCH_PTR=e_ptr, DRAW_PTR=d_ptr, BLOCK=_BLOCK,
+        index, out, cand, e, d, off, seed_term, b, total, cand.numel(),
+        EPOCH_PTR=e_ptr, DRAW_PTR=d_ptr, HAS_CAND=candidates is not None, BLOCK=_BLOCK,
     )  # fmt: skip
     return out
 

@@ -59,7 +59,9 @@ def _loss_fwd_kernel(
         if HAS_VALID:
             keep = keep & (tl.load(valid_ptr + rows, mask=rm, other=0) != 0)
         acc += tl.where(keep, row, 0.0)
-    total = tl.sum(acc, axis=0) / tl.load(denom_ptr)
+    # The count in any dtype (the step's device scalar): converted here, not by a
+    # kernel of its own.
+    total = tl.sum(acc, axis=0) / tl.load(denom_ptr).to(tl.float32)
     tl.store(out_ptr, total)
 
 
@@ -71,7 +73,7 @@ def _loss_bwd_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = rows < B
     cols = tl.arange(0, BN)
-    scale = tl.load(g_ptr) / tl.load(denom_ptr)
+    scale = tl.load(g_ptr) / tl.load(denom_ptr).to(tl.float32)
     w = tl.where(rm, scale, 0.0)
     if HAS_VALID:
         w = tl.where(tl.load(valid_ptr + rows, mask=rm, other=0) != 0, w, 0.0)
@@ -136,4 +138,4 @@ def bce_loss(
     """
     if not isinstance(denom, torch.Tensor):
         denom = torch.full((), float(denom), device=pos.device, dtype=torch.float32)
-    return _BCELoss.apply(pos, neg, valid, denom.to(torch.float32))
+    return _BCELoss.apply(pos, neg, valid, denom.reshape(()))

@@ -26,6 +26,7 @@ from torch import nn
 from sven.kernels.reference import masked_rows, take_rows
 from sven.kernels.sums import linear
 from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
+from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 from sven.pipeline.negatives import dropout_scale
 
@@ -75,13 +76,14 @@ def endpoint_keys(batch: Batch, side_offsets: tuple[int, int] = (0, 1)) -> torch
     its destination-side mail). Multiples of 4 leave room for neighbour delivery (APAN,
     offsets 2 and 3).
     """
-    a, b = side_offsets
-    i4 = batch.index * 4
-    # Adding 0 is a kernel too: the captured step is bound by its kernel count.
-    keys = torch.cat([i4 if a == 0 else i4 + a, i4 if b == 0 else i4 + b])
-    if batch.valid is None:
-        return keys
-    return torch.where(batch.valid.repeat(2), keys, -1)
+    dev = batch.index.device
+    # Both sides in one kernel, the padding in one more (shape constants, kept: the
+    # captured step is bound by its kernel count).
+    sides = constants.values(tuple(side_offsets), torch.int64, dev)[:, None]
+    keys = torch.add(sides, batch.index[None, :], alpha=4)
+    if batch.valid is not None:
+        keys = torch.where(batch.valid[None, :], keys, constants.filled(-1, (), torch.int64, dev))
+    return keys.reshape(-1)
 
 
 def endpoints(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,7 +366,9 @@ class MemoryModel(nn.Module):
             (-1 for the padded events of a fixed-capacity batch).
         """
         mails = torch.cat([mail_src, mail_dst])
-        ts = torch.cat([batch.t, batch.t])
+        # The roots' times start with [t (B), t (B)]: those of the sources and the
+        # destinations, a view where a concatenation was a kernel.
+        ts = batch.root_t[: 2 * batch.size]
         return endpoints[0], mails, ts, endpoints[1]
 
     def write_back(

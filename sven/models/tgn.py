@@ -65,7 +65,9 @@ class TGN(MemoryModel):
         """Attention of every root over its sampled neighbours; (R, embed_dim)."""
         z = self.node_state(batch, memory)
         block = batch.block
-        dt = torch.where(block.mask, batch.root_t[:, None] - block.ts.to(torch.float64), 0.0)
+        dt = block.age
+        if dt is None:
+            dt = torch.where(block.mask, batch.root_t[:, None] - block.ts.to(torch.float64), 0.0)
         feat, rows = batch.neighbour_edges()
         return self.attn(
             z,

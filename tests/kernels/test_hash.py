@@ -12,12 +12,11 @@ import torch
 from sven import kernels
 
 
-@pytest.fixture
-def reference(monkeypatch):
-    """Calls the PyTorch chains whatever the device (SVEN_KERNELS=reference)."""
+def _forced(monkeypatch, mode: str):
+    """Calls with ``SVEN_KERNELS=mode`` whatever the device."""
 
     def run(fn, *args):
-        monkeypatch.setenv("SVEN_KERNELS", "reference")
+        monkeypatch.setenv("SVEN_KERNELS", mode)
         kernels.reset_backend()
         try:
             return fn(*args)
@@ -26,6 +25,18 @@ def reference(monkeypatch):
             kernels.reset_backend()
 
     return run
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """Calls the PyTorch chains whatever the device (SVEN_KERNELS=reference)."""
+    return _forced(monkeypatch, "reference")
+
+
+@pytest.fixture
+def triton_hashes(monkeypatch):
+    """Calls with the hashes on Triton whatever the device (SVEN_KERNELS=triton)."""
+    return _forced(monkeypatch, "triton")
 
 
 def _index(n: int, device: str) -> torch.Tensor:
@@ -144,3 +155,33 @@ def test_keyed_dropout_is_the_product_it_was() -> None:
     (y * w).sum().backward()
     (y2 * w).sum().backward()
     assert torch.equal(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+@pytest.mark.parametrize("num_neg", [1, 4])
+def test_negatives_gathered_in_the_kernel(device, reference, triton_hashes, as_tensor, num_neg):
+    """sample_negatives: the draw, its remainder by an odd candidate count and the
+    candidates' gather in one kernel give the reference's nodes."""
+    from sven.pipeline import negatives
+
+    index = _index(301, device)
+    candidates = torch.tensor([5, 9, 2, 40, 7, 7, 13], device=device)
+    epoch = torch.tensor(3, device=device) if as_tensor else 3
+    args = (99, epoch, index, candidates, num_neg)
+    want = reference(negatives.sample_negatives, *args)
+    got = triton_hashes(negatives.sample_negatives, *args)
+    assert got.shape == (301, num_neg) and torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_node_keys_offset_in_the_kernel(device, reference, triton_hashes, as_tensor) -> None:
+    """node_keys: the node draw's offset added to a device batch start inside the
+    kernel gives the reference's keys."""
+    from sven.pipeline import negatives
+
+    nodes = _index(257, device)
+    start = torch.tensor(1234, device=device) if as_tensor else 1234
+    epoch = torch.tensor(2, device=device) if as_tensor else 2
+    want = reference(negatives.node_keys, 7, epoch, start, nodes)
+    got = triton_hashes(negatives.node_keys, 7, epoch, start, nodes)
+    assert torch.equal(got.cpu(), want.cpu())

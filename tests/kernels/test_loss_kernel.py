@@ -21,16 +21,20 @@ def _case(device: str, b: int, n: int, seed: int, spread: float):
 @pytest.mark.parametrize(("b", "n"), [(1, 1), (7, 1), (200, 1), (301, 3), (600, 5)])
 @pytest.mark.parametrize("masked", [True, False])
 @pytest.mark.parametrize("spread", [1.0, 30.0])
-def test_loss_and_grads_equal_masked_bce(device, use_kernel, b, n, masked, spread):
-    """Spread 30 puts scores past softplus's threshold (20) on both sides."""
+@pytest.mark.parametrize("denom_dtype", [torch.float32, torch.float64])
+def test_loss_and_grads_equal_masked_bce(device, use_kernel, b, n, masked, spread, denom_dtype):
+    """Spread 30 puts scores past softplus's threshold (20) on both sides; the count
+    in float64 (the step's device scalar) is converted inside the kernel."""
     pos, neg, valid = _case(device, b, n, seed=b + n, spread=spread)
     valid = valid if masked else None
-    denom = torch.tensor(float(b * (1 + n)) * 1.5, device=device)
+    denom = torch.tensor(float(b * (1 + n)) * 1.5, device=device, dtype=denom_dtype)
     grads = {}
     for backend in ("reference", "triton"):
         use_kernel("bce_loss", backend)
         p, q = pos.clone().requires_grad_(True), neg.clone().requires_grad_(True)
-        loss = mean_bce(ModelOutput(p, q, None), valid, denom)
+        # The reference against the float32 count the kernel divides by.
+        d = denom.to(torch.float32) if backend == "reference" else denom
+        loss = mean_bce(ModelOutput(p, q, None), valid, d)
         loss.backward()
         grads[backend] = (loss.detach(), p.grad, q.grad)
     (l0, p0, q0), (l1, p1, q1) = grads["reference"], grads["triton"]

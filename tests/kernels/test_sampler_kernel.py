@@ -16,8 +16,10 @@ def _blocks(use, sampler: TemporalSampler, backend: str, nodes, times, valid):
 
 def _same(got, want) -> None:
     for g, w in zip(got, want):
-        for name in ("nodes", "times", "nbr", "eid", "ts", "mask"):
+        for name in ("nodes", "times", "nbr", "eid", "ts", "mask", "age"):
             a, b = getattr(g, name), getattr(w, name)
+            if a is None and b is None:
+                continue
             assert a.dtype == b.dtype and a.shape == b.shape, name
             assert torch.equal(a, b), name
 
@@ -89,3 +91,35 @@ def test_recent_matches_reference(
         _blocks(use_kernel, sampler, "triton", args[0], args[1], None),
         _blocks(use_kernel, sampler, "reference", args[0], args[1], None),
     )
+
+
+@pytest.mark.parametrize("float_times", [False, True])
+def test_recent_writes_ids_and_ages(device: str, use_kernel, float_times: bool) -> None:
+    """The id list's tail (the padding id where masked) and the ages (float64 root
+    time as given minus the entry's, 0 where masked), float roots over integer times
+    rounded up inside the kernel: the reference's, bit for bit."""
+    gen = torch.Generator().manual_seed(5 + float_times)
+    n, e, r, k = 30, 200, 97, 4
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.randint(0, n, (e,), generator=gen)
+    t = torch.sort(torch.randint(0, 50, (e,), generator=gen)).values
+    if float_times:
+        t = t.to(torch.float64) / 7
+    sampler = TemporalSampler(TCSR.from_events(src, dst, t, n, device=device), [k], "recent")
+    nodes = torch.randint(0, n + 1, (r,), generator=gen).to(device)
+    times = (torch.rand(r, generator=gen, dtype=torch.float64) * 60).to(device)
+    valid = (torch.rand(r, generator=gen) < 0.8).to(device)
+    got = {}
+    for backend in ("triton", "reference"):
+        use_kernel("sample_recent", backend)
+        ids = torch.full((r * k + 3,), -7, dtype=torch.int64, device=device)
+        blocks = sampler.sample(nodes, times, root_mask=valid, ids=ids[3:], pad_id=n, age=True)
+        got[backend] = (blocks, ids)
+    _same(got["triton"][0], got["reference"][0])
+    assert torch.equal(got["triton"][1], got["reference"][1])
+    (block,), ids = got["reference"]
+    assert ids[:3].tolist() == [-7, -7, -7]
+    want = torch.where(block.mask, block.nbr, n)
+    assert torch.equal(ids[3:].view(r, k), want)
+    age = torch.where(block.mask, times[:, None] - block.ts.to(torch.float64), 0.0)
+    assert block.age.dtype == torch.float64 and torch.equal(block.age, age)
