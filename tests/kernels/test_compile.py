@@ -51,12 +51,17 @@ for dt in ("fp32", "bf16"):
         cases.append((td._decoder_bwd_kernel, dt,
                       {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32, "TF32": tf32}))
 from sven.kernels import triton_sampler as tsm
-for tdt in ("i64", "fp64"):
+# Root times of the index's dtype (CAST 0), floating over integer ts (1, rounded up),
+# integer over floating ts (2); with and without the id list's tail and the ages.
+for tdt, gdt, cast in (("i64", "i64", 0), ("fp64", "fp64", 0), ("i64", "fp64", 1),
+                       ("fp64", "i64", 2)):
     for has_valid in (True, False):
-        ptrs = {"ts_ptr": "*" + tdt, "times_ptr": "*" + tdt, "out_ts_ptr": "*" + tdt,
-                "valid_ptr": "*u8", "out_mask_ptr": "*i8"}
+        ptrs = {"ts_ptr": "*" + tdt, "times_ptr": "*" + gdt, "out_ts_ptr": "*" + tdt,
+                "out_times_ptr": "*" + tdt, "valid_ptr": "*u8", "out_mask_ptr": "*i8",
+                "ids_ptr": "*i64", "age_ptr": "*fp64"}
         cases.append((tsm._recent_kernel, "i64",
-                      {"HAS_VALID": has_valid, "BLOCK_R": 128, "BLOCK_K": 16}, ptrs))
+                      {"HAS_VALID": has_valid, "CAST": cast, "HAS_IDS": has_valid,
+                       "HAS_AGE": has_valid, "BLOCK_R": 128, "BLOCK_K": 16}, ptrs))
 from sven.kernels import triton_dedupe as tdd
 for sdt in ("i32", "i64"):
     cases.append((tdd._compact_kernel, "i64", {"BLOCK": 4096}, {"sorted_ptr": "*" + sdt}))
@@ -101,5 +106,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 69
+    assert report["cases"] == 73
     assert report["failures"] == []
