@@ -17,7 +17,7 @@ each choice of (CH, BC, W, num_warps) prints microseconds per pair of calls (CUD
 Usage::
 
     python benchmarks/bench_segment_sum.py                       # on the GPU
-    python benchmarks/bench_segment_sum.py --module /tmp/old_gather.py
+    python benchmarks/bench_segment_sum.py --module OLD_GATHER.py   # git show output
     TRITON_INTERPRET=1 python benchmarks/bench_segment_sum.py --device cpu --quick
 """
 

@@ -51,6 +51,17 @@ def _assert_same(a: MemoryState, b: MemoryState) -> None:
         assert torch.equal(t, b.state_dict()[name]), name
 
 
+def _commit_both(ref: MemoryState, tri: MemoryState, up: DenseUpdate, use_kernel) -> None:
+    """Commits ``up`` with the reference into ``ref`` and the kernel into ``tri``; the
+    two states must be equal and the kernel's winners' buffer back to -1."""
+    use_kernel("state_commit", "reference")
+    ref.commit_dense(up)
+    use_kernel("state_commit", "triton")
+    tri.commit_dense(up)
+    _assert_same(ref, tri)
+    assert (tri._best == -1).all()
+
+
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_gather_equals_indexing(device, use_kernel, m, dtype):
@@ -103,12 +114,7 @@ def test_commit_equals_reference(device, use_kernel, m, dtype, receivers):
             # APAN: the mail goes to other nodes than the memory's writers.
             other = _update(device, n, 300, seed=100 + step, dtype=torch.float64)
             up.mail_nodes, up.mail_key = other.nodes, other.key
-        use_kernel("state_commit", "reference")
-        ref.commit_dense(up)
-        use_kernel("state_commit", "triton")
-        tri.commit_dense(up)
-        _assert_same(ref, tri)
-        assert (tri._best == -1).all()
+        _commit_both(ref, tri, up, use_kernel)
 
 
 def test_commit_wide_rows_many_writers_per_node(device, use_kernel):
@@ -133,9 +139,4 @@ def test_commit_wide_rows_many_writers_per_node(device, use_kernel):
             mail_key=None,  # set below: the same tensor as key (one set of winners)
         )
         up.mail_key = up.key
-        use_kernel("state_commit", "reference")
-        ref.commit_dense(up)
-        use_kernel("state_commit", "triton")
-        tri.commit_dense(up)
-        _assert_same(ref, tri)
-        assert (tri._best == -1).all()
+        _commit_both(ref, tri, up, use_kernel)
