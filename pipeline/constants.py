@@ -5,7 +5,9 @@ scalar is one each. A constant of a shape is made at its first use (the captured
 step's eager warm-up makes every one of them) and kept, so that the step reads it
 instead of launching its kernels. None is made while a CUDA graph is being captured:
 a tensor made then would belong to the graph's private memory pool; such a call
-computes its result without keeping it.
+computes its result without keeping it. Nor is one read or kept while ``torch.compile``
+traces: the compiler folds the constant into its graph, and a guard on the cache's
+contents would recompile the step once the cache has filled.
 
 Callers never write into what these return.
 """
@@ -30,6 +32,8 @@ def _capturing(device: torch.device) -> bool:
 
 def _kept(key: tuple, make: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
     """``make()``, made once per ``key`` outside a capture."""
+    if torch.compiler.is_compiling():
+        return make()
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
