@@ -81,13 +81,13 @@ def param_grads(*problems: Problem) -> list[tuple[torch.Tensor | None, torch.Ten
 
 
 class _Linear(torch.autograd.Function):
-    """``x w^T + b`` whose parameter gradients are :func:`param_grads` (autograd's bias
+    """``x w^T (+ b)`` whose parameter gradients are :func:`param_grads` (autograd's bias
     gradient is the generic column reduction)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
-        return torch.addmm(bias, x, weight.t())
+        return x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
@@ -100,24 +100,33 @@ class _Linear(torch.autograd.Function):
         return dx, dw, db
 
 
+def _own_backward(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    # With a bias on CUDA the bias gradient is worth a cuBLAS product (column_sum);
+    # with param_grads=triton every layer's weight gradient is worth the one launch
+    # (without a bias too: it spares cuBLAS's split of the long reduction).
+    if x.is_cuda and x.dim() == 2 and bias is not None:
+        return True
+    return backend_for(x, "param_grads") == "triton"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; for a 2-D ``x`` with a bias, on CUDA or where
-    ``param_grads`` runs Triton, with the parameter gradients of :func:`param_grads`.
+    """``F.linear(x, weight, bias)``, with the parameter gradients of :func:`param_grads`
+    for a 2-D ``x`` with a bias on CUDA, and wherever ``param_grads`` runs Triton.
 
     Args:
-        x: (M, K) inputs (any shape off that case).
+        x: (..., K) inputs.
         weight: (N, K).
         bias: (N,) or None.
 
     Returns:
-        (M, N).
+        (..., N).
     """
     if (
-        x.dim() == 2
-        and bias is not None
+        x.dim() >= 2
         and torch.is_grad_enabled()
         and not torch.compiler.is_compiling()  # Inductor fuses the bias gradient itself
-        and (x.is_cuda or backend_for(x, "param_grads") == "triton")
+        and _own_backward(x, bias)
     ):
-        return _Linear.apply(x, weight, bias)
+        out = _Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
     return torch.nn.functional.linear(x, weight, bias)

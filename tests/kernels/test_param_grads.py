@@ -138,6 +138,35 @@ def test_projection_backward(device: str, use_kernel) -> None:
     _same_grads(linear, leaves, use_kernel)
 
 
+def test_projection_without_bias_of_slots(device: str, use_kernel) -> None:
+    """The attention's edge projection: (R, K, d) slots, no bias."""
+    from sven.kernels.sums import linear
+
+    gen = torch.Generator().manual_seed(8)
+    leaves = [torch.randn(*s, generator=gen).to(device) for s in ((9, 7, 5), (12, 5))]
+    _same_grads(lambda x, w: linear(x, w, None), leaves, use_kernel)
+
+
+def test_fused_attention_reference_backward(device: str, use_kernel) -> None:
+    """The time encoding's projection inside the fused attention's reference."""
+    from sven.kernels import reference
+
+    gen = torch.Generator().manual_seed(9)
+    r, k, h, d, t, u = 6, 5, 2, 4, 3, 8
+    leaves = [torch.randn(*s, generator=gen).to(device)
+              for s in ((r, h, d), (u, 2 * h * d), (t,), (t,), (2 * h * d, t))]  # fmt: skip
+    nbr = torch.randint(0, u, (r, k), generator=gen).to(device)
+    dt = (torch.rand(r, k, generator=gen) * 5).to(device)
+    mask = (torch.rand(r, k, generator=gen) < 0.7).to(device)
+
+    def fn(q, kv_node, time_w, time_b, w_kv_time):
+        return reference.temporal_attention_fused(
+            q, kv_node, nbr, dt, mask, time_w, time_b, w_kv_time
+        )
+
+    _same_grads(fn, leaves, use_kernel)
+
+
 @pytest.mark.parametrize("cell", ["gru", "rnn"])
 def test_cell_backward(device: str, use_kernel, cell: str) -> None:
     from sven.kernels import triton_rnn
