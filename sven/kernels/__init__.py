@@ -19,7 +19,9 @@ Each public function runs either its PyTorch reference in :mod:`sven.kernels.ref
   kernel can be measured in the step against the reference with the rest unchanged.
 
 The environment is read once per process, at the first call; :func:`reset_backend`
-makes the next call read it again (for tests).
+makes the next call read it again (for tests). The choice lives in
+:mod:`sven.kernels.backend`, which the Triton modules' helpers ask too (the linear
+layers' parameter gradients, ``param_grads``: :func:`sven.kernels.sums.param_grads`).
 """
 
 from __future__ import annotations
