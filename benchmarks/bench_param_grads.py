@@ -15,12 +15,14 @@ nodes of a batch.
 Usage::
 
     python benchmarks/bench_param_grads.py [--unique 3000] [--out OUT.json]   # on a GPU
+    python benchmarks/bench_param_grads.py --sweep   # also each tile, K step, warps, stages
     TRITON_INTERPRET=1 python benchmarks/bench_param_grads.py --device cpu   # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 from pathlib import Path
@@ -42,6 +44,24 @@ def sites(unique: int) -> dict[str, list[tuple[int, int, int, bool]]]:
     }
 
 
+def _sweep(call, iters: int) -> dict:
+    """The Triton form's time (us) under each fixed configuration, and the fastest."""
+    from sven.kernels import triton_grads as tg
+
+    saved = (tg._TILES, tg._BLOCK_K, tg._NUM_WARPS, tg._NUM_STAGES)
+    times = {}
+    try:
+        for tile in saved[0]:
+            for bk, warps, stages in itertools.product((32, 64), (2, 4), (3, 4)):
+                tg._TILES, tg._BLOCK_K, tg._NUM_WARPS, tg._NUM_STAGES = (tile,), bk, warps, stages
+                key = f"{tile[0]}x{tile[1]} k{bk} w{warps} s{stages}"
+                times[key] = round(time_graph(call, iters, 3) * 1e6, 2)
+    finally:
+        tg._TILES, tg._BLOCK_K, tg._NUM_WARPS, tg._NUM_STAGES = saved
+    best = min(times, key=times.__getitem__)
+    return {"sweep_us": times, "best": best, "best_us": times[best]}
+
+
 def _kernels(fn, device: torch.device) -> int:
     """CUDA kernels one call of fn launches."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -56,6 +76,7 @@ def main() -> None:
     p.add_argument("--unique", type=int, default=3000, help="unique nodes of a batch")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--out", type=Path, default=None, help="a JSON file of the rows")
+    p.add_argument("--sweep", action="store_true", help="time every kernel configuration")
     args = p.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
@@ -83,6 +104,8 @@ def main() -> None:
             if on_gpu:
                 row[f"{backend}_us"] = time_graph(call, args.iters, 3) * 1e6
                 row[f"{backend}_kernels"] = _kernels(call, device)
+                if args.sweep and backend == "triton":
+                    row.update(_sweep(call, args.iters))
             else:
                 row[f"{backend}_us"] = time_eager(call, 1, 1, device) * 1e6
         rows.append(row)

@@ -38,6 +38,9 @@ _BLOCK_B = 32
 # still gives every SM a program, since a program's time grows with K (no split of the
 # reduction) and with its tile's width (the rows of g and x it reads per step).
 _TILES = ((32, 64), (32, 32), (16, 32), (16, 16))
+# Warps per program and the loads in flight (benchmarks/bench_param_grads.py --sweep
+# times the alternatives).
+_NUM_WARPS, _NUM_STAGES = 4, 3
 _MAX_PROBLEMS = 3
 _SMS: dict[torch.device, int] = {}
 #: A layer: (x (K, M), g (K, N) or (K,), weight gradient wanted, bias gradient wanted).
@@ -168,7 +171,7 @@ def _launch(problems: list[Problem]) -> list[tuple[torch.Tensor | None, torch.Te
     if total:
         _param_grads_kernel[(total,)](
             *flat, NUM=num, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=_BLOCK_K, BLOCK_B=_BLOCK_B,
-            TF32=tf32, num_warps=4, num_stages=3,
+            TF32=tf32, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
         )  # fmt: skip
     return outs
 
