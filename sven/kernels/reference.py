@@ -11,6 +11,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from sven.kernels.sums import linear
+
 
 def take_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``table[idx]`` along the first dimension, for an index of any shape.
@@ -305,7 +307,8 @@ def temporal_attention_fused(
     k = nbr_pos.shape[1]
     # The encoding in the frequencies' dtype, the projection in the model dtype.
     te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b).to(kv_node.dtype)
-    kv = (rows or take_rows)(kv_node, nbr_pos) + F.linear(te, w_kv_time)
+    # F.linear, or with param_grads=triton its weight gradient in one launch (sums).
+    kv = (rows or take_rows)(kv_node, nbr_pos) + linear(te, w_kv_time, None)
     if kv_edge is not None:
         kv = kv + kv_edge
     key, val = kv.chunk(2, dim=2)

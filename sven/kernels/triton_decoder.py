@@ -10,8 +10,9 @@ per event repeat it 100 times in the reference), and everything after it one ker
 - forward: ``A = h_src W_src^T + b_src`` (cuBLAS), then one program per block of pairs
   computes ``z = relu(A[s] + x W_dst^T + b_dst)`` in output chunks (``tl.dot`` in IEEE
   float32), keeps z for the backward and reduces ``z . w_out + b_out``;
-- backward: one kernel gives ``dz = g w_out [z > 0]`` and ``dx = dz W_dst``, then four
-  GEMMs and four sums give the parameters' gradients and the source's, deterministically
+- backward: one kernel gives ``dz = g w_out [z > 0]`` and ``dx = dz W_dst``, then a
+  column sum and a GEMM the source's gradient, and :func:`param_grads` the parameters'
+  (three GEMMs and two sums; one launch with ``param_grads=triton``), deterministically
   (no atomics).
 
 A pair is a row of ``h[B:]`` (the batch layout ``[src, dst, neg[:, 0], ...]`` puts the
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from sven.kernels.precision import tf32_dots
-from sven.kernels.sums import column_sum
+from sven.kernels.sums import column_sum, param_grads
 
 __all__ = ["link_decoder"]
 
@@ -169,17 +170,10 @@ class _LinkDecoder(torch.autograd.Function):
         torch.mm(da, w_src, out=dh[:b])
         # Both biases add to every pair's pre-activation, so their gradients are one
         # sum: taken once, over da's b rows (autograd gives each parameter its copy).
-        db = column_sum(da)
-        return (
-            dh,
-            None,
-            da.t() @ h[:b],
-            db,
-            dz.t() @ h[b:],
-            db,
-            (g[None, :] @ z).view_as(w_out),
-            g.sum().view(1),
+        (dw_src, db), (dw_dst, _), (dw_out, db_out) = param_grads(
+            (h[:b], da, True, True), (h[b:], dz, True, False), (z, g, True, True)
         )
+        return dh, None, dw_src, db, dw_dst, db, dw_out.view_as(w_out), db_out
 
 
 def link_decoder(

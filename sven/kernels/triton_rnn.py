@@ -3,8 +3,9 @@
 The input and hidden GEMMs stay on cuBLAS (``F.linear``, bias folded in); what the
 kernels fuse is the elementwise tail, about ten kernels forward and more backward in
 eager PyTorch: one kernel turns the two GEMM outputs and h into h', one turns dh' into
-the gate gradients. The backward then gets every weight, bias and input gradient from
-those gate gradients with GEMMs and column sums. Math in fp32 whatever the input dtype.
+the gate gradients. The backward then gets every input gradient from those gate
+gradients with GEMMs, and the weights' and biases' with :func:`param_grads`. Math in
+fp32 whatever the input dtype.
 Under autocast the GEMMs autocast as ``F.linear`` would, and the backward's GEMMs run
 under the forward's autocast state.
 Same equations and weight layout as ``torch.nn.GRUCell`` / ``torch.nn.RNNCell``.
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sven.kernels.sums import column_sum
+from sven.kernels.sums import param_grads
 
 __all__ = ["gru_cell", "recurrent_update", "rnn_cell"]
 
@@ -202,10 +203,9 @@ def _linear_grads(ctx, d_gi, d_gh, dh_direct):
         dh = d_gh @ w_hh
         if dh_direct is not None:
             dh = dh + dh_direct
-    dw_ih = d_gi.t() @ x if need[2] else None
-    dw_hh = d_gh.t() @ h if need[3] else None
-    db_ih = column_sum(d_gi) if need[4] else None
-    db_hh = column_sum(d_gh) if need[5] else None
+    (dw_ih, db_ih), (dw_hh, db_hh) = param_grads(
+        (x, d_gi, need[2], need[4]), (h, d_gh, need[3], need[5])
+    )
     return dx, dh, dw_ih, dw_hh, db_ih, db_hh
 
 
@@ -374,10 +374,9 @@ class _RecurrentUpdate(torch.autograd.Function):
                 d_tb = d_arg.sum(0) if need[7] else None
         if need[5]:
             d_h = torch.addmm(direct, d_gh, w_hh)
-        d_wih = d_gi.t() @ x if need[8] else None
-        d_whh = d_gh.t() @ hs if need[9] else None
-        d_bih = column_sum(d_gi) if need[10] else None
-        d_bhh = column_sum(d_gh) if need[11] else None
+        (d_wih, d_bih), (d_whh, d_bhh) = param_grads(
+            (x, d_gi, need[8], need[10]), (hs, d_gh, need[9], need[11])
+        )
         return None, d_mail, None, None, None, d_h, d_tw, d_tb, d_wih, d_whh, d_bih, d_bhh
 
 

@@ -621,7 +621,7 @@ class TemporalAttentionLayer(nn.Module):
             # GEMMs were measured fastest in the captured CUDA step (docs/performance.md).
             if edge_rows is not None and w_edge is not None:
                 edge_feat = masked_rows(edge_feat, edge_rows, mask)
-            kv_edge = None if w_edge is None else nn.functional.linear(edge_feat.to(dtype), w_edge)
+            kv_edge = None if w_edge is None else linear(edge_feat.to(dtype), w_edge, None)
             out = kernels.temporal_attention_fused(*args, kv_edge, rows=kv_rows)
         else:
             # On CPU FLOPs are the cost: the factored form projects queries and

@@ -50,6 +50,13 @@ for dt in ("fp32", "bf16"):
     for tf32 in (True, False):
         cases.append((td._decoder_bwd_kernel, dt,
                       {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32, "TF32": tf32}))
+from sven.kernels import triton_grads as tg
+for dt in ("fp32", "bf16"):
+    for num, (bn, bm) in zip((1, 2, 3, 3), tg._TILES):
+        for tf32 in (True, False):
+            cases.append((tg._param_grads_kernel, dt,
+                          {"NUM": num, "BLOCK_N": bn, "BLOCK_M": bm, "BLOCK_K": tg._BLOCK_K,
+                           "BLOCK_B": tg._BLOCK_B, "TF32": tf32}))
 from sven.kernels import triton_sampler as tsm
 # Root times of the index's dtype (CAST 0), floating over integer ts (1, rounded up),
 # integer over floating ts (2); with and without the id list's tail and the ages.
@@ -106,5 +113,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 73
+    assert report["cases"] == 89
     assert report["failures"] == []
