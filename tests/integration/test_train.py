@@ -120,8 +120,14 @@ def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys, device: str)
     assert res["test_auc_inductive"] == summary["test_auc_inductive"]
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["exact", "fixed"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_resume_after_interrupt_is_exact(store: str, tmp_path, device: str) -> None:
+def test_resume_after_interrupt_is_exact(
+    store: str, tmp_path, monkeypatch, device: str, fixed: bool
+) -> None:
+    if fixed:
+        # CUDA's fixed-shape step (its planned training slots) on any device.
+        monkeypatch.setattr("sven.engine.spec.fixed_shapes", lambda device, distributed: True)
     extra = (
         "train.checkpoint_every=4",
         "model.dropout=0.1",
