@@ -11,6 +11,7 @@ import torch
 import sven
 from sven.cli import main
 from sven.datasets.store import write_events
+from tests.conftest import interrupted_then_resumed
 
 METRIC_KEYS = (
     "val_ap",
@@ -135,25 +136,8 @@ def test_resume_after_interrupt_is_exact(
         f"train.device={device}",
     )
     ref = sven.Trainer(None, _overrides(store, tmp_path / "ref", *extra)).fit()
-
-    class Interrupted(Exception):
-        pass
-
-    calls = 0
-
-    def die(trainer: sven.Trainer) -> None:  # dies in epoch 2, past a checkpoint
-        nonlocal calls
-        calls += 1
-        if calls == 17:
-            raise Interrupted
-
-    dying = sven.Trainer(None, _overrides(store, tmp_path / "run", *extra))
-    dying.add_hook("before_step", die)
-    with pytest.raises(Interrupted):
-        dying.fit()
-    resumed = sven.Trainer(
-        None, _overrides(store, tmp_path / "run", *extra, "train.resume=true")
-    ).fit()
+    # Dies in epoch 2, past a checkpoint.
+    resumed = interrupted_then_resumed(None, _overrides(store, tmp_path / "run", *extra), 17)
     for key in METRIC_KEYS:
         assert resumed[key] == ref[key], key
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

@@ -14,8 +14,7 @@ import json
 import pytest
 
 import sven
-from sven.pipeline.stages import select_batch
-from tests.conftest import write_tiny_store
+from tests.conftest import interrupted_then_resumed, most_distinct, write_tiny_store
 
 EPOCHS = 3
 B = 64
@@ -54,25 +53,8 @@ def _overrides(store, out, *extra: str) -> list[str]:
 
 
 def _distinct_oracle(tr: sven.Trainer, epoch: int) -> int:
-    """The most distinct nodes a training batch of ``epoch`` reads, from the exact-size
-    build (``torch.unique`` of its roots and real neighbours)."""
-    src = tr.step.source
-    lo, hi = tr.ranges["train"]
-    most = 0
-    for start in range(lo, hi, B):
-        batch = select_batch(
-            src.tables,
-            start,
-            min(start + B, hi),
-            epoch,
-            seed=src.seed,
-            num_neg=tr.cfg.train.num_neg,
-            sample_roots=src.model.sample_roots,
-            read_neighbors=src.model.read_neighbors,
-            table_lo=lo,
-        )
-        most = max(most, batch.nodes.shape[0])
-    return most
+    """The most distinct nodes a training batch of ``epoch`` reads."""
+    return most_distinct(tr, *tr.ranges["train"], epoch, tr.cfg.train.num_neg)
 
 
 @pytest.mark.parametrize("model", ["tgn", "jodie"])
@@ -128,26 +110,13 @@ def test_planned_training_slots_train_as_the_default_slots(
 def test_resume_with_planned_training_slots_is_exact(store, tmp_path, fixed) -> None:
     extra = ("train.checkpoint_every=4",)
     ref = sven.Trainer("configs/tgn.yaml", _overrides(store, tmp_path / "ref", *extra)).fit()
-
-    class Interrupted(Exception):
-        pass
-
-    calls = 0
-
-    def die(trainer: sven.Trainer) -> None:  # dies in epoch 1, past a checkpoint
-        nonlocal calls
-        calls += 1
-        if calls == 15:
-            raise Interrupted
-
-    dying = sven.Trainer("configs/tgn.yaml", _overrides(store, tmp_path / "run", *extra))
-    dying.add_hook("before_step", die)
-    with pytest.raises(Interrupted):
-        dying.fit()
-    resumed = sven.Trainer(
-        "configs/tgn.yaml", _overrides(store, tmp_path / "run", *extra, "train.resume=true")
-    )
-    res = resumed.fit()
+    # Dies in epoch 1, past a checkpoint.
+    run = _overrides(store, tmp_path / "run", *extra)
+    res = interrupted_then_resumed("configs/tgn.yaml", run, 15)
     for key in METRICS:
         assert res[key] == ref[key], key
-    assert [h["epoch"] for h in _history(tmp_path / "run")] == list(range(EPOCHS))
+    history = _history(tmp_path / "run")
+    assert [h["epoch"] for h in history] == list(range(EPOCHS))
+    assert [h["train_loss"] for h in history] == [
+        h["train_loss"] for h in _history(tmp_path / "ref")
+    ]

@@ -14,8 +14,7 @@ import torch
 
 from sven.engine.evaluation import EVAL_STREAM
 from sven.engine.trainer import Trainer
-from sven.pipeline.stages import select_batch
-from tests.conftest import write_tiny_store
+from tests.conftest import most_distinct, write_tiny_store
 
 SPLITS = ("val", "test")
 
@@ -55,27 +54,9 @@ def _trained(store, run, model: str, mrr: int) -> Trainer:
 
 
 def _distinct_oracle(tr: Trainer, split: str) -> int:
-    """The most distinct nodes a batch of ``split`` reads, from the exact-size build
-    (``torch.unique`` of its roots and real neighbours)."""
-    ev, src = tr.step.evaluation, tr.step.evaluation.source
-    lo, hi = tr.ranges[split]
-    b, negs = tr.cfg.train.batch_size, ev.negatives(split)
-    most = 0
-    for start in range(lo, hi, b):
-        batch = select_batch(
-            src.tables,
-            start,
-            min(start + b, hi),
-            EVAL_STREAM[split],
-            seed=src.seed,
-            num_neg=negs.shape[1],
-            sample_roots=src.model.sample_roots,
-            read_neighbors=src.model.read_neighbors,
-            neg_table=negs,
-            table_lo=lo,
-        )
-        most = max(most, batch.nodes.shape[0])
-    return most
+    """The most distinct nodes a batch of ``split`` reads."""
+    negs = tr.step.evaluation.negatives(split)
+    return most_distinct(tr, *tr.ranges[split], EVAL_STREAM[split], negs.shape[1], negs)
 
 
 @pytest.mark.parametrize(("model", "mrr"), [("tgn", 0), ("tgn", 20), ("jodie", 20)])
