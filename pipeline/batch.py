@@ -238,7 +238,7 @@ def make_batch(
         rng=None if rng is None else (rng[0], rng[1]),
     )  # fmt: skip
     roots, root_t, root_key = layout.nodes, layout.times, layout.keys
-    block = None if sampler is None else _sample(sampler, layout, generator)
+    block = None if sampler is None else sample_block(sampler, layout, generator)
     runs = None
     if pad_node is not None:
         nbrs = block if read_neighbors else None
@@ -268,10 +268,7 @@ def _fixed_slots(
     """
     from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
 
-    ids = roots
-    if block is not None:
-        pad = torch.full_like(block.nbr, pad_node)
-        ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+    ids = slot_ids(roots, block, pad_node)
     u = slot_count(ids.shape[0], pad_node)
     if slots is not None:
         u = min(u, slots)
@@ -288,8 +285,22 @@ def _fixed_slots(
     return nodes, inverse[:r], nbr_pos, runs
 
 
-def _sample(
-    sampler: TemporalSampler, layout: RootLayout, generator: torch.Generator | None
+def slot_ids(roots: torch.Tensor, block: NeighborBlock | None, pad_node: int) -> torch.Tensor:
+    """The ids a fixed-slot batch de-duplicates: its (R,) roots, then the (S, K)
+    neighbour slots of ``block`` row by row (None: no neighbour is read), masked ones
+    as ``pad_node``.
+
+    Returns:
+        (R + S * K,) int64.
+    """
+    if block is None:
+        return roots
+    pad = torch.full_like(block.nbr, pad_node)
+    return torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+
+
+def sample_block(
+    sampler: TemporalSampler, layout: RootLayout, generator: torch.Generator | None = None
 ) -> NeighborBlock:
     """The neighbours of the roots the model samples (the first ``layout.num_sampled``)."""
     n = layout.num_sampled

@@ -26,7 +26,14 @@ from sven.models.base import endpoints
 from sven.pipeline.exchange_api import read_occurrences
 from sven.pipeline.wire import Capacities
 
-__all__ = ["CapacityPlanner", "OneProcess", "Planner", "capacity_planner", "plan_slots"]
+__all__ = [
+    "CapacityPlanner",
+    "OneProcess",
+    "Planner",
+    "capacity_planner",
+    "plan_slots",
+    "plan_slots_at_once",
+]
 
 Counts = tuple[list[int], list[int]]
 #: (lo, hi, stream, num_neg, neg_table) of one replayed pass.
@@ -227,6 +234,91 @@ def plan_slots(
                     nbrs = 0 if mb.nbr_pos is None else mb.nbr_pos.shape[1]
                     one_event = max(one_event, mb.root_pos.shape[0] // mb.size * (1 + nbrs))
     return max(int(most), one_event) + 1
+
+
+#: Ids (roots and neighbour slots) :func:`plan_slots_at_once` builds at once: some
+#: hundred megabytes of keys and the sampler's temporaries, on a graph of any size.
+PLAN_IDS = 1 << 22
+#: Up to this many node ids per id of a batch, :func:`plan_slots_at_once` counts a
+#: batch's distinct ids in a table of every node (a pass over the ids and the table)
+#: rather than by a sort; the table then holds at most ``DENSE_NODES * PLAN_IDS`` cells.
+DENSE_NODES = 4
+
+
+@torch.no_grad()
+def plan_slots_at_once(
+    source: BatchSource, batch_size: int, passes: list[Callable[[], Pass]]
+) -> int:
+    """:func:`plan_slots`'s U, computed for many batches at once.
+
+    A batch's ids are a function of its events and the stream alone
+    (:func:`~sven.pipeline.stages.event_ids`, which builds them as the batch does), so
+    the ids of a run of consecutive batches are built in one go and counted per batch:
+    sorted by (batch, id), each run of equal keys is one distinct id of its batch. A
+    batch padded past the split's end repeats its last event, which adds no id.
+
+    Args:
+        source: The step's batch source of one process (its event tables, model and
+            seed; its shares hold every event).
+        batch_size: The global batch size B.
+        passes: As :func:`plan_slots` takes them.
+
+    Returns:
+        U, as :func:`plan_slots` returns it; one host read.
+    """
+    from sven.pipeline.stages import event_ids
+
+    tables, model = source.tables, source.model
+    pad = tables.num_nodes
+    k = 0 if tables.sampler is None or not model.read_neighbors else tables.sampler.fanouts[0]
+    most = torch.zeros((), dtype=torch.int64, device=tables.src.device)
+    one_event = 1
+    for ready in passes:
+        lo, hi, stream, num_neg, neg_table = ready()
+        width = 2 + (num_neg if neg_table is None else neg_table.shape[1])
+        one_event = max(one_event, width * (1 + k))
+        dense = pad + 1 <= DENSE_NODES * batch_size * width * (1 + k)
+        step = batch_size * max(1, PLAN_IDS // (batch_size * width * (1 + k)))
+        for first in range(lo, hi, step):
+            idx = torch.arange(first, min(first + step, hi), device=tables.src.device)
+            ids, at = event_ids(
+                tables, idx, stream, seed=source.seed, num_neg=num_neg,
+                sample_roots=model.sample_roots, read_neighbors=model.read_neighbors,
+                neg_table=neg_table, table_lo=lo,
+            )  # fmt: skip
+            batches = -(-idx.shape[0] // batch_size)
+            torch.maximum(
+                most, _most_distinct(ids, at // batch_size, batches, pad, dense), out=most
+            )
+    return max(int(most), one_event) + 1
+
+
+def _most_distinct(
+    ids: torch.Tensor, batch: torch.Tensor, batches: int, pad: int, dense: bool
+) -> torch.Tensor:
+    """The most distinct ids other than ``pad`` of any batch, a 0-d tensor.
+
+    Args:
+        ids: (I,) int64 ids in [0, pad].
+        batch: (I,) int64 the batch of each id, in [0, batches).
+        batches: How many batches.
+        pad: The padding id.
+        dense: Mark each batch's ids in a (batches, pad + 1) table, one pass over the
+            ids where a sort takes several (a graph with few nodes per batch id);
+            else sort the (batch, id) keys and count the runs.
+    """
+    key = batch * (pad + 1) + ids
+    if dense:
+        seen = torch.zeros(batches * (pad + 1), dtype=torch.bool, device=ids.device)
+        seen[key] = True
+        return seen.view(batches, pad + 1)[:, :pad].sum(1).max()
+    if batches * (pad + 1) <= 2**31:
+        # Half the radix passes of an int64 sort, for the same order.
+        key = key.to(torch.int32)
+    distinct = torch.unique(key).to(torch.int64)
+    counts = torch.zeros(batches, dtype=torch.int64, device=ids.device)
+    counts.index_add_(0, distinct // (pad + 1), (distinct % (pad + 1) != pad).to(torch.int64))
+    return counts.max()
 
 
 def capacity_planner(

@@ -39,7 +39,7 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Shares, batch_bounds, ring
 from sven.engine.body import StepInput, encode_step, train_step
-from sven.engine.capacities import capacity_planner, plan_slots
+from sven.engine.capacities import capacity_planner, plan_slots_at_once
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.engine.spec import RunSpec
@@ -351,9 +351,10 @@ class Step:
 
     def plan_train_slots(self) -> None:
         """On a fixed-shape step of one process, the node slots of training: the most
-        distinct nodes any batch of any of the ``train.epochs`` epochs reads, by an
-        exact replay of each (:func:`~sven.engine.capacities.plan_slots`; negatives
-        and uniform draws depend on the epoch).
+        distinct nodes any batch of any of the ``train.epochs`` epochs reads, counted
+        exactly from the ids each epoch's batches are built with, many batches at once
+        (:func:`~sven.engine.capacities.plan_slots_at_once`; negatives and uniform
+        draws depend on the epoch).
 
         The default slots hold every id a batch lists (B * (1 + n) roots and their
         neighbour slots), many times its distinct nodes, and every per-slot stage would
@@ -372,7 +373,7 @@ class Step:
         neg = self.cfg.train.num_neg
         passes = [lambda e=e: (lo, hi, e, neg, None) for e in range(self.cfg.train.epochs)]
         b = self.cfg.train.batch_size
-        self.source.slots["train"] = plan_slots(self.source, self.ahead, b, passes)
+        self.source.slots["train"] = plan_slots_at_once(self.source, b, passes)
 
     # ------------------------------------------------------------ encode
     @torch.no_grad()

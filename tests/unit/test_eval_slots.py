@@ -1,4 +1,4 @@
-"""Node slots planned per evaluation width (``sven.engine.capacities.plan_slots``).
+"""Node slots planned per evaluation width (``sven.engine.capacities.plan_slots_at_once``).
 
 A fixed-shape batch de-duplicates its ids into slots; without a plan they hold every
 id the batch lists, up to the graph's N + 1. An evaluation width's batches are fixed by
@@ -67,7 +67,7 @@ def test_planned_slots_score_as_the_unplanned_step(
     planned = _trained(store, tmp_path / "planned", model, mrr)
     with monkeypatch.context() as m:
         # No plan: every kind of step at its default slots (N + 1 here).
-        m.setattr("sven.engine.evaluation.plan_slots", lambda *a, **k: 1 << 40)
+        m.setattr("sven.engine.evaluation.plan_slots_at_once", lambda *a, **k: 1 << 40)
         full = _trained(store, tmp_path / "full", model, mrr)
     for split in SPLITS:
         a, b = planned.evaluate(split), full.evaluate(split)
