@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sven.engine.capacities import plan_slots
 from sven.engine.evaluation import EVAL_STREAM
 from sven.engine.trainer import Trainer
 from tests.conftest import most_distinct, write_tiny_store
@@ -59,6 +60,22 @@ def _distinct_oracle(tr: Trainer, split: str) -> int:
     return most_distinct(tr, *tr.ranges[split], EVAL_STREAM[split], negs.shape[1], negs)
 
 
+def _replayed(tr: Trainer, w: int, splits: list[str]) -> int:
+    """The slots of width ``w`` from the replay of every batch of ``splits``."""
+    table = tr.step.evaluation.widths[w].neg
+
+    def ready(split: str):
+        def fn():
+            lo, hi = tr.ranges[split]
+            table[: hi - lo].copy_(tr.step.evaluation.negatives(split))
+            return lo, hi, EVAL_STREAM[split], w, table
+
+        return fn
+
+    passes = [ready(s) for s in splits]
+    return plan_slots(tr.step.source, tr.step.inp, tr.cfg.train.batch_size, passes)
+
+
 @pytest.mark.parametrize(("model", "mrr"), [("tgn", 0), ("tgn", 20), ("jodie", 20)])
 def test_planned_slots_score_as_the_unplanned_step(
     store, tmp_path, monkeypatch, model: str, mrr: int
@@ -83,4 +100,5 @@ def test_planned_slots_score_as_the_unplanned_step(
         slots = planned.step.evaluation.source.slots[f"eval{w}"]
         # The distinct nodes and the padding id (one event's ids are fewer here).
         assert slots == distinct + 1
+        assert slots == _replayed(planned, w, splits)
         assert slots < planned.data.events.num_nodes + 1
