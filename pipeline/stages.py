@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from sven.pipeline.batch import Batch, make_batch, root_layout, sample_block, slot_ids
+from sven.pipeline.batch import (
+    Batch,
+    RootLayout,
+    make_batch,
+    root_layout,
+    sample_block,
+    slot_ids,
+)
 from sven.pipeline.negatives import sample_negatives
 from sven.pipeline.sampler import TemporalSampler
 
@@ -141,6 +148,7 @@ def event_ids(
     read_neighbors: bool,
     neg_table: torch.Tensor | None = None,
     table_lo: int = 0,
+    part: str = "all",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ids that a fixed-slot batch holding the events ``idx`` de-duplicates, and
     the event each comes from, for any number of events at once.
@@ -156,6 +164,10 @@ def event_ids(
         idx: (M,) int64 global event indices.
         stream, seed, num_neg, sample_roots, read_neighbors, neg_table, table_lo: See
             :func:`select_batch`.
+        part: "all" the ids; "positive" those of the src and dst roots and their
+            sampled neighbours; "negative" the others (each root's neighbours are
+            drawn from its node, time and key alone, whichever roots are sampled
+            with it).
 
     Returns:
         ids (I,) int64 in [0, N] (N: a masked neighbour slot), and (I,) int64 the
@@ -169,6 +181,8 @@ def event_ids(
         idx, tables.src[idx], tables.dst[idx], tables.t[idx], neg,
         sample_roots=sample_roots, rng=(seed, stream),
     )  # fmt: skip
+    if part != "all":
+        layout = _root_part(layout, 2 * idx.shape[0], part == "positive")
     block = None
     if tables.sampler is not None and read_neighbors:
         block = sample_block(tables.sampler, layout)
@@ -178,6 +192,22 @@ def event_ids(
     if block is not None:
         at = torch.cat([at, at[: layout.num_sampled, None].expand_as(block.nbr).reshape(-1)])
     return slot_ids(layout.nodes, block, tables.num_nodes), at
+
+
+def _root_part(layout: RootLayout, cut: int, first: bool) -> RootLayout:
+    """The roots of ``layout`` before ``cut`` (``first``) or from it, with theirs of its
+    sampled and written roots."""
+    sl = slice(None, cut) if first else slice(cut, None)
+    keys = None if layout.keys is None else layout.keys[sl]
+    if first:
+        return RootLayout(
+            layout.nodes[sl], layout.times[sl], keys, min(layout.num_sampled, cut),
+            min(layout.num_written, cut),
+        )  # fmt: skip
+    return RootLayout(
+        layout.nodes[sl], layout.times[sl], keys, max(layout.num_sampled - cut, 0),
+        max(layout.num_written - cut, 0),
+    )  # fmt: skip
 
 
 def _event_slots(

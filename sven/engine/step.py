@@ -39,7 +39,7 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Shares, batch_bounds, ring
 from sven.engine.body import StepInput, encode_step, train_step
-from sven.engine.capacities import capacity_planner, plan_slots_at_once
+from sven.engine.capacities import capacity_planner, plan_epoch_slots
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.engine.spec import RunSpec
@@ -353,7 +353,7 @@ class Step:
         """On a fixed-shape step of one process, the node slots of training: the most
         distinct nodes any batch of any of the ``train.epochs`` epochs reads, counted
         exactly from the ids each epoch's batches are built with, many batches at once
-        (:func:`~sven.engine.capacities.plan_slots_at_once`; negatives and uniform
+        (:func:`~sven.engine.capacities.plan_epoch_slots`; negatives and uniform
         draws depend on the epoch).
 
         The default slots hold every id a batch lists (B * (1 + n) roots and their
@@ -370,10 +370,9 @@ class Step:
         if not self.inp.fixed or self.spec.distributed or self.micro_batches > 1:
             return
         lo, hi = self.data.ranges["train"]
-        neg = self.cfg.train.num_neg
-        passes = [lambda e=e: (lo, hi, e, neg, None) for e in range(self.cfg.train.epochs)]
-        b = self.cfg.train.batch_size
-        self.source.slots["train"] = plan_slots_at_once(self.source, b, passes)
+        tc = self.cfg.train
+        u = plan_epoch_slots(self.source, tc.batch_size, lo, hi, tc.epochs, tc.num_neg)
+        self.source.slots["train"] = u
 
     # ------------------------------------------------------------ encode
     @torch.no_grad()

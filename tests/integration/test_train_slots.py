@@ -14,7 +14,7 @@ import json
 import pytest
 
 import sven
-from sven.engine.capacities import plan_slots, plan_slots_at_once
+from sven.engine.capacities import plan_epoch_slots, plan_slots, plan_slots_at_once
 from tests.conftest import interrupted_then_resumed, most_distinct, write_tiny_store
 
 EPOCHS = 3
@@ -101,6 +101,8 @@ def test_slots_planned_at_once_equal_the_replay_of_every_batch(
         # read, 12 without; the last run short).
         monkeypatch.setattr("sven.engine.capacities.PLAN_IDS", ids)
         assert plan_slots_at_once(tr.step.source, B, passes) == replayed
+        # The positive roots' ids counted once per run of batches (recent sampling).
+        assert plan_epoch_slots(tr.step.source, B, lo, hi, EPOCHS, num_neg) == replayed
     assert replayed < tr.data.events.num_nodes + 1
 
 
@@ -127,7 +129,7 @@ def test_planned_training_slots_train_as_the_default_slots(
     res_p = planned.fit()
     with monkeypatch.context() as m:
         # No plan: training's slots hold every id a batch lists.
-        m.setattr("sven.engine.step.plan_slots_at_once", lambda *a, **k: 1 << 40)
+        m.setattr("sven.engine.step.plan_epoch_slots", lambda *a, **k: 1 << 40)
         loss_f, full_u = _first_loss(store, tmp_path / "f1", model)
         res_f = sven.Trainer(f"configs/{model}.yaml", _overrides(store, tmp_path / "f")).fit()
     assert u < full_u
