@@ -43,10 +43,15 @@ def one_process(
     st = tr.step
     lo, _ = tr.ranges["train"]
     b = tr.cfg.train.batch_size
+    t0 = time.perf_counter()
+    # As the run's first epoch: the capacities and the training node slots of every
+    # epoch it trains (``train.epochs``), from their replay.
     st.plan_capacities(0)
-    st.start_epoch(0, 0, batches)
     # train.device=cpu (a later override) checks a script without a GPU.
     sync = torch.cuda.synchronize if tr.device.type == "cuda" else (lambda: None)
+    sync()
+    st.plan_s = time.perf_counter() - t0  # type: ignore[attr-defined]
+    st.start_epoch(0, 0, batches)
 
     def train(i: int) -> None:
         st.train_batch(0, i, lo + i * b, lo + (i + 1) * b)
@@ -109,6 +114,9 @@ def main() -> None:
         # The first graph's warm-up (compilation, when the model compiles) and capture.
         "warmup_s": st.train_graph.warmup_s,
         "capture_s": st.train_graph.capture_s,
+        # The replay that plans the training slots (every epoch of train.epochs).
+        "plan_s": st.plan_s,
+        "train_slots": st.source.slots.get("train"),
         "wall_ms_per_step": wall * 1e3,
         "events_per_s": b / wall,
         "gpu_ms_per_step": total / 1e3,

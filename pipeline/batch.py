@@ -249,7 +249,7 @@ def make_batch(
         out=None if ids is None else ids[: src.shape[0] * (2 + neg.shape[1])],
     )  # fmt: skip
     roots, root_t, root_key = layout.nodes, layout.times, layout.keys
-    block = None if sampler is None else _sample(sampler, layout, generator, ids, pad_node)
+    block = None if sampler is None else sample_block(sampler, layout, generator, ids, pad_node)
     runs = None
     if pad_node is not None:
         nbrs = block if read_neighbors else None
@@ -303,11 +303,9 @@ def _fixed_slots(
     """
     from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
 
-    if block is None:
-        ids = roots
-    elif ids is None:
-        pad = constants.filled(pad_node, (), torch.int64, roots.device)
-        ids = torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+    if block is None or ids is None:
+        # Otherwise the sampler wrote the neighbour slots into the id list's tail.
+        ids = slot_ids(roots, block, pad_node)
     u = slot_count(ids.shape[0], pad_node)
     if slots is not None:
         u = min(u, slots)
@@ -324,10 +322,24 @@ def _fixed_slots(
     return nodes, inverse[:r], nbr_pos, runs
 
 
-def _sample(
+def slot_ids(roots: torch.Tensor, block: NeighborBlock | None, pad_node: int) -> torch.Tensor:
+    """The ids a fixed-slot batch de-duplicates: its (R,) roots, then the (S, K)
+    neighbour slots of ``block`` row by row (None: no neighbour is read), masked ones
+    as ``pad_node``.
+
+    Returns:
+        (R + S * K,) int64.
+    """
+    if block is None:
+        return roots
+    pad = constants.filled(pad_node, (), torch.int64, roots.device)
+    return torch.cat([roots, torch.where(block.mask, block.nbr, pad).reshape(-1)])
+
+
+def sample_block(
     sampler: TemporalSampler,
     layout: RootLayout,
-    generator: torch.Generator | None,
+    generator: torch.Generator | None = None,
     ids: torch.Tensor | None = None,
     pad_node: int | None = None,
 ) -> NeighborBlock:

@@ -17,11 +17,18 @@ import torch
 
 from sven import kernels
 from sven.pipeline import constants
-from sven.pipeline.batch import Batch, make_batch
+from sven.pipeline.batch import (
+    Batch,
+    RootLayout,
+    make_batch,
+    root_layout,
+    sample_block,
+    slot_ids,
+)
 from sven.pipeline.negatives import sample_negatives
 from sven.pipeline.sampler import TemporalSampler
 
-__all__ = ["EventTables", "events_batch", "select_batch", "select_events"]
+__all__ = ["EventTables", "event_ids", "events_batch", "select_batch", "select_events"]
 
 
 @dataclass
@@ -104,11 +111,7 @@ def select_batch(
         The batch; with a capacity, ``batch.size == capacity``.
     """
     idx, valid, *columns = select_events(tables, start, stop, capacity, order)
-    neg = None
-    if neg_table is not None:
-        # The padding of a rank's share may come from another split: any row will do.
-        rows = (idx - table_lo).clamp(min=0, max=neg_table.shape[0] - 1)
-        neg = neg_table.index_select(0, rows)
+    neg = None if neg_table is None else _table_negatives(neg_table, idx, table_lo)
     return events_batch(
         tables,
         idx,
@@ -148,6 +151,88 @@ def select_events(
         return fused(tables.src, tables.dst, tables.t, start, stop, capacity, order)
     idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
     return idx, valid, tables.src[idx], tables.dst[idx], tables.t[idx].to(torch.float64)
+
+
+def _table_negatives(
+    neg_table: torch.Tensor, idx: torch.Tensor, table_lo: int | torch.Tensor
+) -> torch.Tensor:
+    """The (B, n) rows of ``neg_table`` (events ``table_lo``..) of the events ``idx``."""
+    # The padding of a rank's share may come from another split: any row will do.
+    rows = (idx - table_lo).clamp(min=0, max=neg_table.shape[0] - 1)
+    return neg_table.index_select(0, rows)
+
+
+def event_ids(
+    tables: EventTables,
+    idx: torch.Tensor,
+    stream: int,
+    *,
+    seed: int,
+    num_neg: int,
+    sample_roots: str,
+    read_neighbors: bool,
+    neg_table: torch.Tensor | None = None,
+    table_lo: int = 0,
+    part: str = "all",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids that a fixed-slot batch holding the events ``idx`` de-duplicates, and
+    the event each comes from, for any number of events at once.
+
+    Every id of a batch is a function of its event and the stream alone (its
+    negatives, its roots' keys and so their uniform draws; the nodes' keys, which
+    depend on the batch, key dropout only), so a batch's ids are the union of its
+    events'. They are built here as :func:`select_batch` builds them (the same
+    negatives, root layout, keyed sampling and slot ids), laid out for many batches.
+
+    Args:
+        tables: Event columns.
+        idx: (M,) int64 global event indices.
+        stream, seed, num_neg, sample_roots, read_neighbors, neg_table, table_lo: See
+            :func:`select_batch`.
+        part: "all" the ids; "positive" those of the src and dst roots and their
+            sampled neighbours; "negative" the others (each root's neighbours are
+            drawn from its node, time and key alone, whichever roots are sampled
+            with it).
+
+    Returns:
+        ids (I,) int64 in [0, N] (N: a masked neighbour slot), and (I,) int64 the
+        position in ``idx`` of each id's event.
+    """
+    if neg_table is None:
+        neg = sample_negatives(seed, stream, idx, tables.candidates, num_neg)
+    else:
+        neg = _table_negatives(neg_table, idx, table_lo)
+    layout = root_layout(
+        idx, tables.src[idx], tables.dst[idx], tables.t[idx], neg,
+        sample_roots=sample_roots, rng=(seed, stream),
+    )  # fmt: skip
+    if part != "all":
+        layout = _root_part(layout, 2 * idx.shape[0], part == "positive")
+    block = None
+    if tables.sampler is not None and read_neighbors:
+        block = sample_block(tables.sampler, layout)
+    # Roots are slot-major ([src, dst, neg...] of all the events); a sampled root's
+    # neighbour slots follow the roots, row by row.
+    at = torch.arange(layout.nodes.shape[0], device=idx.device) % idx.shape[0]
+    if block is not None:
+        at = torch.cat([at, at[: layout.num_sampled, None].expand_as(block.nbr).reshape(-1)])
+    return slot_ids(layout.nodes, block, tables.num_nodes), at
+
+
+def _root_part(layout: RootLayout, cut: int, first: bool) -> RootLayout:
+    """The roots of ``layout`` before ``cut`` (``first``) or from it, with theirs of its
+    sampled and written roots."""
+    sl = slice(None, cut) if first else slice(cut, None)
+    keys = None if layout.keys is None else layout.keys[sl]
+    if first:
+        return RootLayout(
+            layout.nodes[sl], layout.times[sl], keys, min(layout.num_sampled, cut),
+            min(layout.num_written, cut),
+        )  # fmt: skip
+    return RootLayout(
+        layout.nodes[sl], layout.times[sl], keys, max(layout.num_sampled - cut, 0),
+        max(layout.num_written - cut, 0),
+    )  # fmt: skip
 
 
 def _event_slots(

@@ -51,3 +51,58 @@ def write_tiny_store(
     feat = rng.random((events, edge_dim)).astype(np.float32) if edge_dim else None
     write_events(path, src, dst, t, edge_feat=feat, num_nodes=nodes, name="tiny")
     return path
+
+
+class Interrupted(Exception):
+    """What :func:`die_at`'s hook raises."""
+
+
+def die_at(at: int):
+    """A ``before_step`` hook that raises :class:`Interrupted` before the ``at``-th
+    training step (1-based; every rank at the same batch)."""
+    calls = 0
+
+    def hook(trainer) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == at:
+            raise Interrupted
+
+    return hook
+
+
+def interrupted_then_resumed(config: str | None, overrides: list[str], at: int) -> dict:
+    """Trains a run that dies before its ``at``-th training step (1-based), then
+    resumes it from its last checkpoint to the end; returns the resumed run's result."""
+    import sven
+
+    dying = sven.Trainer(config, overrides)
+    dying.add_hook("before_step", die_at(at))
+    with pytest.raises(Interrupted):
+        dying.fit()
+    return sven.Trainer(config, [*overrides, "train.resume=true"]).fit()
+
+
+def most_distinct(trainer, lo: int, hi: int, stream: int, num_neg: int, neg_table=None) -> int:
+    """The most distinct nodes a batch of events [lo, hi) from ``lo`` reads (stream
+    ``stream``), from the exact-size build (``torch.unique`` of its roots and real
+    neighbours): what a fixed-shape step's planned node slots must hold."""
+    from sven.pipeline.stages import select_batch
+
+    src, b = trainer.step.source, trainer.cfg.train.batch_size
+    most = 0
+    for start in range(lo, hi, b):
+        batch = select_batch(
+            src.tables,
+            start,
+            min(start + b, hi),
+            stream,
+            seed=src.seed,
+            num_neg=num_neg,
+            sample_roots=src.model.sample_roots,
+            read_neighbors=src.model.read_neighbors,
+            neg_table=neg_table,
+            table_lo=lo,
+        )
+        most = max(most, batch.nodes.shape[0])
+    return most

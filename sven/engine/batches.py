@@ -223,7 +223,7 @@ class BatchSource:
         self.shares = shares
         self.exchange = exchange
         self._rows = self._planned_rows if spec.distributed else self._local_rows
-        #: Node slots per kind of step (``eval<width>``) planned from a replay of its
+        #: Node slots per kind of step (``train``, ``eval<width>``) planned from a replay of its
         #: batches; a kind not listed takes the most its ids could need.
         self.slots: dict[str, int] = {}
 

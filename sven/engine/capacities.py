@@ -14,7 +14,7 @@ process has no peer to size buffers for: :class:`OneProcess` plans nothing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,7 +26,14 @@ from sven.models.base import endpoints
 from sven.pipeline.exchange_api import read_occurrences
 from sven.pipeline.wire import Capacities
 
-__all__ = ["CapacityPlanner", "OneProcess", "Planner", "capacity_planner", "plan_slots"]
+__all__ = [
+    "CapacityPlanner",
+    "OneProcess",
+    "Planner",
+    "capacity_planner",
+    "plan_slots",
+    "plan_slots_at_once",
+]
 
 Counts = tuple[list[int], list[int]]
 #: (lo, hi, stream, num_neg, neg_table) of one replayed pass.
@@ -227,6 +234,166 @@ def plan_slots(
                     nbrs = 0 if mb.nbr_pos is None else mb.nbr_pos.shape[1]
                     one_event = max(one_event, mb.root_pos.shape[0] // mb.size * (1 + nbrs))
     return max(int(most), one_event) + 1
+
+
+#: Ids (roots and neighbour slots) :func:`plan_slots_at_once` builds at once: some
+#: hundred megabytes of keys and the sampler's temporaries, on a graph of any size.
+PLAN_IDS = 1 << 22
+#: Up to this many node ids per id of a batch, :func:`plan_slots_at_once` counts a
+#: batch's distinct ids in a table of every node (a pass over the ids and the table)
+#: rather than by a sort; the table then holds at most ``DENSE_NODES * PLAN_IDS`` cells.
+DENSE_NODES = 4
+
+
+@torch.no_grad()
+def plan_slots_at_once(
+    source: BatchSource, batch_size: int, passes: list[Callable[[], Pass]]
+) -> int:
+    """:func:`plan_slots`'s U, computed for many batches at once.
+
+    A batch's ids are a function of its events and the stream alone
+    (:func:`~sven.pipeline.stages.event_ids`, which builds them as the batch does), so
+    the ids of a run of consecutive batches are built in one go and counted per batch
+    (:class:`_Runs`). A batch padded past the split's end repeats its last event, which
+    adds no id.
+
+    Args:
+        source: The step's batch source of one process (its event tables, model and
+            seed; its shares hold every event).
+        batch_size: The global batch size B.
+        passes: As :func:`plan_slots` takes them.
+
+    Returns:
+        U, as :func:`plan_slots` returns it; one host read.
+    """
+    most = torch.zeros((), dtype=torch.int64, device=source.tables.src.device)
+    one_event = 1
+    for ready in passes:
+        lo, hi, stream, num_neg, neg_table = ready()
+        width = num_neg if neg_table is None else neg_table.shape[1]
+        runs = _Runs(source, batch_size, width)
+        one_event = max(one_event, runs.one_event)
+        for idx in runs.chunks(lo, hi):
+            ids = runs.ids(idx, stream, num_neg, "all", neg_table, lo)
+            torch.maximum(most, runs.most(runs.distinct(*ids)), out=most)
+    return max(int(most), one_event) + 1
+
+
+@torch.no_grad()
+def plan_epoch_slots(
+    source: BatchSource, batch_size: int, lo: int, hi: int, epochs: int, num_neg: int
+) -> int:
+    """:func:`plan_slots_at_once` of training's passes over events [lo, hi), one per
+    epoch (its stream) of ``epochs``.
+
+    With recent sampling, or none, the ids of the positive roots (src, dst and their
+    sampled neighbours) are the same every epoch: each run of batches counts them once
+    and adds each epoch's negatives and their neighbours. Uniform draws are keyed by
+    the epoch: every id is then built per epoch.
+
+    Returns:
+        U, as :func:`plan_slots` returns it for these passes.
+    """
+    sampler = source.tables.sampler
+    if sampler is not None and source.model.read_neighbors and sampler.strategy != "recent":
+        passes = [lambda e=e: (lo, hi, e, num_neg, None) for e in range(epochs)]
+        return plan_slots_at_once(source, batch_size, passes)
+    runs = _Runs(source, batch_size, num_neg)
+    most = torch.zeros((), dtype=torch.int64, device=source.tables.src.device)
+    for idx in runs.chunks(lo, hi):
+        fixed = runs.distinct(*runs.ids(idx, 0, num_neg, "positive"))
+        for epoch in range(epochs):
+            ids = runs.ids(idx, epoch, num_neg, "negative")
+            torch.maximum(most, runs.most(runs.distinct(*ids, fixed)), out=most)
+    return max(int(most), runs.one_event) + 1
+
+
+class _Runs:
+    """Runs of consecutive batches, their ids and the distinct ones of each batch.
+
+    Args:
+        source: The step's batch source of one process.
+        batch_size: The global batch size B.
+        num_neg: Negatives per event (the width of an evaluation table).
+    """
+
+    def __init__(self, source: BatchSource, batch_size: int, num_neg: int) -> None:
+        tables, model = source.tables, source.model
+        self.source, self.b, self.pad = source, batch_size, tables.num_nodes
+        read = tables.sampler is not None and model.read_neighbors
+        k = tables.sampler.fanouts[0] if read else 0
+        per_event = (2 + num_neg) * (1 + k)
+        #: The ids of one event: a batch past the split's end repeats one.
+        self.one_event = per_event
+        # A table of every node per batch where it is not much larger than the ids: one
+        # pass over the ids where a sort takes several.
+        self.dense = self.pad + 1 <= DENSE_NODES * batch_size * per_event
+        self.step = batch_size * max(1, PLAN_IDS // (batch_size * per_event))
+        self.batches = 0
+
+    def chunks(self, lo: int, hi: int) -> Iterator[torch.Tensor]:
+        """The (M,) events of each run of batches of [lo, hi), from ``lo``."""
+        for first in range(lo, hi, self.step):
+            idx = torch.arange(
+                first, min(first + self.step, hi), device=self.source.tables.src.device
+            )
+            self.batches = -(-idx.shape[0] // self.b)
+            yield idx
+
+    def ids(
+        self,
+        idx: torch.Tensor,
+        stream: int,
+        num_neg: int,
+        part: str,
+        neg_table: torch.Tensor | None = None,
+        table_lo: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids of the events ``idx`` (``part`` of them:
+        :func:`~sven.pipeline.stages.event_ids`) and the batch of each."""
+        from sven.pipeline.stages import event_ids
+
+        src, model = self.source, self.source.model
+        ids, at = event_ids(
+            src.tables, idx, stream, seed=src.seed, num_neg=num_neg,
+            sample_roots=model.sample_roots, read_neighbors=model.read_neighbors,
+            neg_table=neg_table, table_lo=table_lo, part=part,
+        )  # fmt: skip
+        return ids, at // self.b
+
+    def distinct(
+        self, ids: torch.Tensor, batch: torch.Tensor, fixed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The distinct (batch, id) pairs of (I,) ``ids`` and their (I,) batches, with
+        those of ``fixed`` (an earlier result of the same run): a (batches * (N + 1),)
+        bool table of them (dense), else their sorted keys ``batch * (N + 1) + id``."""
+        key = batch * (self.pad + 1) + ids
+        if self.dense:
+            if fixed is None:
+                seen = torch.zeros(
+                    self.batches * (self.pad + 1), dtype=torch.bool, device=ids.device
+                )
+            else:
+                seen = fixed.clone()
+            seen[key] = True
+            return seen
+        if self.batches * (self.pad + 1) <= 2**31:
+            # Half the radix passes of an int64 sort, for the same order.
+            key = key.to(torch.int32)
+        return torch.unique(key if fixed is None else torch.cat([fixed, key]))
+
+    def most(self, distinct: torch.Tensor) -> torch.Tensor:
+        """The most distinct ids other than the padding id of any batch of the run,
+        from :meth:`distinct`'s result; a 0-d tensor."""
+        n = self.pad + 1
+        if self.dense:
+            # Summed as bytes: a sum of booleans (or of a slice) costs several times more.
+            table = distinct.view(torch.uint8).view(self.batches, n)
+            return (table.sum(1, dtype=torch.int32) - table[:, self.pad]).max().to(torch.int64)
+        keys = distinct.to(torch.int64)
+        counts = torch.zeros(self.batches, dtype=torch.int64, device=keys.device)
+        counts.index_add_(0, keys // n, (keys % n != self.pad).to(torch.int64))
+        return counts.max()
 
 
 def capacity_planner(

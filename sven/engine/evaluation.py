@@ -21,7 +21,7 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Inline, Ring, batch_bounds, ring
 from sven.engine.body import StepInput, eval_step
-from sven.engine.capacities import Planner, plan_slots
+from sven.engine.capacities import Planner, plan_slots_at_once
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.metrics import average_precision, batched_link_metrics, mrr
 from sven.engine.spec import RunSpec
@@ -261,7 +261,8 @@ class Evaluation:
         """Exact capacities of the evaluation step of width ``w``, from a replay of
         every split of that width (its negatives are fixed by the seed): the
         exchange's, and on a fixed-shape step its node slots (the most distinct nodes
-        a batch of the width reads, where the default holds every id it lists)."""
+        a batch of the width reads, where the default holds every id it lists;
+        counted from the ids of many batches at once)."""
 
         def ready(split: str) -> Callable[[], tuple[int, int, int, int, torch.Tensor]]:
             def fn() -> tuple[int, int, int, int, torch.Tensor]:
@@ -280,7 +281,7 @@ class Evaluation:
         self.planner.plan_passes(f"eval{w}", passes)
         if self.inp.fixed and passes:
             b = self.cfg.train.batch_size
-            self.source.slots[f"eval{w}"] = plan_slots(self.source, self.inp, b, passes)
+            self.source.slots[f"eval{w}"] = plan_slots_at_once(self.source, b, passes)
 
     # --------------------------------------------------------------- step
     def _build(self, inp: BatchInputs, neg_table: torch.Tensor, group: Any = None) -> StepInput:

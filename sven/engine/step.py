@@ -39,7 +39,7 @@ import torch
 
 from sven.engine.batches import BatchInputs, BatchSource, Shares, batch_bounds, ring
 from sven.engine.body import StepInput, encode_step, train_step
-from sven.engine.capacities import capacity_planner
+from sven.engine.capacities import capacity_planner, plan_epoch_slots
 from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.engine.spec import RunSpec
@@ -334,9 +334,11 @@ class Step:
 
     def plan_capacities(self, epoch: int) -> Capacities:
         """Sets the training capacities from an exact replay of ``epoch``, grown by
-        ``dist.capacity_slack`` for later epochs (whose draws differ)."""
+        ``dist.capacity_slack`` for later epochs (whose draws differ), and the training
+        node slots (:meth:`plan_train_slots`); called before the first epoch this
+        process trains, ``epoch``."""
         lo, hi = self.data.ranges["train"]
-        return self.planner.plan_train(
+        caps = self.planner.plan_train(
             lo,
             hi,
             epoch,
@@ -344,6 +346,33 @@ class Step:
             self.micro_batches,
             self.cfg.dist.capacity_slack,
         )
+        self.plan_train_slots()
+        return caps
+
+    def plan_train_slots(self) -> None:
+        """On a fixed-shape step of one process, the node slots of training: the most
+        distinct nodes any batch of any of the ``train.epochs`` epochs reads, counted
+        exactly from the ids each epoch's batches are built with, many batches at once
+        (:func:`~sven.engine.capacities.plan_epoch_slots`; negatives and uniform
+        draws depend on the epoch).
+
+        The default slots hold every id a batch lists (B * (1 + n) roots and their
+        neighbour slots), many times its distinct nodes, and every per-slot stage would
+        compute on the empty ones. The slot count is part of the arithmetic: a weight
+        gradient sums over the slots, and a GEMM's blocking of that sum follows its
+        length. So the plan covers every epoch from the first, on a resumed run too,
+        which then trains as the uninterrupted one to the last bit; and the whole
+        split, whatever ``train.max_batches`` (the prefetch ring builds batches past
+        the last one trained). An early stop trains fewer epochs than planned. Runs
+        across ranks, and shares in micro-batches (one fetch for all of them), keep
+        the default.
+        """
+        if not self.inp.fixed or self.spec.distributed or self.micro_batches > 1:
+            return
+        lo, hi = self.data.ranges["train"]
+        tc = self.cfg.train
+        u = plan_epoch_slots(self.source, tc.batch_size, lo, hi, tc.epochs, tc.num_neg)
+        self.source.slots["train"] = u
 
     # ------------------------------------------------------------ encode
     @torch.no_grad()

@@ -9,6 +9,7 @@ import pytest
 
 import sven
 from sven.cli import main
+from tests.conftest import Interrupted, die_at
 from tests.dist.launch import run_ranks
 
 pytestmark = pytest.mark.dist
@@ -38,31 +39,14 @@ def _overrides(store: str, out: str, *extra: str) -> list[str]:
     ]
 
 
-class _Stop(Exception):
-    pass
-
-
-def _die_at(at: int):
-    """A ``before_step`` hook that stops every rank at the same training batch."""
-    calls = 0
-
-    def hook(trainer: sven.Trainer) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == at:
-            raise _Stop
-
-    return hook
-
-
 def _resume_main(rank: int, world_size: int, store: str, out: str) -> dict | None:
     extra = ("train.checkpoint_every=5",)
     ref = sven.Trainer(None, _overrides(store, f"{out}/ref", *extra)).fit()
     try:
         dying = sven.Trainer(None, _overrides(store, f"{out}/run", *extra))
-        dying.add_hook("before_step", _die_at(19))
+        dying.add_hook("before_step", die_at(19))
         dying.fit()
-    except _Stop:
+    except Interrupted:
         pass
     resumed = sven.Trainer(None, _overrides(store, f"{out}/run", *extra, "train.resume=true")).fit()
     return {"ref": ref, "resumed": resumed} if rank == 0 else None

@@ -27,7 +27,7 @@ from sven.cli import main
 from sven.datasets.store import TemporalEvents
 from sven.engine.checkpoint import Checkpointer, load_file, read_meta, read_state
 from sven.errors import CheckpointError
-from tests.conftest import write_tiny_store
+from tests.conftest import Interrupted, die_at, write_tiny_store
 from tests.unit.test_components import _overrides as _tiny
 
 SVEN = [sys.executable, "-m", "sven"]
@@ -52,27 +52,11 @@ def _overrides(store: Path, out: Path, *extra: str) -> list[str]:
     return _tiny(str(store), out, "train.epochs=2", "model.dropout=0.0", *extra)
 
 
-class _Die(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def reference(store, tmp_path_factory) -> dict:
     """An uninterrupted run with a checkpoint every 4 batches."""
     out = tmp_path_factory.mktemp("ref") / "run"
     return sven.Trainer(None, _overrides(store, out, "train.checkpoint_every=4")).fit()
-
-
-def _die_before(n: int):
-    calls = 0
-
-    def hook(tr) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == n:
-            raise _Die
-
-    return hook
 
 
 def test_the_commit_runs_beside_training_and_resume_is_exact(store, tmp_path, reference) -> None:
@@ -99,8 +83,8 @@ def test_the_commit_runs_beside_training_and_resume_is_exact(store, tmp_path, re
 
     tr.checkpoints.latest.before_commit = hold
     tr.add_hook("after_step", beside)
-    tr.add_hook("before_step", _die_before(8))
-    with pytest.raises(_Die):
+    tr.add_hook("before_step", die_at(8))
+    with pytest.raises(Interrupted):
         tr.fit()
     assert seen == [(False, True), (False, True)]
     ck = Checkpointer(out / "checkpoints")
@@ -173,8 +157,8 @@ def test_format1_checkpoints_still_evaluate_and_resume(store, tmp_path, referenc
     out = tmp_path / "run"
     over = _overrides(store, out, "train.checkpoint_every=4")
     tr = sven.Trainer(None, over)
-    tr.add_hook("before_step", _die_before(8))
-    with pytest.raises(_Die):
+    tr.add_hook("before_step", die_at(8))
+    with pytest.raises(Interrupted):
         tr.fit()
     ck = Checkpointer(out / "checkpoints")
     step = ck.latest()

@@ -11,6 +11,7 @@ import torch
 import sven
 from sven.cli import main
 from sven.datasets.store import write_events
+from tests.conftest import interrupted_then_resumed
 
 METRIC_KEYS = (
     "val_ap",
@@ -120,8 +121,14 @@ def test_cli_train_and_eval_reproduce(store: str, tmp_path, capsys, device: str)
     assert res["test_auc_inductive"] == summary["test_auc_inductive"]
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["exact", "fixed"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_resume_after_interrupt_is_exact(store: str, tmp_path, device: str) -> None:
+def test_resume_after_interrupt_is_exact(
+    store: str, tmp_path, monkeypatch, device: str, fixed: bool
+) -> None:
+    if fixed:
+        # CUDA's fixed-shape step (its planned training slots) on any device.
+        monkeypatch.setattr("sven.engine.spec.fixed_shapes", lambda device, distributed: True)
     extra = (
         "train.checkpoint_every=4",
         "model.dropout=0.1",
@@ -129,25 +136,8 @@ def test_resume_after_interrupt_is_exact(store: str, tmp_path, device: str) -> N
         f"train.device={device}",
     )
     ref = sven.Trainer(None, _overrides(store, tmp_path / "ref", *extra)).fit()
-
-    class Interrupted(Exception):
-        pass
-
-    calls = 0
-
-    def die(trainer: sven.Trainer) -> None:  # dies in epoch 2, past a checkpoint
-        nonlocal calls
-        calls += 1
-        if calls == 17:
-            raise Interrupted
-
-    dying = sven.Trainer(None, _overrides(store, tmp_path / "run", *extra))
-    dying.add_hook("before_step", die)
-    with pytest.raises(Interrupted):
-        dying.fit()
-    resumed = sven.Trainer(
-        None, _overrides(store, tmp_path / "run", *extra, "train.resume=true")
-    ).fit()
+    # Dies in epoch 2, past a checkpoint.
+    resumed = interrupted_then_resumed(None, _overrides(store, tmp_path / "run", *extra), 17)
     for key in METRIC_KEYS:
         assert resumed[key] == ref[key], key
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

@@ -1,4 +1,4 @@
-"""Node slots planned per evaluation width (``sven.engine.capacities.plan_slots``).
+"""Node slots planned per evaluation width (``sven.engine.capacities.plan_slots_at_once``).
 
 A fixed-shape batch de-duplicates its ids into slots; without a plan they hold every
 id the batch lists, up to the graph's N + 1. An evaluation width's batches are fixed by
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sven.engine.capacities import plan_slots
 from sven.engine.evaluation import EVAL_STREAM
 from sven.engine.trainer import Trainer
-from sven.pipeline.stages import select_batch
-from tests.conftest import write_tiny_store
+from tests.conftest import most_distinct, write_tiny_store
 
 SPLITS = ("val", "test")
 
@@ -55,27 +55,25 @@ def _trained(store, run, model: str, mrr: int) -> Trainer:
 
 
 def _distinct_oracle(tr: Trainer, split: str) -> int:
-    """The most distinct nodes a batch of ``split`` reads, from the exact-size build
-    (``torch.unique`` of its roots and real neighbours)."""
-    ev, src = tr.step.evaluation, tr.step.evaluation.source
-    lo, hi = tr.ranges[split]
-    b, negs = tr.cfg.train.batch_size, ev.negatives(split)
-    most = 0
-    for start in range(lo, hi, b):
-        batch = select_batch(
-            src.tables,
-            start,
-            min(start + b, hi),
-            EVAL_STREAM[split],
-            seed=src.seed,
-            num_neg=negs.shape[1],
-            sample_roots=src.model.sample_roots,
-            read_neighbors=src.model.read_neighbors,
-            neg_table=negs,
-            table_lo=lo,
-        )
-        most = max(most, batch.nodes.shape[0])
-    return most
+    """The most distinct nodes a batch of ``split`` reads."""
+    negs = tr.step.evaluation.negatives(split)
+    return most_distinct(tr, *tr.ranges[split], EVAL_STREAM[split], negs.shape[1], negs)
+
+
+def _replayed(tr: Trainer, w: int, splits: list[str]) -> int:
+    """The slots of width ``w`` from the replay of every batch of ``splits``."""
+    table = tr.step.evaluation.widths[w].neg
+
+    def ready(split: str):
+        def fn():
+            lo, hi = tr.ranges[split]
+            table[: hi - lo].copy_(tr.step.evaluation.negatives(split))
+            return lo, hi, EVAL_STREAM[split], w, table
+
+        return fn
+
+    passes = [ready(s) for s in splits]
+    return plan_slots(tr.step.source, tr.step.inp, tr.cfg.train.batch_size, passes)
 
 
 @pytest.mark.parametrize(("model", "mrr"), [("tgn", 0), ("tgn", 20), ("jodie", 20)])
@@ -86,7 +84,7 @@ def test_planned_slots_score_as_the_unplanned_step(
     planned = _trained(store, tmp_path / "planned", model, mrr)
     with monkeypatch.context() as m:
         # No plan: every kind of step at its default slots (N + 1 here).
-        m.setattr("sven.engine.evaluation.plan_slots", lambda *a, **k: 1 << 40)
+        m.setattr("sven.engine.evaluation.plan_slots_at_once", lambda *a, **k: 1 << 40)
         full = _trained(store, tmp_path / "full", model, mrr)
     for split in SPLITS:
         a, b = planned.evaluate(split), full.evaluate(split)
@@ -102,4 +100,5 @@ def test_planned_slots_score_as_the_unplanned_step(
         slots = planned.step.evaluation.source.slots[f"eval{w}"]
         # The distinct nodes and the padding id (one event's ids are fewer here).
         assert slots == distinct + 1
+        assert slots == _replayed(planned, w, splits)
         assert slots < planned.data.events.num_nodes + 1
