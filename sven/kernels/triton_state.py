@@ -119,13 +119,17 @@ def _write_kernel(
         cm = (c < D_MAIL)[None, :]
         m2 = win[:, None] & cm
         row = n[:, None] * (M * D_MAIL)
-        # The queue moves by one slot, the oldest mail falling out of the last.
+        # The queue moves by one slot, the oldest mail falling out of the last. Every
+        # thread loads slot j - 1 before any stores into it (at the next step, or the
+        # new mail below): a row's times and flags are held by several threads, and
+        # one thread ahead of another would otherwise shift a slot twice.
         for j in tl.static_range(M - 1, 0, -1):
             prev = tl.load(mail_ptr + row + (j - 1) * D_MAIL + c[None, :], mask=m2)
-            tl.store(mail_ptr + row + j * D_MAIL + c[None, :], prev, mask=m2)
             t = tl.load(mts_ptr + n * M + (j - 1), mask=win)
-            tl.store(mts_ptr + n * M + j, t, mask=win)
             v = tl.load(mv_ptr + n * M + (j - 1), mask=win)
+            tl.debug_barrier()
+            tl.store(mail_ptr + row + j * D_MAIL + c[None, :], prev, mask=m2)
+            tl.store(mts_ptr + n * M + j, t, mask=win)
             tl.store(mv_ptr + n * M + j, v, mask=win)
         x = tl.load(src_mail + r64[:, None] * D_MAIL + c[None, :], mask=m2)
         tl.store(mail_ptr + row + c[None, :], x, mask=m2)

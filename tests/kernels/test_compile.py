@@ -80,6 +80,17 @@ for key, sdt in ((tl.int32, "i32"), (tl.int64, "i32"), (tl.int64, "i64")):
     cases.append((tdd._sort_kernel, "i64",
                   {"BLOCK": 1024, "POS_BITS": 10, "KEY": key, "TOP": top},
                   {"sorted_ptr": "*" + sdt}))
+from sven.kernels import triton_state as tst
+# The write-back: one mail per node and a queue of 10 (its shift's barriers), memory
+# and mail together or apart.
+for m in (1, 10):
+    for wm, wl in ((True, True), (True, False), (False, True)):
+        cases.append((tst._write_kernel, "fp32",
+                      {"D_MEM": 16, "D_MAIL": 35, "M": m, "B_MEM": 16, "B_MAIL": 64,
+                       "WRITE_MEM": wm, "WRITE_MAIL": wl, "ROWS": 32},
+                      {"nodes_ptr": "*i64", "key_ptr": "*i64", "best_ptr": "*i64",
+                       "src_lu": "*fp64", "src_mts": "*fp64", "lu_ptr": "*fp64",
+                       "mts_ptr": "*fp64", "mv_ptr": "*i8"}))
 failures = []
 for fn, dt, consts, *over in cases:
     pointee = {**POINTEE, **(over[0] if over else {})}
@@ -87,7 +98,7 @@ for fn, dt, consts, *over in cases:
     for a in fn.arg_names:
         if a in consts:
             sig[a] = "constexpr"
-        elif a.endswith("_ptr"):
+        elif a.endswith("_ptr") or a.startswith("src_"):
             sig[a] = pointee.get(a, "*" + dt)
         else:
             sig[a] = "fp32" if a == "scale" else "i32"
@@ -113,5 +124,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 89
+    assert report["cases"] == 95
     assert report["failures"] == []

@@ -117,15 +117,18 @@ def test_commit_equals_reference(device, use_kernel, m, dtype, receivers):
         _commit_both(ref, tri, up, use_kernel)
 
 
-def test_commit_wide_rows_many_writers_per_node(device, use_kernel):
+@pytest.mark.parametrize("m", [1, 10])
+def test_commit_wide_rows_many_writers_per_node(device, use_kernel, m):
     # A training batch's shape: 400 writers on 60 nodes, mails of 35 columns (a row
-    # spans several thread groups on the GPU). Every column of each winner's row must
-    # land, on every repetition: the winner resets its node's maximum only after all
-    # of its program's reads of it.
+    # spans several thread groups on the GPU), one mail per node (TGN) or APAN's queue
+    # of 10. Every column of each winner's row must land, and the queue move by one
+    # slot exactly, on every repetition: the winner resets its node's maximum only
+    # after all of its program's reads of it, and each slot is read before it is
+    # written.
     n, p = 60, 400
     g = torch.Generator().manual_seed(3)
-    ref = MemoryState(n, 16, 35, device=device)
-    tri = MemoryState(n, 16, 35, device=device)
+    ref = MemoryState(n, 16, 35, mailbox_size=m, device=device)
+    tri = MemoryState(n, 16, 35, mailbox_size=m, device=device)
     for rep in range(20 if device == "cuda" else 2):
         nodes = torch.randint(0, n, (p,), generator=g).to(device)
         up = DenseUpdate(
