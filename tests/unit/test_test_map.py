@@ -54,7 +54,6 @@ HOOKS = {"__getattr__", "__dir__"}
 
 _READER = "a reader behind `sven.datasets.readers`: `unit/test_readers.py` converts every format"
 _BY_NAME = "built by name: `unit/test_models.py` runs every model of `sven.models.MODELS`"
-_NONE_YET = "no test of its own yet; "
 
 #: Modules with behaviour of their own that no test file tests (as read above), each
 #: with why (docs/testing.md shows it). Keep it short and true: a module that gains a
@@ -76,17 +75,6 @@ UNTESTED: dict[str, str] = {
     "sven.models.dyrep": _BY_NAME,
     "sven.models.jodie": _BY_NAME,
     "sven.models.tgn": _BY_NAME,
-    "sven.distributed.grads": (
-        _NONE_YET + "every training step zeroes and sums its gradients through it"
-        " (`dist/test_invariant.py`: P ranks against one process)"
-    ),
-    "sven.engine.store_check": (
-        _NONE_YET + "a checkpoint of another store is refused in `integration/test_predict.py`"
-    ),
-    "sven.pipeline.exchange_api": (
-        _NONE_YET + "its local exchange serves every one-process step, the one across"
-        " ranks (`sven.pipeline.exchange`) is tested in `dist/test_exchange.py`"
-    ),
 }
 
 
