@@ -63,10 +63,6 @@ UNTESTED: dict[str, str] = {
     "sven.datasets.dyglib_tgl": _READER,
     "sven.datasets.rawreader": _READER,
     "sven.datasets.snap_jodie": _READER,
-    "sven.datasets.spool": (
-        "sorts and spools the events behind every store written: `unit/test_readers.py`"
-        " (unsorted input), `unit/test_store.py`"
-    ),
     "sven.datasets.writer": (
         "writes every store, behind `sven.datasets.store.write_events` and"
         " `sven.datasets.readers.convert`: `unit/test_store.py`, `unit/test_readers.py`"
