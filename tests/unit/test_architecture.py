@@ -102,6 +102,26 @@ def _by_name(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
     } & set(modules)
 
 
+def _targets(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: dict[str, Path]
+) -> list[str]:
+    """The dotted name each alias of an import statement in ``module`` imports, in order:
+    relative names made absolute, ``from pkg import sub`` the submodule where one has
+    that name, else ``pkg`` (``from pkg import name``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        # Relative: from the module's package, one level up per extra dot.
+        anchor = module.split(".")
+        anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+        base = ".".join([*anchor, *([base] if base else [])])
+    return [
+        f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+        for alias in node.names
+    ]
+
+
 def _imports(module: str, path: Path, modules: dict[str, Path], types: bool = False) -> set[str]:
     """The modules of the package that ``module`` imports (itself excluded), by import
     statements and by name (:func:`_by_name`); with ``types``, for type checking too."""
@@ -109,21 +129,7 @@ def _imports(module: str, path: Path, modules: dict[str, Path], types: bool = Fa
     tree = ast.parse(path.read_text(), str(path))
     found = _by_name(tree, modules) - {module}
     for node in _import_nodes(tree, types):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        else:
-            base = node.module or ""
-            if node.level:
-                # Relative: from the module's package, one level up per extra dot.
-                anchor = module.split(".")
-                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            # ``from pkg import sub`` imports the submodule where one has that name.
-            targets = [
-                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                for alias in node.names
-            ]
-        for target in targets:
+        for target in _targets(node, module, is_package, modules):
             resolved = _resolve(target, modules)
             if resolved is not None and resolved != module:
                 found.add(resolved)

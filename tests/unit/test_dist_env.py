@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from sven.distributed import collectives, launcher, process_group, rendezvous, slurm
-from sven.distributed.collectives import DistError, barrier_or_die
+from sven.distributed.collectives import barrier_or_die
+from sven.distributed.errors import DistError
 from sven.distributed.launcher import LaunchInfo, detect_launcher
 from sven.distributed.native_log import native_stderr_to
 from sven.distributed.process_group import init_distributed
