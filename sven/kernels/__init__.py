@@ -76,6 +76,8 @@ _TRITON_MODULE = {
     # The weight and bias gradients of the linear layers' backward (sums.param_grads,
     # whose reference is a GEMM and a column sum), one launch for up to three layers.
     "param_grads": "sven.kernels.triton_grads",
+    # The reference is torch.optim.Adam's own step (sven.engine.optim.Optimizer).
+    "adam_step": "sven.kernels.triton_adam",
 }
 if set(_TRITON_MODULE) != NAMES:
     raise ImportError("sven.kernels.backend.NAMES and the table of Triton modules differ")

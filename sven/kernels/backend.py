@@ -36,6 +36,7 @@ AUTO_TRITON = frozenset(
 #: Triton modules (which checks that they agree).
 NAMES = frozenset(
     {
+        "adam_step",
         "bce_loss",
         "dedupe_compact",
         "dedupe_sort",

@@ -91,6 +91,11 @@ for m in (1, 10):
                       {"nodes_ptr": "*i64", "key_ptr": "*i64", "best_ptr": "*i64",
                        "src_lu": "*fp64", "src_mts": "*fp64", "lu_ptr": "*fp64",
                        "mts_ptr": "*fp64", "mv_ptr": "*i8"}))
+from sven.kernels import triton_adam as tad
+# Adam's step: pointers from the address table, the bias corrections in double.
+for decay in (False, True):
+    cases.append((tad._adam_kernel, "i64", {"BLOCK": tad.BLOCK, "DECAY": decay},
+                  {"hyper_ptr": "*fp64"}))
 failures = []
 for fn, dt, consts, *over in cases:
     pointee = {**POINTEE, **(over[0] if over else {})}
@@ -124,5 +129,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 95
+    assert report["cases"] == 97
     assert report["failures"] == []
