@@ -16,6 +16,17 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Where CUDA is present, a test on the ``device`` or ``cuda`` fixture runs there:
+    it is marked ``gpu``, so that ``pytest -m gpu`` checks every kernel on the GPU (on a
+    machine without one they run under the interpreter with the rest of the suite)."""
+    if not torch.cuda.is_available():
+        return
+    for item in items:
+        if {"device", "cuda"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpu)
+
+
 @pytest.fixture
 def device() -> str:
     """CUDA where present, else CPU under the interpreter (skips without triton)."""
