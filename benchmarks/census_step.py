@@ -119,16 +119,20 @@ def _counted(run: Any, census: Census) -> Any:
 def _dispatch_as_cuda() -> None:
     """Makes ``auto`` pick what it picks for CUDA tensors, for CPU tensors."""
     from sven import kernels
+    from sven.engine import optim
+    from sven.kernels import backend, sums
 
     kernels.reset_backend()
-    mode, _, has_triton, per_fn = kernels._read_state()
+    mode, _, has_triton, per_fn = backend._read_state()
     if mode != "auto" or not has_triton:
         raise SystemExit("--as-cuda needs SVEN_KERNELS=auto (or unset) and triton installed")
 
     def backend_for(t: torch.Tensor, name: str | None = None) -> str:
         return per_fn.get(name, "triton" if name in kernels.AUTO_TRITON else "reference")
 
-    kernels.backend_for = backend_for  # type: ignore[assignment]
+    # Every module that bound the choice by name asks the patched one.
+    for module in (kernels, backend, sums, optim):
+        module.backend_for = backend_for  # type: ignore[attr-defined]
     kernels.hash_backend = lambda t: "triton"  # type: ignore[assignment]
 
 
