@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# The GPU checks the open performance work needs, as named phases, for a lent machine
+# with no package index (docs/benchmarks.md, "A GPU session").
+#
+# Usage, from the repository root (on the GPU machine):
+#   bash benchmarks/gpu_session.sh PHASE [PHASE ...]
+#
+# Inputs:
+#   $OUT            where results go (default ./gpu-out); each phase writes $OUT/PHASE/
+#                   and $OUT/PHASE.log as it goes, so a phase cut off keeps what it had.
+#   $SVEN_GPU_DATA  a folder with wikipedia.csv.gz (JODIE's Wikipedia) and
+#                   CollegeMsg.txt.gz (SNAP), default .device_data; docs/data.md says
+#                   where they come from.
+#   $SVEN_GPU_WHEELS  wheels to install offline before anything (pymetis, pytest-xdist,
+#                   execnet, pooch, platformdirs), default .whl; skipped where absent.
+#   $SVEN_BEFORE    for phase `pair`: a folder holding another tree of the repository
+#                   (`git archive REV | tar -x -C DIR`), timed beside this one.
+#
+# Phases (seconds on one H100/H200 in brackets, Triton's cache empty):
+#   setup       wheels, `pip install -e .` offline, the two stores          [40]
+#   suite       the whole `pytest -m gpu` on 6 workers, failures rerun alone [400]
+#   step        kernels per step and events/s of the captured step: four
+#               models on Wikipedia, TGN on CollegeMsg                       [150]
+#   candidates  the opt-in kernels (SVEN_KERNELS=auto,NAME=triton) one by one
+#               and together, each profiled beside the defaults              [200]
+#   pyg         Sven against PyG's TGN, 3 epochs, Wikipedia and CollegeMsg  [300]
+#   mrr         100 MRR negatives against one, 2 epochs each, and the
+#               evaluation profile at 100                                   [120]
+#   ttr         start-up against the floor, the 3-epoch preset on an empty
+#               and on a warm cache                                         [200]
+#   b600        batch 600 on the 10^7-event synthetic graph                  [300]
+#   scale       the host tier against the GPU tier at 10^7 nodes             [560]
+#   predict     answers from the checkpoint of a 10^8-node run               [560]
+#   pair        Wikipedia batch-200 warm events/s, $SVEN_BEFORE against this [200]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-$PWD/gpu-out}
+DATA=${SVEN_GPU_DATA:-.device_data}
+WHEELS=${SVEN_GPU_WHEELS:-.whl}
+STORES=${SVEN_GPU_STORES:-/tmp/sven-gpu-stores}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" "$STORES"
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+# Runs "$@" with its output in $OUT/$phase.log (and on stdout), never stopping the
+# script: a failed step is named in the log and the next one runs.
+step() {
+  local limit=$1
+  shift
+  log "+ $*"
+  timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$phase.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || log "exit $rc: $*" | tee -a "$OUT/$phase.log"
+  return 0
+}
+
+need_stores() {
+  [ -f "$STORES/wiki/meta.json" ] || phase_setup
+}
+
+phase_setup() {
+  if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/sven-site \
+      "$WHEELS"/*.whl
+  fi
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  for pair in "wiki wikipedia.csv.gz jodie" "cm CollegeMsg.txt.gz snap"; do
+    set -- $pair
+    [ -f "$STORES/$1/meta.json" ] && continue
+    [ -f "$DATA/$2" ] || { log "missing $DATA/$2"; continue; }
+    "$PY" -m sven data convert "$DATA/$2" --format "$3" --out "$STORES/$1"
+  done
+}
+
+phase_suite() {
+  local xdist=()
+  "$PY" -c "import xdist" 2>/dev/null && xdist=(-n 6)
+  step 560 "$PY" -m pytest -m gpu -q -rf -p no:cacheprovider "${xdist[@]}" \
+    --durations=25 --junitxml="$OUT/suite/junit.xml"
+  # Failures alone: a failure under load that passes alone is named as such.
+  grep -o 'FAILED [^ ]*' "$OUT/suite.log" | sed 's/^FAILED //' | sort -u | head -20 \
+    > "$OUT/suite/failed.txt"
+  if [ -s "$OUT/suite/failed.txt" ]; then
+    step 300 "$PY" -m pytest -q -rf -p no:cacheprovider $(cat "$OUT/suite/failed.txt")
+  fi
+}
+
+phase_step() {
+  need_stores
+  for m in tgn jodie dyrep apan; do
+    step 120 "$PY" benchmarks/profile_step.py --data "$STORES/wiki" --out "$OUT/step/wiki-$m" \
+      train.cuda_graph=on model.name=$m
+  done
+  step 120 "$PY" benchmarks/profile_step.py --data "$STORES/cm" --out "$OUT/step/cm-tgn" \
+    train.cuda_graph=on
+}
+
+phase_candidates() {
+  need_stores
+  step 120 "$PY" benchmarks/profile_step.py --data "$STORES/wiki" --out "$OUT/candidates/auto" \
+    train.cuda_graph=on
+  local all=""
+  for k in dedupe_sort param_grads adam_step; do
+    all="$all,$k=triton"
+    SVEN_KERNELS=auto,$k=triton step 120 "$PY" benchmarks/profile_step.py \
+      --data "$STORES/wiki" --out "$OUT/candidates/$k" train.cuda_graph=on
+  done
+  SVEN_KERNELS=auto$all step 120 "$PY" benchmarks/profile_step.py --data "$STORES/wiki" \
+    --out "$OUT/candidates/all" train.cuda_graph=on
+  SVEN_KERNELS=auto$all step 300 "$PY" -m pytest -q -rf -p no:cacheprovider \
+    tests/kernels/test_dedupe_kernel.py tests/kernels/test_adam_kernel.py \
+    tests/integration/test_cuda_step.py
+}
+
+phase_pyg() {
+  need_stores
+  for s in wiki cm; do
+    step 300 "$PY" benchmarks/bench_vs_pyg.py --data "$STORES/$s" --device cuda --epochs 3 \
+      --repeats 1 --out "$OUT/pyg/$s.json"
+  done
+}
+
+phase_mrr() {
+  need_stores
+  local common=(--config configs/tgn.yaml "data.path=$STORES/wiki" train.epochs=2
+    train.patience=0 --quiet)
+  step 150 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/one"
+  step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100" eval.mrr_negatives=100
+  "$PY" - "$OUT/mrr" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
+import json, sys
+from pathlib import Path
+
+def val_rate(run):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["val_events_per_s"] for r in rows if "val_events_per_s" in r]
+    return rates[-1] if rates else float("nan")
+
+d = Path(sys.argv[1])
+one, mrr = val_rate(d / "one"), val_rate(d / "mrr100")
+test = json.loads((d / "mrr100" / "summary.json").read_text()).get("test_mrr")
+print(f"val events/s: one negative {one:,.0f}, 100 MRR negatives {mrr:,.0f}, "
+      f"ratio {mrr / one:.3f}; test MRR {test}")
+EOF
+  step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrr/profile" \
+    eval.mrr_negatives=100
+}
+
+phase_ttr() {
+  step 200 "$PY" benchmarks/bench_ttr.py --startup 5 --wiki "$DATA/wikipedia.csv.gz" \
+    --out "$OUT/ttr/startup"
+  step 300 "$PY" benchmarks/bench_ttr.py --skip-syn7 --wiki "$DATA/wikipedia.csv.gz" \
+    --out "$OUT/ttr/preset" --deadline-s 280
+}
+
+phase_b600() {
+  step 560 "$PY" benchmarks/bench_ttr.py --skip-small --large 1e7 --out "$OUT/b600" \
+    --deadline-s 540
+}
+
+phase_scale() {
+  step 580 "$PY" benchmarks/bench_scale.py --graph 1e7 --out "$OUT/scale" --deadline-s 560
+}
+
+phase_predict() {
+  step 580 "$PY" benchmarks/bench_scale.py --graph 1e8 --skip-replay --out "$OUT/predict" \
+    --deadline-s 560
+}
+
+phase_pair() {
+  need_stores
+  [ -d "${SVEN_BEFORE:-}" ] || { log "phase pair needs SVEN_BEFORE=DIR"; return 0; }
+  local here=$PWD
+  # Alternating trees, two rounds, so that a drift of the machine shows in both; each
+  # tree installed in turn (its packages map sven.partition and the rest to its own
+  # folders), and this tree's install put back at the end.
+  for round in 1 2; do
+    for tree in before after; do
+      local dir=$here
+      [ "$tree" = before ] && dir=$(cd "$SVEN_BEFORE" && pwd)
+      "$PY" -m pip install -q --no-deps --no-build-isolation -e "$dir"
+      (cd "$dir" && step 300 "$PY" benchmarks/bench_vs_pyg.py --data "$STORES/wiki" \
+        --device cuda --epochs 2 --repeats 1 --sides sven --out "$OUT/pair/$tree-$round.json")
+    done
+  done
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e "$here"
+}
+
+[ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+export PYTHONPATH="/tmp/sven-site${PYTHONPATH:+:$PYTHONPATH}"
+for phase in "$@"; do
+  mkdir -p "$OUT/$phase"
+  log "phase $phase" | tee -a "$OUT/$phase.log"
+  start=$(date +%s)
+  if declare -F "phase_$phase" >/dev/null; then
+    "phase_$phase"
+  else
+    log "no phase $phase"
+    exit 2
+  fi
+  log "phase $phase: $(($(date +%s) - start)) s" | tee -a "$OUT/$phase.log"
+done
