@@ -25,7 +25,7 @@
 #               and together, each profiled beside the defaults              [200]
 #   pyg         Sven against PyG's TGN, 3 epochs, Wikipedia and CollegeMsg  [300]
 #   mrr         100 MRR negatives against one, 2 epochs each, and the
-#               evaluation profile at 100                                   [120]
+#               evaluation profile at 100; each also with SVEN_TRITON_COS=libdevice [240]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
 #               and on a warm cache                                         [200]
 #   b600        batch 600 on the 10^7-event synthetic graph                  [300]
@@ -109,6 +109,9 @@ phase_candidates() {
   done
   SVEN_KERNELS=auto$all step 120 "$PY" benchmarks/profile_step.py --data "$STORES/wiki" \
     --out "$OUT/candidates/all" train.cuda_graph=on
+  # The time encoding's cosine as libdevice's cosf alone (the default reduces it first).
+  SVEN_TRITON_COS=libdevice step 120 "$PY" benchmarks/profile_step.py \
+    --data "$STORES/wiki" --out "$OUT/candidates/cos-libdevice" train.cuda_graph=on
   SVEN_KERNELS=auto$all step 300 "$PY" -m pytest -q -rf -p no:cacheprovider \
     tests/kernels/test_dedupe_kernel.py tests/kernels/test_adam_kernel.py \
     tests/integration/test_cuda_step.py
@@ -128,6 +131,8 @@ phase_mrr() {
     train.patience=0 --quiet)
   step 150 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/one"
   step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100" eval.mrr_negatives=100
+  SVEN_TRITON_COS=libdevice step 200 "$PY" -m sven train "${common[@]}" \
+    "out=$OUT/mrr/mrr100-libdevice" eval.mrr_negatives=100
   "$PY" - "$OUT/mrr" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
 import json, sys
 from pathlib import Path
@@ -138,13 +143,19 @@ def val_rate(run):
     return rates[-1] if rates else float("nan")
 
 d = Path(sys.argv[1])
-one, mrr = val_rate(d / "one"), val_rate(d / "mrr100")
-test = json.loads((d / "mrr100" / "summary.json").read_text()).get("test_mrr")
-print(f"val events/s: one negative {one:,.0f}, 100 MRR negatives {mrr:,.0f}, "
-      f"ratio {mrr / one:.3f}; test MRR {test}")
+one = val_rate(d / "one")
+for run in ("mrr100", "mrr100-libdevice"):
+    if not (d / run / "summary.json").exists():
+        continue
+    mrr = val_rate(d / run)
+    test = json.loads((d / run / "summary.json").read_text()).get("test_mrr")
+    print(f"{run}: val events/s one negative {one:,.0f}, 100 MRR negatives {mrr:,.0f}, "
+          f"ratio {mrr / one:.3f}; test MRR {test}")
 EOF
   step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrr/profile" \
     eval.mrr_negatives=100
+  SVEN_TRITON_COS=libdevice step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
+    --out "$OUT/mrr/profile-libdevice" eval.mrr_negatives=100
 }
 
 phase_ttr() {

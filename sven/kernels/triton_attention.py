@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from sven.kernels.precision import tf32_dots
+from sven.kernels.triton_trig import cos32
 
 __all__ = ["temporal_attention", "temporal_attention_factored", "temporal_attention_fused"]
 
@@ -231,7 +232,7 @@ def _fused_kv(
         tm = ot < T
         w = tl.load(tw_ptr + ot, mask=tm, other=0.0).to(tl.float32)
         b = tl.load(tb_ptr + ot, mask=tm, other=0.0).to(tl.float32)
-        te = tl.cos(dt[:, None] * w[None, :] + b[None, :])
+        te = cos32(dt[:, None] * w[None, :] + b[None, :])
         te = tl.where(valid[:, None] & tm[None, :], te, 0.0)
         wtile = tm[:, None] & dm[None, :]
         wk = tl.load(wt_ptr + ck[None, :] * sw_o + ot[:, None] * sw_t, mask=wtile, other=0.0)
@@ -464,7 +465,7 @@ def _slot_feat(
         dt = tl.load(dt_ptr + r * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
         w = tl.load(tw_ptr + oc, mask=cm, other=0.0).to(tl.float32)
         b = tl.load(tb_ptr + oc, mask=cm, other=0.0).to(tl.float32)
-        f = tl.cos(dt[:, None] * w[None, :] + b[None, :])
+        f = cos32(dt[:, None] * w[None, :] + b[None, :])
     else:
         f = tl.load(f_ptr + f_at[:, None] + oc[None, :] * sf_c, mask=tile, other=0.0)
     return tl.where(tile, f.to(tl.float32), 0.0)

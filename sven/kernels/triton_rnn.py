@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from sven.kernels.sums import param_grads
+from sven.kernels.triton_trig import cos32
 
 __all__ = ["gru_cell", "recurrent_update", "rnn_cell"]
 
@@ -172,7 +173,7 @@ def _encode_kernel(
     j = tl.where(is_mail, 0, col - M)
     w = tl.load(tw_ptr + j, mask=m & ~is_mail, other=0.0).to(tl.float32)
     b = tl.load(tb_ptr + j, mask=m & ~is_mail, other=0.0).to(tl.float32)
-    v = tl.where(is_mail, v, tl.cos(dt * w + b))
+    v = tl.where(is_mail, v, cos32(dt * w + b))
     tl.store(x_ptr + idx, v.to(x_ptr.dtype.element_ty), mask=m)
     has = tl.load(has_ptr + row, mask=m, other=0) != 0
     tl.store(last_out_ptr + row, tl.where(has, ts, last), mask=m & (col == 0))
