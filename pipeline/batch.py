@@ -205,6 +205,7 @@ def make_batch(
     valid: torch.Tensor | None = None,
     pad_node: int | None = None,
     slots: int | None = None,
+    for_grad: bool = True,
 ) -> Batch:
     """Builds a :class:`Batch`: samples neighbours and de-duplicates the nodes to read.
 
@@ -228,16 +229,16 @@ def make_batch(
         valid: (B,) bool mask of real events (see ``Batch.valid``), or None.
         pad_node: None: de-duplicate with ``torch.unique`` (U = number of distinct
             nodes). An id (the memory's scratch row N): de-duplicate into fixed slots
-            (:func:`~sven.pipeline.dedupe.dedupe_fixed`), U = number of roots plus
-            neighbour slots, or ``pad_node + 1`` if fewer
-            (:func:`~sven.pipeline.dedupe.slot_count`), masked neighbour slots pointing
-            at ``pad_node``; nothing
-            then depends on the data's values, so the step can be captured. The node
-            feature table must then have a row for ``pad_node``.
+            (:mod:`~sven.pipeline.dedupe`), U = number of roots plus neighbour slots,
+            or ``pad_node + 1`` if fewer (``slot_count``), masked neighbour slots
+            pointing at ``pad_node``; nothing then depends on the data's values, so the
+            step can be captured. The node feature table needs a row ``pad_node``.
         slots: With ``pad_node``: U planned by the caller (at most ``slot_count``'s),
-            which must hold the batch's distinct ids and the padding id (an evaluation
-            width's, from a replay of its batches:
+            holding the batch's distinct ids and the padding id (an evaluation width's:
             :func:`~sven.engine.capacities.plan_slots`); None: ``slot_count``'s.
+        for_grad: With ``pad_node``: keep the de-duplication's sort for the backward of
+            the row gathers (``Batch.runs``); False (no gradient: evaluation, encoding):
+            no ``runs``, the same slots, the ids counted where that is cheaper.
 
     Returns:
         The batch.
@@ -253,7 +254,7 @@ def make_batch(
     runs = None
     if pad_node is not None:
         nbrs = block if read_neighbors else None
-        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node, slots, ids)
+        nodes, root_pos, nbr_pos, runs = _fixed_slots(roots, nbrs, pad_node, slots, ids, for_grad)
     else:
         nodes, root_pos, nbr_pos = _unique_slots(roots, block if read_neighbors else None)
     return Batch(
@@ -292,16 +293,19 @@ def _fixed_slots(
     pad_node: int,
     slots: int | None,
     ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SortedRuns]:
+    for_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, SortedRuns | None]:
     """:func:`make_batch`'s fixed-slot de-duplication of (R,) roots and the sampled
     neighbours of ``block`` (None: no neighbour is read) into U slots (``slots``, at
     most ``slot_count``'s); ``ids`` is their id list (:func:`_id_list`) where written
-    already, ``pad_node`` in the masked neighbour slots.
+    already, ``pad_node`` in the masked neighbour slots; ``for_grad`` as
+    :func:`make_batch`'s.
 
     Returns:
-        nodes (U,), root_pos (R,), nbr_pos (R, K) or None, and the de-duplication's sort.
+        nodes (U,), root_pos (R,), nbr_pos (R, K) or None, and the de-duplication's sort
+        (None unless ``for_grad``).
     """
-    from sven.pipeline.dedupe import SortedRuns, dedupe_sorted, slot_count
+    from sven.pipeline.dedupe import SortedRuns, dedupe_fixed, dedupe_sorted, slot_count
 
     if block is None or ids is None:
         # Otherwise the sampler wrote the neighbour slots into the id list's tail.
@@ -309,9 +313,13 @@ def _fixed_slots(
     u = slot_count(ids.shape[0], pad_node)
     if slots is not None:
         u = min(u, slots)
-    nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad_node, u)
     r = roots.shape[0]
-    runs = SortedRuns(perm, inverse, sorted_ids, pad_node, r)
+    runs = None
+    if for_grad:
+        nodes, inverse, perm, sorted_ids = dedupe_sorted(ids, pad_node, u)
+        runs = SortedRuns(perm, inverse, sorted_ids, pad_node, r)
+    else:
+        nodes, inverse = dedupe_fixed(ids, pad_node, u)
     if block is None:
         return nodes, inverse[:r], None, runs
     # A masked slot may read any row: each reads a row of its own (its position among

@@ -16,7 +16,7 @@ import torch
 
 from sven import kernels
 
-__all__ = ["SortedRuns", "dedupe_fixed", "dedupe_sorted", "slot_count"]
+__all__ = ["SortedRuns", "dedupe_counted", "dedupe_fixed", "dedupe_sorted", "slot_count"]
 
 
 @dataclass
@@ -56,11 +56,52 @@ def slot_count(num_ids: int, pad_id: int) -> int:
     return min(num_ids, pad_id + 1)
 
 
+#: Counting replaces the sort while the id space is at most this many times the list: a
+#: radix sort of int32 keys with their positions makes four passes over the list, each
+#: reading and writing both; counting makes one fill and one scan over the id space and
+#: three passes over the list.
+_COUNT_SPACE_RATIO = 4
+
+
 def dedupe_fixed(
     ids: torch.Tensor, pad_id: int, slots: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`dedupe_sorted` without the sort's permutation (see there)."""
+    """:func:`dedupe_sorted`'s nodes and inverse, without the sort's permutation.
+
+    Where the id space [0, pad_id] is at most four times the list (a wide evaluation
+    batch on a graph of thousands of nodes: 226,600 ids of 9,228 possible with 100 MRR
+    negatives), the ids are counted instead of sorted (:func:`dedupe_counted`): the same
+    two tensors.
+    """
+    if pad_id + 1 <= _COUNT_SPACE_RATIO * ids.shape[0]:
+        return dedupe_counted(ids, pad_id, slots)
     nodes, inverse, _, _ = dedupe_sorted(ids, pad_id, slots)
+    return nodes, inverse
+
+
+def dedupe_counted(
+    ids: torch.Tensor, pad_id: int, slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dedupe_fixed` by counting: a flag per possible id, their running sum.
+
+    Args:
+        ids: (S,) int64 node ids in [0, pad_id].
+        pad_id: The padding id (see :func:`dedupe_sorted`).
+        slots: U, as :func:`dedupe_sorted`'s.
+
+    Returns:
+        nodes (U,) and inverse (S,), equal to :func:`dedupe_sorted`'s: slot j holds the
+        j-th smallest distinct id, so the running count of the ids present below an id
+        is its slot.
+    """
+    u = ids.shape[0] if slots is None else slots
+    present = torch.zeros(pad_id + 1, dtype=torch.int32, device=ids.device)
+    present.index_fill_(0, ids, 1)
+    slot_of = torch.cumsum(present, 0, dtype=torch.int64) - 1
+    inverse = slot_of[ids]
+    # Every occurrence of an id writes that id into its slot: the result is order-free.
+    nodes = torch.full((u,), pad_id, dtype=ids.dtype, device=ids.device)
+    nodes.scatter_(0, inverse, ids)
     return nodes, inverse
 
 

@@ -75,6 +75,7 @@ def select_batch(
     order: torch.Tensor | None = None,
     batch_start: int | torch.Tensor | None = None,
     slots: int | None = None,
+    for_grad: bool = True,
 ) -> Batch:
     """The batch of events [start, stop) with its negatives, neighbours and node slots.
 
@@ -106,6 +107,8 @@ def select_batch(
             None: ``start``.
         slots: With a capacity, the node slots U planned for this kind of batch, or
             None for the most its ids could need (:func:`~sven.pipeline.batch.make_batch`).
+        for_grad: Whether a gradient will be taken through the batch (see
+            :func:`~sven.pipeline.batch.make_batch`).
 
     Returns:
         The batch; with a capacity, ``batch.size == capacity``.
@@ -128,6 +131,7 @@ def select_batch(
         mrr_negatives=mrr_negatives,
         slots=slots,
         columns=tuple(columns),
+        for_grad=for_grad,
     )
 
 
@@ -277,6 +281,7 @@ def events_batch(
     neg: torch.Tensor | None = None,
     slots: int | None = None,
     columns: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    for_grad: bool = True,
 ) -> Batch:
     """The batch of the given events (any subset, e.g. one rank's share of a global batch).
 
@@ -294,6 +299,7 @@ def events_batch(
             the MRR negatives are still appended.
         slots: See :func:`select_batch`.
         columns: The events' (B,) src, dst and t, gathered already, or None.
+        for_grad: See :func:`select_batch`.
 
     Returns:
         The batch.
@@ -321,4 +327,5 @@ def events_batch(
         valid=valid,
         pad_node=tables.num_nodes if fixed else None,
         slots=slots,
+        for_grad=for_grad,
     )

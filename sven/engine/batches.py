@@ -236,9 +236,11 @@ class BatchSource:
         capacity: int | None,
         neg_table: torch.Tensor | None = None,
         slots: int | None = None,
+        for_grad: bool = True,
     ) -> Batch:
         """The events [start, stop) of this rank's order, as one batch (``slots``:
-        its planned node slots, or None)."""
+        its planned node slots, or None; ``for_grad``: a gradient will be taken through
+        it, :func:`~sven.pipeline.batch.make_batch`)."""
         from sven.pipeline.stages import select_batch
 
         return select_batch(
@@ -256,6 +258,7 @@ class BatchSource:
             order=self.shares.order,
             batch_start=inp["gstart"],
             slots=slots,
+            for_grad=for_grad,
         )
 
     def select_share(
@@ -265,13 +268,14 @@ class BatchSource:
         neg_table: torch.Tensor | None,
         micro: int,
         slots: int | None = None,
+        for_grad: bool = True,
     ) -> list[Batch]:
         """The share named by ``inp``, whole (in ``slots`` node slots, or None for
         the most its ids could need) or as ``micro`` parts of equal capacity that its
-        events fill in order."""
+        events fill in order (``for_grad``: as :meth:`select`'s)."""
         start, stop, cap = inp["start"], inp["stop"], self.shares.capacity
         if micro == 1:
-            return [self.select(inp, num_neg, start, stop, cap, neg_table, slots)]
+            return [self.select(inp, num_neg, start, stop, cap, neg_table, slots, for_grad)]
         c = -(-cap // micro)  # type: ignore[operator]
         return [
             self.select(
@@ -281,6 +285,7 @@ class BatchSource:
                 torch.minimum(start + (j + 1) * c, stop),
                 c,
                 neg_table,
+                for_grad=for_grad,
             )
             for j in range(micro)
         ]
@@ -298,7 +303,10 @@ class BatchSource:
         """A share's micro-batches and the plan of its rows; ``lap`` ends the
         ``sample`` and ``id_exchange`` stages (eager runs)."""
         lap = lap or _no_lap
-        batches = self.select_share(inp, num_neg, neg_table, micro, self.slots.get(mode))
+        # Only training differentiates through its batches' row gathers.
+        batches = self.select_share(
+            inp, num_neg, neg_table, micro, self.slots.get(mode), for_grad=mode == "train"
+        )
         lap("sample")
         return self._rows(batches, mode, group, lap)
 
