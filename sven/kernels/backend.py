@@ -33,25 +33,14 @@ AUTO_TRITON = frozenset(
     }
 )
 #: Every name a per-function choice may give: the keys of ``sven.kernels``' table of
-#: Triton modules (which checks that they agree).
-NAMES = frozenset(
+#: Triton modules (which checks that they agree). Those not in ``auto``'s set are opt-in.
+NAMES = AUTO_TRITON | frozenset(
     {
         "adam_step",
-        "bce_loss",
-        "dedupe_compact",
         "dedupe_sort",
-        "gather_rows",
         "gru_cell",
-        "link_decoder",
         "param_grads",
-        "recurrent_update",
         "rnn_cell",
-        "sample_recent",
-        "select_events",
-        "state_commit",
-        "state_gather",
-        "temporal_attention",
-        "temporal_attention_factored",
         "temporal_attention_fused",
     }
 )
