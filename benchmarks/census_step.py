@@ -35,6 +35,12 @@ _FREE = {
     "empty",
     "empty_strided",
     "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "_unsafe_view",
+    "promote_types",
+    "_record_function_enter_new",
+    "_record_function_exit",
     "detach",
     "alias",
     "lift_fresh",
@@ -55,12 +61,32 @@ _FREE = {
 
 def _site() -> str:
     repo = Path(sven.__file__).resolve().parent.parent
+    if torch._C._current_autograd_node() is not None:
+        # In the backward: the stack ends at the line that called it.
+        return _backward_site(repo)
     for frame in reversed(traceback.extract_stack()[:-3]):
         path = Path(frame.filename).resolve()
         if path.is_relative_to(repo) and path.relative_to(repo).parts[0] in _ROOTS:
             if "census_step" in path.name:
                 continue
             return f"{path.relative_to(repo)}:{frame.lineno} {frame.name}"
+    return "backward"
+
+
+def _backward_site(repo: Path) -> str:
+    """The forward line of Sven that made the autograd node now running its backward,
+    where anomaly mode recorded it (``--backward-sites``), else ``backward``."""
+    node = torch._C._current_autograd_node()
+    trace = None if node is None else node.metadata.get("traceback_")
+    for line in reversed(trace or []):
+        # 'File "PATH", line N, in NAME' lines, innermost last.
+        head = line.strip().split("\n")[0]
+        if not head.startswith('File "'):
+            continue
+        path = Path(head.split('"')[1]).resolve()
+        if path.is_relative_to(repo) and path.relative_to(repo).parts[0] in _ROOTS:
+            lineno = head.split(", line ")[1].split(",")[0]
+            return f"backward of {path.relative_to(repo)}:{lineno} {head.rsplit(' in ', 1)[-1]}"
     return "backward"
 
 
@@ -155,6 +181,12 @@ def main() -> None:
         help="on CUDA: count the device kernels each site launches (torch.profiler), "
         "beside its operators",
     )
+    ap.add_argument(
+        "--backward-sites",
+        action="store_true",
+        help="name each backward operator by the forward line that made its autograd node "
+        "(anomaly mode records it: slower)",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
     if args.as_cuda:
@@ -181,7 +213,8 @@ def main() -> None:
         st.plan_capacities(0)
         st.start_epoch(0, 0, n)
         prof = None
-        with census:
+        anomaly = torch.autograd.set_detect_anomaly(args.backward_sites, check_nan=False)
+        with anomaly, census:
             for i in range(n):
                 census.on = i >= args.warmup
                 if census.on and args.kernels and prof is None:
