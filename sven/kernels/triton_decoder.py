@@ -129,7 +129,7 @@ class _LinkDecoder(torch.autograd.Function):
         b_dst: torch.Tensor,
         w_out: torch.Tensor,
         b_out: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h = h.contiguous()
         d, d2 = h.shape[1], w_dst.shape[0]
         h_src, x = h[:b], h[b:]
@@ -148,13 +148,21 @@ class _LinkDecoder(torch.autograd.Function):
         )  # fmt: skip
         ctx.save_for_backward(h, z, w_src, w_dst, w_out)
         ctx.b = b
-        return out
+        # Both results are views of the one score vector, so that the backward gets
+        # their gradients as they are and joins them in one kernel: slices taken after
+        # the function would each zero a full-size gradient, then add them up.
+        return out[:b], out[b:].view(m // b - 1, b).t()
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple:  # type: ignore[override]
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, dpos: torch.Tensor, dneg: torch.Tensor
+    ) -> tuple:
         h, z, w_src, w_dst, w_out = ctx.saved_tensors
         b = ctx.b
-        g = g.contiguous()
+        # The scores' gradient in their layout [pos, neg[:, 0], neg[:, 1], ...]: one
+        # concatenation (a free view of dneg where it has the scores' own strides, as
+        # the Triton loss writes it).
+        g = torch.cat([dpos.reshape(-1), dneg.t().reshape(-1)])
         m, d2 = z.shape
         d = h.shape[1]
         dz = torch.empty_like(z)
@@ -188,6 +196,4 @@ def link_decoder(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As :func:`sven.kernels.reference.link_decoder`: (B,) positive and (B, n) negative
     logits of the batch layout ``h`` (R, D), R = (2 + n) B."""
-    n = h.shape[0] // b - 2
-    out = _LinkDecoder.apply(h, b, w_src, b_src, w_dst, b_dst, w_out, b_out)
-    return out[:b], out[b:].view(n, b).t()
+    return _LinkDecoder.apply(h, b, w_src, b_src, w_dst, b_dst, w_out, b_out)

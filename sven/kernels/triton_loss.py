@@ -43,7 +43,7 @@ def _sigmoid(x):
 
 @triton.jit
 def _loss_fwd_kernel(
-    pos_ptr, neg_ptr, valid_ptr, denom_ptr, out_ptr, B, N,
+    pos_ptr, neg_ptr, valid_ptr, denom_ptr, out_ptr, B, N, s_pos, s_b, s_n,
     HAS_VALID: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     acc = tl.zeros([ROWS], tl.float32)
@@ -51,9 +51,9 @@ def _loss_fwd_kernel(
     for start in range(0, B, ROWS):
         rows = start + tl.arange(0, ROWS)
         rm = rows < B
-        p = tl.load(pos_ptr + rows, mask=rm, other=0.0).to(tl.float32)
+        p = tl.load(pos_ptr + rows * s_pos, mask=rm, other=0.0).to(tl.float32)
         m2 = rm[:, None] & (cols < N)[None, :]
-        n = tl.load(neg_ptr + rows[:, None] * N + cols[None, :], mask=m2, other=0.0)
+        n = tl.load(neg_ptr + rows[:, None] * s_b + cols[None, :] * s_n, mask=m2, other=0.0)
         row = _softplus(-p) + tl.sum(tl.where(m2, _softplus(n.to(tl.float32)), 0.0), axis=1)
         keep = rm
         if HAS_VALID:
@@ -67,9 +67,10 @@ def _loss_fwd_kernel(
 
 @triton.jit
 def _loss_bwd_kernel(
-    pos_ptr, neg_ptr, valid_ptr, denom_ptr, g_ptr, dpos_ptr, dneg_ptr, B, N,
+    pos_ptr, neg_ptr, valid_ptr, denom_ptr, g_ptr, dpos_ptr, dneg_ptr, B, N, s_pos, s_b, s_n,
     HAS_VALID: tl.constexpr, BN: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
+    # dpos and dneg have pos's and neg's strides.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = rows < B
     cols = tl.arange(0, BN)
@@ -77,11 +78,24 @@ def _loss_bwd_kernel(
     w = tl.where(rm, scale, 0.0)
     if HAS_VALID:
         w = tl.where(tl.load(valid_ptr + rows, mask=rm, other=0) != 0, w, 0.0)
-    p = tl.load(pos_ptr + rows, mask=rm, other=0.0).to(tl.float32)
-    tl.store(dpos_ptr + rows, -w * _sigmoid(-p), mask=rm)
+    p = tl.load(pos_ptr + rows * s_pos, mask=rm, other=0.0).to(tl.float32)
+    tl.store(dpos_ptr + rows * s_pos, -w * _sigmoid(-p), mask=rm)
     m2 = rm[:, None] & (cols < N)[None, :]
-    n = tl.load(neg_ptr + rows[:, None] * N + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    tl.store(dneg_ptr + rows[:, None] * N + cols[None, :], w[:, None] * _sigmoid(n), mask=m2)
+    at = rows[:, None] * s_b + cols[None, :] * s_n
+    n = tl.load(neg_ptr + at, mask=m2, other=0.0).to(tl.float32)
+    tl.store(dneg_ptr + at, w[:, None] * _sigmoid(n), mask=m2)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself where its elements tile a block of memory with no gaps or overlaps
+    in some order (the gradient written with its strides is then well formed), else a
+    contiguous copy."""
+    expect = 1
+    for size, stride in sorted(zip(x.shape, x.stride()), key=lambda p: p[1]):
+        if size > 1 and stride != expect:
+            return x.contiguous()
+        expect *= size
+    return x
 
 
 def _valid_u8(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -92,13 +106,15 @@ def _valid_u8(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 class _BCELoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pos, neg, valid, denom):
-        pos, neg = pos.contiguous(), neg.contiguous()
+        # Read in place, whatever the strides (the decoder's negatives are a transposed
+        # view): a copy would be a kernel each way. The gradients take the same strides.
+        pos, neg = _dense(pos), _dense(neg)
         b, n = neg.shape
         out = torch.empty((), device=pos.device, dtype=torch.float32)
         v = _valid_u8(valid, pos)
         bn = max(2, triton.next_power_of_2(n))
         _loss_fwd_kernel[(1,)](
-            pos, neg, v, denom, out, b, n,
+            pos, neg, v, denom, out, b, n, pos.stride(0), *neg.stride(),
             HAS_VALID=valid is not None, BN=bn, ROWS=_ROWS,
         )  # fmt: skip
         ctx.save_for_backward(pos, neg, v, denom)
@@ -109,11 +125,12 @@ class _BCELoss(torch.autograd.Function):
     def backward(ctx, g):
         pos, neg, v, denom = ctx.saved_tensors
         b, n = neg.shape
-        dpos = torch.empty_like(pos)
-        dneg = torch.empty_like(neg)
+        dpos = torch.empty_strided(pos.shape, pos.stride(), dtype=pos.dtype, device=pos.device)
+        dneg = torch.empty_strided(neg.shape, neg.stride(), dtype=neg.dtype, device=neg.device)
         bn = max(2, triton.next_power_of_2(n))
         _loss_bwd_kernel[(triton.cdiv(b, _ROWS),)](
             pos, neg, v, denom, g.to(torch.float32).contiguous(), dpos, dneg, b, n,
+            pos.stride(0), *neg.stride(),
             HAS_VALID=ctx.has_valid, BN=bn, ROWS=_ROWS,
         )  # fmt: skip
         return dpos, dneg, None, None

@@ -342,12 +342,17 @@ class _RecurrentUpdate(torch.autograd.Function):
         ctx.dims = (m, tw.requires_grad or tb.requires_grad)
         ctx.save_for_backward(x, hs, w_ih, w_hh, gi, gh, has, ts, last, tw, tb)
         ctx.mark_non_differentiable(last_out)
+        # last_out takes no gradient: not materialised, its zeros would be a fill kernel
+        # in every backward.
+        ctx.set_materialize_grads(False)
         return out, last_out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dout, _dlast):  # type: ignore[override]
         x, hs, w_ih, w_hh, gi, gh, has, ts, last, tw, tb = ctx.saved_tensors
+        if dout is None:  # the new memory took no part in what is differentiated
+            return (None,) * 12
         need = ctx.needs_input_grad
         m, time_grad = ctx.dims
         dout = _rows(dout)

@@ -57,3 +57,27 @@ def test_hand_built(device, use_kernel):
     assert pos.grad.tolist() == [-0.125, 0.0] and neg.grad.tolist() == [[0.125], [0.0]]
     want = masked_bce(ModelOutput(pos.detach(), neg.detach(), None), None)
     assert float(want) > float(loss)
+
+
+@pytest.mark.parametrize(("b", "n"), [(7, 1), (200, 3), (301, 5)])
+def test_scores_read_in_place_in_the_decoders_layout(device, use_kernel, b, n):
+    """The link scorer's results are views of one vector: the negatives a transposed
+    view (B, n) with strides (1, B). The loss reads them in place and writes their
+    gradients with the same strides, so that the scorer's backward joins them without
+    a copy; a view with gaps (every other column) is copied first, the same numbers."""
+    use_kernel("bce_loss", "triton")
+    pos, neg, valid = _case(device, b, n, seed=3, spread=3.0)
+    flat = torch.cat([pos, neg.t().reshape(-1)]).requires_grad_(True)
+    p, q = flat[:b], flat[b:].view(n, b).t()
+    assert q.stride() == (1, b)
+    got = mean_bce(ModelOutput(p, q, None), valid, 11.0)
+    (dp, dq) = torch.autograd.grad(got, (p, q))
+    assert dq.stride() == (1, b) and dp.stride() == (1,)
+    p0, q0 = pos.clone().requires_grad_(True), neg.clone().requires_grad_(True)
+    want = mean_bce(ModelOutput(p0, q0, None), valid, 11.0)
+    want.backward()
+    assert torch.equal(got, want)
+    assert torch.equal(dp, p0.grad) and torch.equal(dq, q0.grad)
+    wide = torch.cat([neg, neg], 1)[:, ::2]  # a gap between columns
+    gapped = mean_bce(ModelOutput(pos, wide, None), valid, 11.0)
+    assert torch.equal(gapped, want.detach())
