@@ -26,6 +26,7 @@ from sven.distributed.grads import Gradients, LocalGrads
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
 from sven.models.memory import DenseUpdate, MemoryRows
+from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 from sven.pipeline.exchange_api import Exchange, FetchPlan, LocalExchange
 
@@ -172,7 +173,8 @@ def train_step(
             # and overlaps the backward, the all-reduce and the optimizer.
             ex.push(dense[0] if len(dense) == 1 else _cat_dense(dense), "train")
             lap("write_back")
-        loss.backward()
+        # The seed gradient a kept constant, where backward() would fill a new one.
+        loss.backward(constants.filled(1.0, (), loss.dtype, loss.device))
         loss_sum = loss.detach() if j == 0 else loss_sum + loss.detach()
     lap("compute")
     total = grads.reduce(torch.as_tensor(loss_sum), vote, lap)

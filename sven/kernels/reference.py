@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from sven.kernels.backend import backend_for
 from sven.kernels.sums import linear
 
 
@@ -306,9 +307,18 @@ def temporal_attention_fused(
     r, h, d = q.shape
     k = nbr_pos.shape[1]
     # The encoding in the frequencies' dtype, the projection in the model dtype.
-    te = torch.cos(dt.to(time_w.dtype)[..., None] * time_w + time_b).to(kv_node.dtype)
-    # F.linear, or with param_grads=triton its weight gradient in one launch (sums).
-    kv = (rows or take_rows)(kv_node, nbr_pos) + linear(te, w_kv_time, None)
+    # One kernel for dt w + b (the same values: with the default phases of zero exactly).
+    te = torch.cos(torch.addcmul(time_b, dt.to(time_w.dtype)[..., None], time_w))
+    te = te.to(kv_node.dtype)
+    kv_rows = (rows or take_rows)(kv_node, nbr_pos)
+    if backend_for(te, "param_grads") == "triton":
+        # The weight gradient in one launch (sums.linear).
+        kv = kv_rows + linear(te, w_kv_time, None)
+    else:
+        # The rows added in the product's epilogue: one kernel, not a GEMM and a sum.
+        o2 = kv_rows.shape[-1]
+        kv = torch.addmm(kv_rows.reshape(-1, o2), te.reshape(-1, te.shape[-1]), w_kv_time.t())
+        kv = kv.view(kv_rows.shape)
     if kv_edge is not None:
         kv = kv + kv_edge
     key, val = kv.chunk(2, dim=2)
