@@ -23,6 +23,7 @@ import torch
 
 from sven.engine.body import StepInput
 from sven.engine.spec import RunSpec
+from sven.kernels.strides import is_dense
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed, slot_count
 from sven.pipeline.exchange_api import Exchange, read_occurrences
@@ -476,7 +477,7 @@ def _as_bytes(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         or a.shape != b.shape
         or a.stride() != b.stride()
         or a.numel() == 0
-        or not _dense(a)
+        or not is_dense(a)
     ):
         return None
     n = a.numel()
@@ -484,17 +485,6 @@ def _as_bytes(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         a.as_strided((n,), (1,)).view(torch.uint8),
         b.as_strided((n,), (1,)).view(torch.uint8),
     )
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill ``numel()`` consecutive slots, in some dim order."""
-    expected = 1
-    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _children(obj: Any) -> list[Any] | None:

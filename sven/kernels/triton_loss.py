@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.strides import is_dense
+
 __all__ = ["bce_loss"]
 
 _ROWS = 128
@@ -86,18 +88,6 @@ def _loss_bwd_kernel(
     tl.store(dneg_ptr + at, w[:, None] * _sigmoid(n), mask=m2)
 
 
-def _dense(x: torch.Tensor) -> torch.Tensor:
-    """``x`` itself where its elements tile a block of memory with no gaps or overlaps
-    in some order (the gradient written with its strides is then well formed), else a
-    contiguous copy."""
-    expect = 1
-    for size, stride in sorted(zip(x.shape, x.stride()), key=lambda p: p[1]):
-        if size > 1 and stride != expect:
-            return x.contiguous()
-        expect *= size
-    return x
-
-
 def _valid_u8(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     # A bool tensor read as bytes (no copy); a dummy pointer when there is no mask.
     return like if valid is None else valid.view(torch.uint8)
@@ -108,7 +98,7 @@ class _BCELoss(torch.autograd.Function):
     def forward(ctx, pos, neg, valid, denom):
         # Read in place, whatever the strides (the decoder's negatives are a transposed
         # view): a copy would be a kernel each way. The gradients take the same strides.
-        pos, neg = _dense(pos), _dense(neg)
+        pos, neg = (x if is_dense(x) else x.contiguous() for x in (pos, neg))
         b, n = neg.shape
         out = torch.empty((), device=pos.device, dtype=torch.float32)
         v = _valid_u8(valid, pos)
