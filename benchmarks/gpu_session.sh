@@ -13,6 +13,9 @@
 #                   where they come from.
 #   $SVEN_GPU_WHEELS  wheels to install offline before anything (pymetis, pytest-xdist,
 #                   execnet, pooch, platformdirs), default .whl; skipped where absent.
+#   $SVEN_GPU_STORES  where the converted stores go (default $TMPDIR/sven-gpu-stores);
+#   $SVEN_GPU_SITE  where the wheels are installed (default $TMPDIR/sven-gpu-site), put
+#                   on PYTHONPATH.
 #   $SVEN_BEFORE    for phase `pair`: a folder holding another tree of the repository
 #                   (`git archive REV | tar -x -C DIR`), timed beside this one.
 #
@@ -38,7 +41,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 DATA=${SVEN_GPU_DATA:-.device_data}
 WHEELS=${SVEN_GPU_WHEELS:-.whl}
-STORES=${SVEN_GPU_STORES:-/tmp/sven-gpu-stores}
+TMP=${TMPDIR:-/tmp}
+STORES=${SVEN_GPU_STORES:-$TMP/sven-gpu-stores}
+SITE=${SVEN_GPU_SITE:-$TMP/sven-gpu-site}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$STORES"
 
@@ -62,10 +67,10 @@ need_stores() {
 
 phase_setup() {
   if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/sven-site \
+    step 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
       "$WHEELS"/*.whl
   fi
-  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  step 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
   for pair in "wiki wikipedia.csv.gz jodie" "cm CollegeMsg.txt.gz snap"; do
     set -- $pair
     [ -f "$STORES/$1/meta.json" ] && continue
@@ -199,7 +204,7 @@ phase_pair() {
 }
 
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
-export PYTHONPATH="/tmp/sven-site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 for phase in "$@"; do
   mkdir -p "$OUT/$phase"
   log "phase $phase" | tee -a "$OUT/$phase.log"
