@@ -35,10 +35,40 @@ from sven.models.base import (
     keyed_dropout,
 )
 from sven.models.memory import DenseUpdate, MemoryRows, TimeEncoding
+from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 
 if TYPE_CHECKING:
     from sven.config import ModelConfig
+
+
+def first_occurrences(nbr: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The valid neighbour slots whose node is not in an earlier valid slot of its row.
+
+    A node sampled twice for one side (uniform sampling draws with replacement, and the
+    most recent list repeats a neighbour of several events) would be two write-back
+    candidates with the same node and the same key. The write-back's contract is one
+    winner per node (distinct keys): with a tie both win, and with a mail queue (M > 1)
+    the Triton commit would shift that row twice at once, a race. The duplicates carry
+    the same mail, so keeping the first is the same write.
+
+    Args:
+        nbr: (R, k) int64 sampled neighbours.
+        mask: (R, k) bool valid slots.
+
+    Returns:
+        (R, k) bool: ``mask`` without the repeats of a node within a row.
+    """
+    k = nbr.shape[1]
+    dev = nbr.device
+    # Invalid slots get ids of their own (-1 - slot), which match nothing.
+    own = constants.values(tuple(range(-1, -k - 1, -1)), torch.int64, dev)
+    ids = torch.where(mask, nbr, own)
+    earlier = constants.values(
+        tuple(j < i for i in range(k) for j in range(k)), torch.bool, dev
+    ).view(k, k)
+    repeat = ((ids[:, :, None] == ids[:, None, :]) & earlier).any(-1)
+    return mask & ~repeat
 
 
 class APAN(MemoryModel):
@@ -183,7 +213,7 @@ class APAN(MemoryModel):
         k = block.nbr.shape[1]
         # Fixed shapes: every neighbour slot is a candidate; masked slots (and padded
         # events) carry key -1 and write nothing.
-        mask = block.mask[: 2 * b].reshape(-1)
+        mask = first_occurrences(block.nbr[: 2 * b], block.mask[: 2 * b]).reshape(-1)
         side_mail = torch.cat([mail_src, mail_dst]).repeat_interleave(k, dim=0)
         side_t = torch.cat([batch.t, batch.t]).repeat_interleave(k)
         side_key = endpoint_keys(batch, (2, 3)).repeat_interleave(k)

@@ -49,7 +49,9 @@ def test_steps_match_torch_adam(device: str, use_kernel, decay: float) -> None:
         assert sg["step"].dtype == sw["step"].dtype and sg["step"].device == sw["step"].device
         assert float(sg["step"]) == float(sw["step"]) == (1.0 if i == 1 else 5.0)
         for name in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(sg[name], sw[name], rtol=2e-6, atol=1e-7)
+            # torch's CUDA step leaves exp_avg up to 3e-7 from the double-precision
+            # update (on the H200): a few float32 units in the last place.
+            torch.testing.assert_close(sg[name], sw[name], rtol=2e-6, atol=1e-6)
 
 
 def test_state_dict_continues_on_the_reference(device: str, use_kernel) -> None:

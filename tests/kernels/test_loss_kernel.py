@@ -64,7 +64,8 @@ def test_scores_read_in_place_in_the_decoders_layout(device, use_kernel, b, n):
     """The link scorer's results are views of one vector: the negatives a transposed
     view (B, n) with strides (1, B). The loss reads them in place and writes their
     gradients with the same strides, so that the scorer's backward joins them without
-    a copy; a view with gaps (every other column) is copied first, the same numbers."""
+    a copy; a view with gaps (every other column) is copied first, the same numbers.
+    The loss within float32 rounding of the contiguous case, the gradients exactly."""
     use_kernel("bce_loss", "triton")
     pos, neg, valid = _case(device, b, n, seed=3, spread=3.0)
     flat = torch.cat([pos, neg.t().reshape(-1)]).requires_grad_(True)
@@ -76,7 +77,10 @@ def test_scores_read_in_place_in_the_decoders_layout(device, use_kernel, b, n):
     p0, q0 = pos.clone().requires_grad_(True), neg.clone().requires_grad_(True)
     want = mean_bce(ModelOutput(p0, q0, None), valid, 11.0)
     want.backward()
-    assert torch.equal(got, want)
+    # The sum's order follows the layout Triton gives the load, which follows the
+    # strides: on a GPU the two layouts may round the total differently (they did at
+    # b=301 on the H200). The per-element gradients are exact.
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0.0)
     assert torch.equal(dp, p0.grad) and torch.equal(dq, q0.grad)
     wide = torch.cat([neg, neg], 1)[:, ::2]  # a gap between columns
     gapped = mean_bce(ModelOutput(pos, wide, None), valid, 11.0)

@@ -143,6 +143,46 @@ def test_apan_delivers_mail_to_neighbours_and_queues() -> None:
     assert mem.mail_valid[:3].tolist() == [[True, True, False]] * 3
 
 
+def test_first_occurrences_keeps_one_slot_per_node_and_row() -> None:
+    """Repeats of a node within a row are dropped, the first kept; invalid slots never
+    count as an earlier occurrence (their ids may repeat a valid one)."""
+    from sven.models.apan import first_occurrences
+
+    nbr = torch.tensor([[3, 1, 3, 3], [2, 2, 5, 2], [7, 7, 7, 7]])
+    mask = torch.tensor(
+        [[True, True, True, False], [False, True, True, True], [False, False, False, False]]
+    )
+    assert first_occurrences(nbr, mask).tolist() == [
+        [True, True, False, False],
+        [False, True, True, False],
+        [False, False, False, False],
+    ]
+
+
+def test_apan_write_back_candidates_have_one_key_per_node() -> None:
+    """Node 2 sampled twice for event 3's destination side (0 met 2 twice, at t=1 and
+    t=2): the dense update still offers each node at most one candidate per key, the
+    write-back's contract (a tie would make the Triton commit shift a queue twice)."""
+    model = _model("apan")
+    mem = MemoryState(N, 4, model.mail_dim, 3, dtype=torch.float64)
+    src = torch.tensor([0, 2, 0, 3])
+    dst = torch.tensor([2, 0, 1, 0])
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    sampler = TemporalSampler(TCSR.from_events(src, dst, t, N), [3], "recent")
+    batch = make_batch(
+        torch.arange(3, 4), src[3:], dst[3:], t[3:], torch.tensor([[4]]),
+        sampler=sampler, sample_roots=model.sample_roots,
+        read_neighbors=model.read_neighbors,
+    )  # fmt: skip
+    nbr_of_0 = batch.block.nbr[1][batch.block.mask[1]].tolist()
+    assert sorted(nbr_of_0) == [1, 2, 2]
+    up = model(batch, mem.gather(batch.nodes)).dense
+    live = up.mail_key >= 0
+    pairs = list(zip(up.mail_nodes[live].tolist(), up.mail_key[live].tolist()))
+    assert len(pairs) == len(set(pairs))
+    assert sorted(up.mail_nodes[live].tolist()) == [0, 1, 2, 3]
+
+
 def _apan_scores_at(t: float, mail_ts: torch.Tensor) -> torch.Tensor:
     """APAN's logits of event 5 (3 -> 0) against negative 4, moved to time ``t``, with
     every node's memory and mailbox set alike except for the mails' times ``mail_ts`` (N,).
