@@ -61,9 +61,9 @@ class Optimizer(torch.optim.Adam):
 
     def step(self, closure: Any = None) -> Any:
         """Adam's step; ``lean``: without the wrapper that imports ``torch._dynamo`` for
-        a graph break, keeping what it does in eager mode (gradients off). With
-        ``SVEN_KERNELS=...,adam_step=triton``: one Triton launch for every tensor
-        (:mod:`sven.kernels.triton_adam`) where it applies."""
+        a graph break, keeping what it does in eager mode (gradients off). On CUDA by
+        default (``SVEN_KERNELS=...,adam_step=reference`` turns it off): one Triton
+        launch for every tensor (:mod:`sven.kernels.triton_adam`) where it applies."""
         if closure is None and self._triton_step():
             return None
         if not self._lean:

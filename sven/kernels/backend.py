@@ -19,6 +19,7 @@ _MODES = ("auto", "reference", "triton")
 #: reference inside the captured TGN step (docs/kernels.md has the figures and the GPU).
 AUTO_TRITON = frozenset(
     {
+        "adam_step",
         "bce_loss",
         "dedupe_compact",
         "gather_rows",
@@ -36,7 +37,6 @@ AUTO_TRITON = frozenset(
 #: Triton modules (which checks that they agree). Those not in ``auto``'s set are opt-in.
 NAMES = AUTO_TRITON | frozenset(
     {
-        "adam_step",
         "dedupe_sort",
         "gru_cell",
         "param_grads",

@@ -66,6 +66,7 @@ def test_triton_on_cuda_when_asked_and_reference_can_be_forced(monkeypatch, cuda
     assert kernels.backend_for(args[0], "gru_cell") == "reference"
     assert kernels.backend_for(args[0], "temporal_attention") == "triton"
     assert kernels.backend_for(args[0], "recurrent_update") == "triton"
+    assert kernels.backend_for(args[0], "adam_step") == "triton"
     monkeypatch.setenv("SVEN_KERNELS", "triton")
     kernels.reset_backend()
     assert kernels.backend_for(args[0]) == "triton"
