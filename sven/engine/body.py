@@ -114,6 +114,26 @@ def _with_rows(batch: Batch, rows: MemoryRows) -> Batch:
     return dataclasses.replace(batch, node_feat=rows.node_feat)
 
 
+def backward_from(loss: torch.Tensor, seed: torch.Tensor) -> None:
+    """``loss.backward(seed)`` without ``torch.autograd.backward``'s checks of the seed.
+
+    Given a seed tensor, those checks import ``torch.fx.experimental.symbolic_shapes``
+    and with it sympy and mpmath, the largest imports of a run's start-up
+    (docs/performance.md has the figures), for a () seed whose shape is known. The
+    engine call is what ``backward`` makes after them; under ``torch.compile`` (which
+    traces its own backward) and on a torch without it, ``backward`` itself.
+
+    Args:
+        loss: () the loss.
+        seed: () its gradient, of its dtype and device.
+    """
+    run = getattr(torch.autograd.graph, "_engine_run_backward", None)
+    if run is None or torch.compiler.is_compiling():
+        loss.backward(seed)
+        return
+    run((loss,), (seed,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
 def train_step(
     model: MemoryModel,
     optimizer: torch.optim.Optimizer,
@@ -174,7 +194,7 @@ def train_step(
             ex.push(dense[0] if len(dense) == 1 else _cat_dense(dense), "train")
             lap("write_back")
         # The seed gradient a kept constant, where backward() would fill a new one.
-        loss.backward(constants.filled(1.0, (), loss.dtype, loss.device))
+        backward_from(loss, constants.filled(1.0, (), loss.dtype, loss.device))
         loss_sum = loss.detach() if j == 0 else loss_sum + loss.detach()
     lap("compute")
     total = grads.reduce(torch.as_tensor(loss_sum), vote, lap)

@@ -18,9 +18,12 @@ from tests.integration.test_safety import store as store  # the fixture
 
 #: Packages a CPU training run needs none of (readers, plots, the PyG baseline, the
 #: scientific stack's extras, MPI launchers' bindings, TensorBoard (``log.tensorboard``
-#: off), torch's compiler (no ``train.compile``), and Triton, which only CUDA kernels use).
+#: off), torch's compiler (no ``train.compile``), Triton, which only CUDA kernels use,
+#: and the symbolic shapes of torch.fx with sympy (2.2 s of imports on the H100 machine;
+#: a seed given to ``loss.backward`` imported them).
 NOT_NEEDED = ("torch_geometric", "pandas", "pyarrow", "matplotlib", "sklearn", "scipy",
-              "mpi4py", "tensorboard", "torch._dynamo", "torch._inductor", "triton")  # fmt: skip
+              "mpi4py", "tensorboard", "torch._dynamo", "torch._inductor", "triton",
+              "torch.fx.experimental.symbolic_shapes", "sympy")  # fmt: skip
 #: The other commands' modules (plots, `sven env`'s package metadata, the synthetic
 #: generator's parser, partitioning), which `sven train` with a store does not run.
 OTHER_STAGES = ("sven.cli.plot", "sven.cli.env", "sven.cli.predict", "sven.datasets.cli",

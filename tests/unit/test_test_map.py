@@ -67,7 +67,6 @@ UNTESTED: dict[str, str] = {
         "writes every store, behind `sven.datasets.store.write_events` and"
         " `sven.datasets.readers.convert`: `unit/test_store.py`, `unit/test_readers.py`"
     ),
-    "sven.models.apan": _BY_NAME,
     "sven.models.dyrep": _BY_NAME,
     "sven.models.jodie": _BY_NAME,
     "sven.models.tgn": _BY_NAME,
