@@ -129,6 +129,23 @@ def run_facts(out: Path) -> dict[str, Any]:
     return facts
 
 
+def compiled_kernels(cache: Path) -> dict[str, int]:
+    """Kernels compiled into a Triton cache folder: variants per kernel name, most first.
+
+    Each compiled variant leaves a metadata file ``<name>.json`` with its ``name`` in
+    a folder of its own; the launchers' and drivers' folders have none.
+    """
+    counts: dict[str, int] = {}
+    for meta in cache.glob("*/*.json"):
+        try:
+            name = json.loads(meta.read_text()).get("name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and meta.stem == name:
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def import_times(log: Path) -> dict[str, int]:
     """Self time (us) of each module in a ``python -X importtime`` log."""
     out: dict[str, int] = {}
@@ -360,6 +377,10 @@ def main() -> int:
         cmd = train(wiki, run_out, "--config", "configs/tgn.yaml", "train.epochs=3", *fast)
         rec = r.run(name, cmd, 150, env=caches)
         rec["run"] = run_facts(run_out)
+        if name == "wiki-cold":
+            # What the empty cache had to compile: the variants of each kernel.
+            rec["triton_compiles"] = compiled_kernels(triton_cache)
+            rec["triton_compiles_total"] = sum(rec["triton_compiles"].values())
         r.save()
 
     # 5. The 10^6-event store: start-up to the first step, epochs, evaluation.

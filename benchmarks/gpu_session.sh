@@ -234,7 +234,8 @@ phase_pack() {
   # The device tool returns at most 8 files: one summary, one archive of the small
   # results (logs, JSON, text; no checkpoints or stores), and nothing else.
   local pattern='kernels per step|"events_per_s"|paired by repeat|ratio|passed|failed|'
-  pattern+='phase [a-z0-9]+: [0-9]+ s|warm_train_events_per_s|beyond_floor|events/s|exit [0-9]'
+  pattern+='phase [a-z0-9]+: [0-9]+ s|warm_train_events_per_s|beyond_floor|events/s|exit [0-9]|'
+  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s'
   for f in "$OUT"/*.log; do
     [ -f "$f" ] || continue
     echo "== $(basename "$f")"
