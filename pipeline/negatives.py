@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from sven import kernels
+from sven.pipeline import constants
 
 _MASK63 = (1 << 63) - 1
 
@@ -73,6 +74,21 @@ def stream_key(
     return mix(torch.tensor(key_int, dtype=torch.int64, device=device))
 
 
+def _device_epoch(epoch: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The epoch (or stream id) for the Triton hash as a kept 0-d int64 device tensor.
+
+    The captured step passes its epoch as a device scalar; the planner and the
+    evaluation tables pass Python ints, and an int argument is another compiled
+    variant of the kernel (on an empty Triton cache, a compile each). One per value is
+    kept: epochs and stream ids are few.
+    """
+    if isinstance(epoch, torch.Tensor):
+        return epoch
+    # Wrapped into int64 as the reference's tensor arithmetic would.
+    e = int(epoch) & ((1 << 64) - 1)
+    return constants.filled(e - (1 << 64) if e >= 1 << 63 else e, (), torch.int64, device)
+
+
 def hash_columns(
     seed: int,
     epoch: int | torch.Tensor,
@@ -99,6 +115,7 @@ def hash_columns(
     if kernels.hash_backend(index) == "triton":
         from sven.kernels import triton_hash
 
+        epoch = _device_epoch(epoch, index.device)
         return triton_hash.hash_columns(seed, epoch, index, first_draw, num_draws)
     draw = torch.arange(num_draws, dtype=torch.int64, device=index.device) + first_draw
     key = stream_key(seed, epoch, draw)
@@ -150,6 +167,7 @@ def sample_negatives(
         from sven.kernels import triton_hash
 
         # The draw, its remainder and the candidates' gather in one kernel.
+        epoch = _device_epoch(epoch, event_index.device)
         cols = triton_hash.hash_columns(seed, epoch, event_index, 0, num_neg, candidates=candidates)
         return cols.t()
     draws = hash_columns(seed, epoch, event_index, 0, num_neg)

@@ -103,7 +103,10 @@ def _chunk_sums(
     tl.store(out_ptr + slot[:, None] * D + cols[None, :], total, mask=sm)
 
 
-@triton.jit
+# G, lo, pad_id and U only bound rows or shift gathered positions: values that differ
+# between a step's calls (one per table it reads) would otherwise each be a compiled
+# variant. D (the column stride) stays specialised, for vector loads of a row.
+@triton.jit(do_not_specialize=["G", "lo", "pad_id", "U"])
 def _segment_sum_kernel(
     g_ptr, perm_ptr, inv_ptr, sid_ptr, out_ptr, S, G, lo, pad_id, U, D,
     CH: tl.constexpr, BC: tl.constexpr, W: tl.constexpr,

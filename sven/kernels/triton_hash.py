@@ -17,6 +17,7 @@ nothing is copied from the host.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -27,6 +28,15 @@ __all__ = ["draws_from_keys", "dropout_scale", "hash_columns"]
 
 _BLOCK = 1024
 _MASK63 = (1 << 63) - 1
+
+
+def _unaligned(*names: str) -> dict[str, list[str]]:
+    """``triton.jit``'s option not to specialise these pointers on 16-byte alignment,
+    where this Triton has it (it is newer than Triton 3.0, which torch 2.4 brings)."""
+    params = inspect.signature(triton.jit).parameters
+    if "do_not_specialize_on_alignment" not in params:
+        return {}
+    return {"do_not_specialize_on_alignment": list(names)}
 
 
 @triton.jit
@@ -41,7 +51,13 @@ def _mix(x):
 
 
 # Scalars stay runtime arguments: Triton would otherwise make a value of 1 a constant.
-@triton.jit(do_not_specialize=["epoch", "first_draw", "draw_offset", "seed_term", "B", "N", "C"])
+# An epoch or draw given as a 0-d tensor is read once: its address's alignment is no
+# reason for another compiled variant (the step's epoch sits inside a larger buffer,
+# the planner's is a tensor of its own).
+@triton.jit(
+    do_not_specialize=["epoch", "first_draw", "draw_offset", "seed_term", "B", "N", "C"],
+    **_unaligned("epoch", "first_draw"),
+)
 def _hash_columns_kernel(
     index_ptr, out_ptr, cand_ptr, epoch, first_draw, draw_offset, seed_term, B, N, C,
     EPOCH_PTR: tl.constexpr, DRAW_PTR: tl.constexpr, HAS_CAND: tl.constexpr,

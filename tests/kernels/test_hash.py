@@ -185,3 +185,25 @@ def test_node_keys_offset_in_the_kernel(device, reference, triton_hashes, as_ten
     want = reference(negatives.node_keys, 7, epoch, start, nodes)
     got = triton_hashes(negatives.node_keys, 7, epoch, start, nodes)
     assert torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 5, (1 << 64) - 3])
+def test_an_int_epoch_runs_as_the_steps_device_scalar(
+    device, reference, triton_hashes, epoch
+) -> None:
+    """The planner's and the evaluation tables' int epochs reach the Triton hash as a
+    kept 0-d device tensor, the captured step's form (one compiled variant for both):
+    the same values as the reference, for draws and negatives, and one tensor per value.
+    An epoch past int63 wraps as the reference's int64 arithmetic does."""
+    from sven.pipeline import negatives
+
+    index = _index(301, device)
+    cand = torch.arange(50, 90, device=device)
+    for fn, args in (
+        (negatives.hash_columns, (9, epoch, index, 4, 3)),
+        (negatives.sample_negatives, (9, epoch, index, cand, 2)),
+    ):
+        assert torch.equal(triton_hashes(fn, *args), reference(fn, *args))
+    kept = negatives._device_epoch(epoch, torch.device(device))
+    assert kept.shape == () and kept.dtype == torch.int64 and kept.device.type == device
+    assert kept is negatives._device_epoch(epoch, torch.device(device))
