@@ -23,7 +23,6 @@ from sven.pipeline.batch import (
     make_batch,
     root_layout,
     sample_block,
-    slot_ids,
 )
 from sven.pipeline.negatives import sample_negatives
 from sven.pipeline.sampler import TemporalSampler
@@ -212,15 +211,21 @@ def event_ids(
     )  # fmt: skip
     if part != "all":
         layout = _root_part(layout, 2 * idx.shape[0], part == "positive")
-    block = None
+    ids, block = layout.nodes, None
     if tables.sampler is not None and read_neighbors:
-        block = sample_block(tables.sampler, layout)
+        # The id list as the step's batch has it: the sampler writes the neighbour
+        # slots (masked ones as N) into its tail, the same call as the step's, so the
+        # planner compiles no sampler variant of its own.
+        r, k = layout.nodes.shape[0], tables.sampler.fanouts[0]
+        ids = torch.empty(r + layout.num_sampled * k, dtype=torch.int64, device=idx.device)
+        ids[:r].copy_(layout.nodes)
+        block = sample_block(tables.sampler, layout, None, ids, tables.num_nodes)
     # Roots are slot-major ([src, dst, neg...] of all the events); a sampled root's
     # neighbour slots follow the roots, row by row.
     at = torch.arange(layout.nodes.shape[0], device=idx.device) % idx.shape[0]
     if block is not None:
         at = torch.cat([at, at[: layout.num_sampled, None].expand_as(block.nbr).reshape(-1)])
-    return slot_ids(layout.nodes, block, tables.num_nodes), at
+    return ids, at
 
 
 def _root_part(layout: RootLayout, cut: int, first: bool) -> RootLayout:

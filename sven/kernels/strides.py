@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-__all__ = ["is_dense"]
+__all__ = ["is_dense", "unaligned"]
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -17,3 +19,19 @@ def is_dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def unaligned(*names: str) -> dict[str, list[str]]:
+    """``triton.jit``'s option not to specialise the pointers ``names`` on 16-byte
+    alignment, where this Triton has it (it is newer than Triton 3.0, which torch 2.4
+    brings); else no option. A pointer whose address's alignment differs between calls
+    would otherwise be a compiled variant per alignment.
+
+    Returns:
+        Keyword arguments for ``triton.jit``.
+    """
+    import triton  # the kernels' modules only: a CPU run imports no Triton
+
+    if "do_not_specialize_on_alignment" not in inspect.signature(triton.jit).parameters:
+        return {}
+    return {"do_not_specialize_on_alignment": list(names)}

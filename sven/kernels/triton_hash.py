@@ -17,26 +17,18 @@ nothing is copied from the host.
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.strides import unaligned
+
 __all__ = ["draws_from_keys", "dropout_scale", "hash_columns"]
 
 _BLOCK = 1024
 _MASK63 = (1 << 63) - 1
-
-
-def _unaligned(*names: str) -> dict[str, list[str]]:
-    """``triton.jit``'s option not to specialise these pointers on 16-byte alignment,
-    where this Triton has it (it is newer than Triton 3.0, which torch 2.4 brings)."""
-    params = inspect.signature(triton.jit).parameters
-    if "do_not_specialize_on_alignment" not in params:
-        return {}
-    return {"do_not_specialize_on_alignment": list(names)}
 
 
 @triton.jit
@@ -56,7 +48,7 @@ def _mix(x):
 # the planner's is a tensor of its own).
 @triton.jit(
     do_not_specialize=["epoch", "first_draw", "draw_offset", "seed_term", "B", "N", "C"],
-    **_unaligned("epoch", "first_draw"),
+    **unaligned("epoch", "first_draw"),
 )
 def _hash_columns_kernel(
     index_ptr, out_ptr, cand_ptr, epoch, first_draw, draw_offset, seed_term, B, N, C,

@@ -15,12 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.strides import unaligned
+
 __all__ = ["sample_recent"]
 
 _BLOCK_R = 128
 
 
-@triton.jit
+# R and pad_id only bound rows and fill masked slots, and the id list's tail starts
+# where its roots end: the planner's many batches at once and the step's one would
+# otherwise be compiled variants of their own.
+@triton.jit(do_not_specialize=["R", "pad_id"], **unaligned("ids_ptr"))
 def _recent_kernel(
     indptr_ptr, ts_ptr, nbr_ptr, eid_ptr, nodes_ptr, times_ptr, valid_ptr,
     out_nbr_ptr, out_eid_ptr, out_ts_ptr, out_mask_ptr, out_times_ptr, ids_ptr, age_ptr,

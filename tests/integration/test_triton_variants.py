@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-def test_a_fit_compiles_one_segment_sum_and_three_hashes(store) -> None:
+def test_a_fit_compiles_one_segment_sum_one_sampler_and_three_hashes(store) -> None:
     """TGN's fit on a tiny store: every variant listed once with its phase, and the
     kernels whose values differ between calls (the segment sum's row bounds, the
-    planner's int epochs) are not compiled again for them."""
+    planner's int epochs, the sampler's rows and id list) are not compiled again for
+    them."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "triton_variants.py"), "--data", str(store),
@@ -34,5 +35,6 @@ def test_a_fit_compiles_one_segment_sum_and_three_hashes(store) -> None:
     assert total, out
     listed = [line for line in out.splitlines() if re.match(r"^(plan|train|eval) +_", line)]
     assert len(listed) == int(total.group(1))
-    assert "_segment_sum_kernel: " not in out  # one variant: no 'N variants' section
+    # One variant each: no "N variants" section.
+    assert "_segment_sum_kernel: " not in out and "_recent_kernel: " not in out
     assert sum(" _hash_columns_kernel " in line for line in listed) <= 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sven.kernels.strides import is_dense
@@ -21,3 +22,19 @@ def test_gaps_and_overlaps_are_not_dense() -> None:
     assert not is_dense(torch.zeros(4, 6)[:, :3])  # a gap after each row
     assert not is_dense(torch.zeros(10)[::2])
     assert not is_dense(torch.zeros(3).expand(4, 3))  # rows overlap (stride 0)
+
+
+def test_unaligned_is_an_option_this_triton_takes() -> None:
+    """The option where triton.jit has it (a kernel made with it takes a pointer at any
+    address as one variant), no option where it does not; triton.jit accepts either."""
+    import inspect
+
+    triton = pytest.importorskip("triton")
+    from sven.kernels.strides import unaligned
+
+    opts = unaligned("a_ptr", "b_ptr")
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        assert opts == {"do_not_specialize_on_alignment": ["a_ptr", "b_ptr"]}
+    else:
+        assert opts == {}
+    triton.jit(**opts)  # the decorator is made without an error
