@@ -113,6 +113,7 @@ def run_facts(out: Path) -> dict[str, Any]:
     facts.update({k: v for k, v in s.items() if k.startswith("startup_")})
     facts.update({k: v for k, v in s.items() if k.endswith("_graph_warmup_s")})
     facts.update({k: v for k, v in s.items() if k.endswith("_graph_capture_s")})
+    facts.update({k: v for k, v in s.items() if "_ahead_" in k})
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     facts["epochs"] = [
         {k: e.get(k) for k in ("epoch", "events_per_s", "val_events_per_s", "val_ap") if k in e}

@@ -30,7 +30,8 @@
 #   mrr         100 MRR negatives against one, 2 epochs each, and the
 #               evaluation profile at 100; each also with SVEN_TRITON_COS=libdevice [240]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
-#               and on a warm cache                                         [200]
+#               and on a warm cache, and on an empty one with
+#               SVEN_COMPILE_AHEAD=0                                        [260]
 #   b600        batch 600 on the 10^7-event synthetic graph                  [300]
 #   scale       the host tier against the GPU tier at 10^7 nodes             [560]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
@@ -173,6 +174,9 @@ phase_ttr() {
     --out "$OUT/ttr/startup"
   step 300 "$PY" benchmarks/bench_ttr.py --skip-syn7 --wiki "$DATA/wikipedia.csv.gz" \
     --out "$OUT/ttr/preset" --deadline-s 280
+  # The empty cache again with the kernels compiled one by one at their first launch.
+  SVEN_COMPILE_AHEAD=0 step 300 "$PY" benchmarks/bench_ttr.py --skip-syn7 \
+    --wiki "$DATA/wikipedia.csv.gz" --out "$OUT/ttr/preset-one-by-one" --deadline-s 280
 }
 
 phase_b600() {
@@ -235,7 +239,7 @@ phase_pack() {
   # results (logs, JSON, text; no checkpoints or stores), and nothing else.
   local pattern='kernels per step|"events_per_s"|paired by repeat|ratio|passed|failed|'
   pattern+='phase [a-z0-9]+: [0-9]+ s|warm_train_events_per_s|beyond_floor|events/s|exit [0-9]|'
-  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s'
+  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_'
   for f in "$OUT"/*.log; do
     [ -f "$f" ] || continue
     echo "== $(basename "$f")"

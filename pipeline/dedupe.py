@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from sven import kernels
+from sven.kernels import ahead
 
 __all__ = ["SortedRuns", "dedupe_counted", "dedupe_fixed", "dedupe_sorted", "slot_count"]
 
@@ -137,7 +138,9 @@ def dedupe_sorted(
         if sort_fits(ids.shape[0], pad_id):
             # A batch's list: the sort and the compaction in one program, where the
             # radix sort alone is some fifteen kernels.
-            return dedupe_sort(ids, pad_id, u)
+            out = dedupe_sort(ids, pad_id, u)
+            if not ahead.rehearsing():
+                return out
     if pad_id < 2**31:
         # Sorted as int32: a radix sort does half the passes of an int64 one (4 of 8 on
         # CUDA, the step's largest kernels after the GEMMs), for the same order.
@@ -148,15 +151,26 @@ def dedupe_sorted(
         from sven.kernels.triton_dedupe import compact_sorted
 
         # One kernel for what follows the sort (the same two outputs).
-        return (*compact_sorted(sorted_ids, perm, pad_id, u), perm, sorted_ids)
+        nodes, inverse = compact_sorted(sorted_ids, perm, pad_id, u)
+        if ahead.rehearsing():
+            nodes, inverse = _compact(sorted_ids.to(ids.dtype), perm, pad_id, u)
+        return nodes, inverse, perm, sorted_ids
     if pad_id < 2**31:
         sorted_ids = sorted_ids.to(ids.dtype)
+    return (*_compact(sorted_ids, perm, pad_id, u), perm, sorted_ids)
+
+
+def _compact(
+    sorted_ids: torch.Tensor, perm: torch.Tensor, pad_id: int, u: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u,) unique ids padded with ``pad_id`` and the (S,) inverse, from the (S,) sorted
+    ids and the sort's permutation (:func:`dedupe_sorted`'s reference after its sort)."""
     first = torch.ones_like(sorted_ids, dtype=torch.bool)
     first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     slot = torch.cumsum(first, 0) - 1
     # perm is a permutation, so these scatters write each target once.
     inverse = torch.empty_like(slot).scatter_(0, perm, slot)
     # Duplicate ids write the same value into their slot: the result is order-free.
-    nodes = torch.full((u,), pad_id, dtype=ids.dtype, device=ids.device)
+    nodes = torch.full((u,), pad_id, dtype=sorted_ids.dtype, device=sorted_ids.device)
     nodes.scatter_(0, slot, sorted_ids)
-    return nodes, inverse, perm, sorted_ids
+    return nodes, inverse

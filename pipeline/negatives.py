@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from sven import kernels
+from sven.kernels import ahead
 from sven.pipeline import constants
 
 _MASK63 = (1 << 63) - 1
@@ -116,7 +117,9 @@ def hash_columns(
         from sven.kernels import triton_hash
 
         epoch = _device_epoch(epoch, index.device)
-        return triton_hash.hash_columns(seed, epoch, index, first_draw, num_draws)
+        cols = triton_hash.hash_columns(seed, epoch, index, first_draw, num_draws)
+        if not ahead.rehearsing():
+            return cols
     draw = torch.arange(num_draws, dtype=torch.int64, device=index.device) + first_draw
     key = stream_key(seed, epoch, draw)
     return mix(index.to(torch.int64)[None, :] * 0x2545F4914F6CDD1D + key[:, None])
@@ -169,7 +172,8 @@ def sample_negatives(
         # The draw, its remainder and the candidates' gather in one kernel.
         epoch = _device_epoch(epoch, event_index.device)
         cols = triton_hash.hash_columns(seed, epoch, event_index, 0, num_neg, candidates=candidates)
-        return cols.t()
+        if not ahead.rehearsing():
+            return cols.t()
     draws = hash_columns(seed, epoch, event_index, 0, num_neg)
     return candidates[draws % candidates.numel()].t()
 
@@ -216,9 +220,9 @@ def node_keys(
         from sven.kernels import triton_hash
 
         # The draw number's sum inside the kernel, not a kernel of its own.
-        return triton_hash.hash_columns(
-            seed, stream, nodes, batch_start, 1, draw_offset=_NODE_DRAW
-        )[0]
+        keys = triton_hash.hash_columns(seed, stream, nodes, batch_start, 1, draw_offset=_NODE_DRAW)
+        if not ahead.rehearsing():
+            return keys[0]
     return hash_columns(seed, stream, nodes, _NODE_DRAW + batch_start, 1)[0]
 
 
@@ -235,7 +239,9 @@ def draws_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
     if kernels.hash_backend(keys) == "triton":
         from sven.kernels import triton_hash
 
-        return triton_hash.draws_from_keys(keys, width)
+        draws = triton_hash.draws_from_keys(keys, width)
+        if not ahead.rehearsing():
+            return draws
     col = torch.arange(1, width + 1, dtype=torch.int64, device=keys.device)
     return mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)
 

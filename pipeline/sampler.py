@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from sven import kernels
+from sven.kernels import ahead
 from sven.pipeline import constants
 from sven.pipeline.negatives import draws_from_keys
 
@@ -358,7 +359,9 @@ class TemporalSampler:
             and tcsr.num_entries
             and kernels.backend_for(nodes, "sample_recent") == "triton"
         ):
-            return self._recent_triton(nodes, times, valid, k, extras), None
+            block = self._recent_triton(nodes, times, valid, k, extras)
+            if not ahead.rehearsing():
+                return block, None
         given, times = times, self._cast_times(times)
         lo = tcsr.indptr.index_select(0, nodes)
         if tcsr.num_entries == 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sven import kernels
+from sven.kernels import ahead
 from sven.pipeline import constants
 from sven.pipeline.batch import (
     Batch,
@@ -151,7 +152,9 @@ def select_events(
     if capacity is not None and kernels.backend_for(tables.src, "select_events") == "triton":
         from sven.kernels.triton_events import select_events as fused
 
-        return fused(tables.src, tables.dst, tables.t, start, stop, capacity, order)
+        out = fused(tables.src, tables.dst, tables.t, start, stop, capacity, order)
+        if not ahead.rehearsing():
+            return out
     idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
     return idx, valid, tables.src[idx], tables.dst[idx], tables.t[idx].to(torch.float64)
 

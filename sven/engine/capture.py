@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from sven.engine.startup import set_deterministic
+from sven.kernels.ahead import AheadReport
 
 #: Held while a CUDA graph is captured, and by the threads that issue CUDA work beside
 #: the run (the checkpoint's background commit copies node state to the host): in
@@ -102,6 +103,8 @@ class StepGraph:
         optimizer: Its state is restored after the warm-up too, or None.
         warmup: Eager runs before capture.
         log: Where notices go.
+        compile_ahead: Rehearse the step once before the warm-up and compile the Triton
+            kernels it launches side by side (:mod:`sven.kernels.ahead`).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class StepGraph:
         optimizer: torch.optim.Optimizer | None = None,
         warmup: int = 2,
         log: Callable[[str], None] = print,
+        compile_ahead: bool = True,
     ) -> None:
         if mode not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graph must be auto, on or off, got {mode!r}")
@@ -131,6 +135,9 @@ class StepGraph:
         #: loaded from the disk cache) and of the capture itself; 0 until captured.
         self.warmup_s = 0.0
         self.capture_s = 0.0
+        self.compile_ahead = compile_ahead
+        #: What compiling ahead did (None until a capture ran it).
+        self.ahead: AheadReport | None = None
 
     def __call__(self) -> None:
         if self.graph is not None:
@@ -164,6 +171,8 @@ class StepGraph:
             side.wait_stream(torch.cuda.current_stream())
             t0 = time.perf_counter()
             with torch.cuda.stream(side):
+                if self.compile_ahead:
+                    self._compile_ahead()
                 for _ in range(self.warmup):
                     self.fn()
             torch.cuda.current_stream().wait_stream(side)
@@ -177,6 +186,21 @@ class StepGraph:
         self.graph = graph
         self.captured = True
         return graph
+
+    def _compile_ahead(self) -> None:
+        """Compiles the step's missing Triton kernels side by side before the warm-up
+        (:func:`sven.kernels.ahead.compile_ahead`; the warm-up's undo puts back what
+        its rehearsal wrote). A failed rehearsal costs only its time: the warm-up then
+        compiles each kernel at its first launch, as without it."""
+        from sven.kernels import ahead
+
+        try:
+            self.ahead = ahead.compile_ahead(self.fn)
+        except Exception as exc:  # the warm-up below raises real errors
+            self.log(f"sven: compiling ahead failed ({type(exc).__name__}: {exc}); skipped")
+            return
+        for failure in self.ahead.failed:
+            self.log(f"sven: compiling ahead: {failure}")
 
     def rehearse(self) -> None:
         """The warm-up of a capture without the capture: ``warmup`` eager runs, then the

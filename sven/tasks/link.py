@@ -522,6 +522,10 @@ class LinkPrediction:
         for name, graphs in (("train", st.train_graphs), ("eval", evals)):
             out[f"{name}_graph_warmup_s"] = sum(g.warmup_s for g in graphs)
             out[f"{name}_graph_capture_s"] = sum(g.capture_s for g in graphs)
+            # Kernel variants compiled side by side before the warm-ups, and their time.
+            ahead = [g.ahead for g in graphs if g.ahead is not None]
+            out[f"{name}_ahead_variants"] = sum(a.variants for a in ahead)
+            out[f"{name}_ahead_s"] = sum(a.rehearsal_s + a.compile_s for a in ahead)
         if tr.device.type == "cuda":
             out["triton_cache_dir"] = triton_cache_dir()
         return out
