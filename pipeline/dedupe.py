@@ -139,7 +139,7 @@ def dedupe_sorted(
             # A batch's list: the sort and the compaction in one program, where the
             # radix sort alone is some fifteen kernels.
             out = dedupe_sort(ids, pad_id, u)
-            if not ahead.rehearsing():
+            if not ahead.dry_running():
                 return out
     if pad_id < 2**31:
         # Sorted as int32: a radix sort does half the passes of an int64 one (4 of 8 on
@@ -152,7 +152,7 @@ def dedupe_sorted(
 
         # One kernel for what follows the sort (the same two outputs).
         nodes, inverse = compact_sorted(sorted_ids, perm, pad_id, u)
-        if ahead.rehearsing():
+        if ahead.dry_running():
             nodes, inverse = _compact(sorted_ids.to(ids.dtype), perm, pad_id, u)
         return nodes, inverse, perm, sorted_ids
     if pad_id < 2**31:

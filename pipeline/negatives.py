@@ -118,7 +118,7 @@ def hash_columns(
 
         epoch = _device_epoch(epoch, index.device)
         cols = triton_hash.hash_columns(seed, epoch, index, first_draw, num_draws)
-        if not ahead.rehearsing():
+        if not ahead.dry_running():
             return cols
     draw = torch.arange(num_draws, dtype=torch.int64, device=index.device) + first_draw
     key = stream_key(seed, epoch, draw)
@@ -172,7 +172,7 @@ def sample_negatives(
         # The draw, its remainder and the candidates' gather in one kernel.
         epoch = _device_epoch(epoch, event_index.device)
         cols = triton_hash.hash_columns(seed, epoch, event_index, 0, num_neg, candidates=candidates)
-        if not ahead.rehearsing():
+        if not ahead.dry_running():
             return cols.t()
     draws = hash_columns(seed, epoch, event_index, 0, num_neg)
     return candidates[draws % candidates.numel()].t()
@@ -221,7 +221,7 @@ def node_keys(
 
         # The draw number's sum inside the kernel, not a kernel of its own.
         keys = triton_hash.hash_columns(seed, stream, nodes, batch_start, 1, draw_offset=_NODE_DRAW)
-        if not ahead.rehearsing():
+        if not ahead.dry_running():
             return keys[0]
     return hash_columns(seed, stream, nodes, _NODE_DRAW + batch_start, 1)[0]
 
@@ -240,7 +240,7 @@ def draws_from_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
         from sven.kernels import triton_hash
 
         draws = triton_hash.draws_from_keys(keys, width)
-        if not ahead.rehearsing():
+        if not ahead.dry_running():
             return draws
     col = torch.arange(1, width + 1, dtype=torch.int64, device=keys.device)
     return mix(keys[:, None] * 0x2545F4914F6CDD1D + col * 0x632BE59BD9B4E019)

@@ -360,7 +360,7 @@ class TemporalSampler:
             and kernels.backend_for(nodes, "sample_recent") == "triton"
         ):
             block = self._recent_triton(nodes, times, valid, k, extras)
-            if not ahead.rehearsing():
+            if not ahead.dry_running():
                 return block, None
         given, times = times, self._cast_times(times)
         lo = tcsr.indptr.index_select(0, nodes)

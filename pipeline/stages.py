@@ -153,7 +153,7 @@ def select_events(
         from sven.kernels.triton_events import select_events as fused
 
         out = fused(tables.src, tables.dst, tables.t, start, stop, capacity, order)
-        if not ahead.rehearsing():
+        if not ahead.dry_running():
             return out
     idx, valid = _event_slots(tables.src.device, start, stop, capacity, order)
     return idx, valid, tables.src[idx], tables.dst[idx], tables.t[idx].to(torch.float64)

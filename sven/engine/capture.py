@@ -103,7 +103,7 @@ class StepGraph:
         optimizer: Its state is restored after the warm-up too, or None.
         warmup: Eager runs before capture.
         log: Where notices go.
-        compile_ahead: Rehearse the step once before the warm-up and compile the Triton
+        compile_ahead: Dry-run the step once before the warm-up and compile the Triton
             kernels it launches side by side (:mod:`sven.kernels.ahead`).
     """
 
@@ -190,7 +190,7 @@ class StepGraph:
     def _compile_ahead(self) -> None:
         """Compiles the step's missing Triton kernels side by side before the warm-up
         (:func:`sven.kernels.ahead.compile_ahead`; the warm-up's undo puts back what
-        its rehearsal wrote). A failed rehearsal costs only its time: the warm-up then
+        its dry run wrote). A failed dry run costs only its time: the warm-up then
         compiles each kernel at its first launch, as without it."""
         from sven.kernels import ahead
 

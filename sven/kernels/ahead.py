@@ -2,20 +2,20 @@
 
 On an empty Triton cache every kernel variant a step launches is compiled at its
 first launch, one after another, while the GPU waits. :func:`compile_ahead` runs the
-step once as a *rehearsal*: every launch of one of Sven's kernels is only looked up
+step once as a *dry run*: every launch of one of Sven's kernels is only looked up
 (Triton's warm-up launch: compiled and loaded, never run), and a variant not loaded yet
 is recorded instead of compiled (Triton's ``jit_cache_hook``). The recorded variants
 are then compiled on a pool of threads (Triton's compiler passes and ``ptxas`` run
 outside the GIL) and loaded into each kernel's cache (``JITFunction.preload``), so
 that the step's real runs find every kernel ready.
 
-A rehearsal runs none of Sven's kernels, so their outputs hold whatever memory they
+A dry run runs none of Sven's kernels, so their outputs hold whatever memory they
 were given. The caller puts the state back afterwards (:func:`sven.engine.capture.
 undone`); what must still be right are integers that index tensors later in the step,
 since an index out of range stops a CUDA process. Every function whose Triton kernel
 produces such integers (the counter hashes' draws, the sampler's neighbours, the
 events' selection, the de-duplication) therefore also runs its reference during a
-rehearsal and returns that (:func:`rehearsing`). The CPU tests rehearse a fit under
+dry run and returns that (:func:`dry_running`). The CPU tests dry-run a fit under
 Triton's interpreter with new memory filled with out-of-range values, and compare
 the state after it.
 """
@@ -30,24 +30,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AheadReport", "available", "compile_ahead", "rehearsal", "rehearsing"]
+__all__ = ["AheadReport", "available", "compile_ahead", "dry_run", "dry_running"]
 
-#: Module prefixes of the kernels a rehearsal holds back (Sven's own; torch's and
+#: Module prefixes of the kernels a dry run holds back (Sven's own; torch's and
 #: other libraries' Triton kernels launch as usual).
 _OURS = ("sven.", "pipeline.", "partition.", "datasets.")
-# The rehearsal in progress, if any: its records (kernel, specialisation, device).
+# The dry run in progress, if any: its records (kernel, specialisation, device).
 _active: list[tuple[Any, str, int]] | None = None
 _lock = threading.Lock()
 
 
-def rehearsing() -> bool:
-    """Whether a rehearsal is running: Sven's kernels launch as look-ups only, so a
+def dry_running() -> bool:
+    """Whether a dry run is running: Sven's kernels launch as look-ups only, so a
     function whose Triton outputs index tensors later returns its reference's."""
     return _active is not None
 
 
 def available() -> bool:
-    """Whether this Triton offers what a rehearsal needs (the compile hook and
+    """Whether this Triton offers what a dry run needs (the compile hook and
     ``JITFunction.preload``) and compiling ahead is not turned off
     (``SVEN_COMPILE_AHEAD=0``)."""
     if os.environ.get("SVEN_COMPILE_AHEAD", "1").strip() == "0":
@@ -85,8 +85,8 @@ def _record(
 
 
 @contextlib.contextmanager
-def rehearsal() -> Iterator[list[tuple[Any, str, int]]]:
-    """Runs the ``with`` block as a rehearsal; yields the list the variants it asked
+def dry_run() -> Iterator[list[tuple[Any, str, int]]]:
+    """Runs the ``with`` block as a dry run; yields the list the variants it asked
     for and that were not loaded are appended to (kernel, specialisation, device).
 
     Under Triton's interpreter (CPU) the launches are skipped as well, and nothing is
@@ -97,7 +97,7 @@ def rehearsal() -> Iterator[list[tuple[Any, str, int]]]:
     from triton.runtime.jit import KernelInterface
 
     if _active is not None:
-        raise RuntimeError("a rehearsal is already running")
+        raise RuntimeError("a dry run is already running")
     records: list[tuple[Any, str, int]] = []
     getitem = KernelInterface.__getitem__
     previous_hook = triton.knobs.runtime.jit_cache_hook
@@ -129,10 +129,10 @@ class AheadReport:
     """What :func:`compile_ahead` did.
 
     Attributes:
-        variants: Kernel variants the rehearsal found not loaded, compiled (or read
+        variants: Kernel variants the dry run found not loaded, compiled (or read
             from Triton's disk cache) and loaded on the pool.
         threads: Threads of the pool.
-        rehearsal_s: Seconds of the rehearsal itself.
+        dry_run_s: Seconds of the dry run itself.
         compile_s: Seconds from the pool's start to its last variant loaded.
         failed: Variants whose compile failed (each compiles again at its first
             launch, which raises the compiler's error where it belongs).
@@ -140,7 +140,7 @@ class AheadReport:
 
     variants: int = 0
     threads: int = 0
-    rehearsal_s: float = 0.0
+    dry_run_s: float = 0.0
     compile_s: float = 0.0
     failed: list[str] = field(default_factory=list)
 
@@ -158,7 +158,7 @@ def _preload(item: tuple[Any, str, int]) -> str | None:
     import torch
 
     # A new thread's current CUDA device is the first one; the kernel is loaded for
-    # the device the rehearsal launched it on.
+    # the device the dry run launched it on.
     if torch.cuda.is_available():
         torch.cuda.set_device(device)
     try:
@@ -169,10 +169,10 @@ def _preload(item: tuple[Any, str, int]) -> str | None:
 
 
 def compile_ahead(step: Callable[[], None]) -> AheadReport:
-    """Rehearses ``step`` once, then compiles and loads the kernels it found missing.
+    """Dry-runs ``step`` once, then compiles and loads the kernels it found missing.
 
     The step's effects on tensors are garbage (its kernels do not run): the caller
-    restores what it changes. Nothing is rehearsed where :func:`available` is False.
+    restores what it changes. Nothing is dry-run where :func:`available` is False.
 
     Args:
         step: The step function (no arguments, results written in place).
@@ -184,11 +184,11 @@ def compile_ahead(step: Callable[[], None]) -> AheadReport:
     if not available():
         return report
     t0 = time.perf_counter()
-    with rehearsal() as records:
+    with dry_run() as records:
         step()
-    report.rehearsal_s = time.perf_counter() - t0
+    report.dry_run_s = time.perf_counter() - t0
     # One record per variant: a kernel launched twice with the same variant in the
-    # rehearsal is recorded twice (the second launch missed the cache too).
+    # dry run is recorded twice (the second launch missed the cache too).
     unique = list({(id(k), data): (k, data, dev) for k, data, dev in records}.values())
     report.variants = len(unique)
     if not unique:

@@ -525,7 +525,7 @@ class LinkPrediction:
             # Kernel variants compiled side by side before the warm-ups, and their time.
             ahead = [g.ahead for g in graphs if g.ahead is not None]
             out[f"{name}_ahead_variants"] = sum(a.variants for a in ahead)
-            out[f"{name}_ahead_s"] = sum(a.rehearsal_s + a.compile_s for a in ahead)
+            out[f"{name}_ahead_s"] = sum(a.dry_run_s + a.compile_s for a in ahead)
         if tr.device.type == "cuda":
             out["triton_cache_dir"] = triton_cache_dir()
         return out

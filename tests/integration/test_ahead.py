@@ -1,10 +1,10 @@
-"""Compiling ahead (sven.kernels.ahead): a rehearsal of the step runs none of Sven's
+"""Compiling ahead (sven.kernels.ahead): a dry run of the step runs none of Sven's
 kernels, yet completes and leaves the state as it found it.
 
 On CPU the kernels run under Triton's interpreter (``SVEN_KERNELS=triton``, so every
-function with a Triton kernel, opt-in ones included, is rehearsed). During each
-rehearsal new memory is filled with NaN and out-of-range integers: a function whose
-Triton outputs index tensors and that did not return its reference in a rehearsal
+function with a Triton kernel, opt-in ones included, is dry-run). During each
+dry run new memory is filled with NaN and out-of-range integers: a function whose
+Triton outputs index tensors and that did not return its reference in a dry run
 stops the fit with an IndexError. On CUDA (``gpu``) a fit on an empty Triton cache
 compiles its kernels ahead and ends with the same metrics as one that does not.
 """
@@ -42,12 +42,12 @@ from sven.kernels import ahead
 spec_module.fixed_shapes = lambda device, distributed: True
 BAD = {torch.int64: 2**62, torch.int32: 2**30, torch.int16: 2**14, torch.int8: 100,
        torch.uint8: 200, torch.bool: True}
-counts = {"lookups": 0, "launches": 0, "rehearsals": 0, "state_kept": 0}
+counts = {"lookups": 0, "launches": 0, "dry_runs": 0, "state_kept": 0}
 run = InterpretedFunction.run
 
 
 def counted(self, *a, grid, warmup, **kw):
-    if ahead.rehearsing():
+    if ahead.dry_running():
         counts["lookups" if warmup else "launches"] += 1
     return run(self, *a, grid=grid, warmup=warmup, **kw)
 
@@ -66,9 +66,9 @@ def poisoned(alloc):
 call = capture.StepGraph.__call__
 
 
-def rehearsed_first(self):
-    if not getattr(self, "_rehearsed", False):
-        self._rehearsed = True
+def dry_run_first(self):
+    if not getattr(self, "_dry_run", False):
+        self._dry_run = True
         before = [t.clone() for t in self.state()]
         with capture.undone(self.state, self.optimizer):
             for name, alloc in allocs.items():
@@ -78,14 +78,14 @@ def rehearsed_first(self):
             finally:
                 for name, alloc in allocs.items():
                     setattr(torch, name, alloc)
-        counts["rehearsals"] += 1
+        counts["dry_runs"] += 1
         counts["state_kept"] += all(
             torch.equal(a, b) for a, b in zip(before, self.state(), strict=True)
         )
     return call(self)
 
 
-capture.StepGraph.__call__ = rehearsed_first
+capture.StepGraph.__call__ = dry_run_first
 with tempfile.TemporaryDirectory() as out:
     sven.Trainer(None, [f"out={out}", "quiet=true", *sys.argv[1:]]).fit()
     summary = json.loads((Path(out) / "summary.json").read_text())
@@ -93,33 +93,33 @@ print(json.dumps({**counts, "test_mrr": summary.get("test_mrr")}))
 """
 
 
-def test_compiling_ahead_can_be_turned_off_and_is_off_outside_a_rehearsal(monkeypatch) -> None:
-    assert not ahead.rehearsing()
+def test_compiling_ahead_can_be_turned_off_and_is_off_outside_a_dry_run(monkeypatch) -> None:
+    assert not ahead.dry_running()
     monkeypatch.setenv("SVEN_COMPILE_AHEAD", "0")
     assert not ahead.available()
     calls = []
     report = ahead.compile_ahead(lambda: calls.append(1))
-    # Off: the step is not even rehearsed.
+    # Off: the step is not even dry-run.
     assert calls == [] and report.variants == 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-def test_a_rehearsal_on_the_cpu_compiles_nothing_and_nests_never() -> None:
+def test_a_dry_run_on_the_cpu_compiles_nothing_and_nests_never() -> None:
     """Under the interpreter there is nothing to compile: the step runs once as a
-    rehearsal, nothing is recorded; a rehearsal inside another is an error."""
+    dry run, nothing is recorded; a dry run inside another is an error."""
     seen = []
 
     def step() -> None:
-        seen.append(ahead.rehearsing())
-        with pytest.raises(RuntimeError, match="already running"), ahead.rehearsal():
+        seen.append(ahead.dry_running())
+        with pytest.raises(RuntimeError, match="already running"), ahead.dry_run():
             pass
 
     report = ahead.compile_ahead(step)
-    assert seen == [True] and report.variants == 0 and not ahead.rehearsing()
+    assert seen == [True] and report.variants == 0 and not ahead.dry_running()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-def test_a_rehearsal_runs_no_kernel_and_keeps_the_state(store) -> None:
+def test_a_dry_run_runs_no_kernel_and_keeps_the_state(store) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "SVEN_KERNELS": "triton", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", _REHEARSED_FIT, f"data.path={store}", "model.name=tgn",
@@ -130,9 +130,9 @@ def test_a_rehearsal_runs_no_kernel_and_keeps_the_state(store) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    # Training's graph and each evaluation width's, each rehearsed once.
-    assert counts["rehearsals"] >= 2
-    assert counts["state_kept"] == counts["rehearsals"]
+    # Training's graph and each evaluation width's, each dry-run once.
+    assert counts["dry_runs"] >= 2
+    assert counts["state_kept"] == counts["dry_runs"]
     assert counts["lookups"] > 0 and counts["launches"] == 0
     assert counts["test_mrr"] is not None
 
