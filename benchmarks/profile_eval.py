@@ -91,6 +91,18 @@ def main() -> None:
                 st.evaluation.run(split)
                 sync()
             r["step"] = _kernels(prof, batches)
+            # Where a batch's GPU time goes: the kernels by their share, per batch.
+            top = sorted(profile_step.cuda_kernels(prof), key=lambda e: -e.self_device_time_total)[
+                :30
+            ]
+            r["top_kernels"] = [
+                {
+                    "name": e.key[:120],
+                    "per_batch": round(e.count / batches, 2),
+                    "us_per_batch": round(e.self_device_time_total / batches, 2),
+                }
+                for e in top
+            ]
             rec[split] = r
     rec["train_events_per_s"] = b / (rec["train_ms_per_batch"] / 1e3)
     (out / f"profile_eval_{args.tag}.json").write_text(json.dumps(rec, indent=2))
