@@ -28,7 +28,7 @@
 #               and together, each profiled beside the defaults              [200]
 #   pyg         Sven against PyG's TGN, 3 epochs, Wikipedia and CollegeMsg  [300]
 #   mrr         100 MRR negatives against one, 2 epochs each, and the
-#               evaluation profile at 100; each also with SVEN_TRITON_COS=libdevice [240]
+#               evaluation profile at 100 (its costliest kernels)           [160]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
 #               and on a warm cache, and on an empty one with
 #               SVEN_COMPILE_AHEAD=0                                        [260]
@@ -142,8 +142,6 @@ phase_mrr() {
     train.patience=0 --quiet)
   step 150 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/one"
   step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100" eval.mrr_negatives=100
-  SVEN_TRITON_COS=libdevice step 200 "$PY" -m sven train "${common[@]}" \
-    "out=$OUT/mrr/mrr100-libdevice" eval.mrr_negatives=100
   "$PY" - "$OUT/mrr" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
 import json, sys
 from pathlib import Path
@@ -155,7 +153,7 @@ def val_rate(run):
 
 d = Path(sys.argv[1])
 one = val_rate(d / "one")
-for run in ("mrr100", "mrr100-libdevice"):
+for run in ("mrr100",):
     if not (d / run / "summary.json").exists():
         continue
     mrr = val_rate(d / run)
@@ -165,8 +163,6 @@ for run in ("mrr100", "mrr100-libdevice"):
 EOF
   step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrr/profile" \
     eval.mrr_negatives=100
-  SVEN_TRITON_COS=libdevice step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
-    --out "$OUT/mrr/profile-libdevice" eval.mrr_negatives=100
 }
 
 phase_ttr() {
