@@ -23,6 +23,7 @@ the state after it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import threading
 import time
@@ -54,7 +55,7 @@ def available() -> bool:
         return False
     try:
         import triton
-        from triton.runtime.jit import JITFunction, KernelInterface
+        from triton.runtime.jit import JITFunction
     except ImportError:
         return False
     knobs = getattr(triton, "knobs", None)
@@ -62,7 +63,7 @@ def available() -> bool:
         knobs is not None
         and hasattr(knobs.runtime, "jit_cache_hook")
         and hasattr(JITFunction, "preload")
-        and hasattr(KernelInterface, "__getitem__")
+        and "warmup" in inspect.signature(JITFunction.run).parameters
     )
 
 
@@ -84,36 +85,53 @@ def _record(
     return True
 
 
+def _kernel_classes() -> list[type]:
+    """The classes whose ``run`` launches a kernel: the JIT's, and the interpreter's."""
+    from triton.runtime.jit import JITFunction
+
+    classes: list[type] = [JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return classes
+    return [*classes, InterpretedFunction]
+
+
 @contextlib.contextmanager
 def dry_run() -> Iterator[list[tuple[Any, str, int]]]:
     """Runs the ``with`` block as a dry run; yields the list the variants it asked
     for and that were not loaded are appended to (kernel, specialisation, device).
 
-    Under Triton's interpreter (CPU) the launches are skipped as well, and nothing is
-    recorded: there is nothing to compile.
+    Only the calling thread's launches of Sven's kernels become look-ups. Under
+    Triton's interpreter (CPU) they are skipped as well, and nothing is recorded:
+    there is nothing to compile.
     """
     global _active
     import triton
-    from triton.runtime.jit import KernelInterface
 
     if _active is not None:
         raise RuntimeError("a dry run is already running")
     records: list[tuple[Any, str, int]] = []
-    getitem = KernelInterface.__getitem__
+    owner = threading.get_ident()
+    runs = {cls: cls.run for cls in _kernel_classes()}
     previous_hook = triton.knobs.runtime.jit_cache_hook
 
-    def lookup_only(self: Any, grid: Any) -> Callable[..., Any]:
-        if not _ours(self):
-            return getitem(self, grid)
-        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+    def look_up(run: Callable[..., Any]) -> Callable[..., Any]:
+        def run_or_look_up(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            # A warm-up launch compiles and loads the kernel but never runs it.
+            warmup = warmup or (threading.get_ident() == owner and _ours(self))
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        return run_or_look_up
 
     def hook(**kwargs: Any) -> bool | None:
-        mine = _record(**kwargs)
+        mine = _record(**kwargs) if threading.get_ident() == owner else None
         if mine is None and previous_hook is not None:
             return previous_hook(**kwargs)
         return mine
 
-    KernelInterface.__getitem__ = lookup_only  # type: ignore[method-assign]
+    for cls, run in runs.items():
+        cls.run = look_up(run)  # type: ignore[method-assign]
     triton.knobs.runtime.jit_cache_hook = hook
     _active = records
     try:
@@ -121,7 +139,8 @@ def dry_run() -> Iterator[list[tuple[Any, str, int]]]:
     finally:
         _active = None
         triton.knobs.runtime.jit_cache_hook = previous_hook
-        KernelInterface.__getitem__ = getitem  # type: ignore[method-assign]
+        for cls, run in runs.items():
+            cls.run = run  # type: ignore[method-assign]
 
 
 @dataclass
