@@ -103,6 +103,54 @@ def test_compiling_ahead_can_be_turned_off_and_is_off_outside_a_dry_run(monkeypa
     assert calls == [] and report.variants == 0
 
 
+class _Kernel:
+    """Stands for a JITFunction of Sven's (its module decides) with ``preload``."""
+
+    def __init__(self, module: str, fail: bool = False) -> None:
+        self.fn = type("fn", (), {"__module__": module, "__name__": "_k"})
+        self.fail, self.loaded = fail, []
+
+    def preload(self, data: str) -> None:
+        if self.fail:
+            raise ValueError("no such variant")
+        self.loaded.append(data)
+
+
+def _ask(kernel: _Kernel, data: str) -> bool | None:
+    import triton
+
+    hook = triton.knobs.runtime.jit_cache_hook
+    info = type("info", (), {"jit_function": kernel})
+    compile_info = {"specialization_data": data, "device": 0}
+    return hook(key=data, repr="", fn=info, compile=compile_info, is_manual_warmup=True,
+                already_compiled=False)  # fmt: skip
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_the_hook_records_sven_variants_and_the_pool_loads_each_once(monkeypatch) -> None:
+    """The compile hook of a dry run skips and records Sven's variants (once each,
+    however often asked), hands other kernels to the hook that was there before, and
+    the pool preloads every recorded variant; a failed one is reported, not raised."""
+    import triton
+
+    asked = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda **kw: asked.append(kw))
+    ours, broken, theirs = _Kernel("sven.kernels.x"), _Kernel("pipeline.y", True), _Kernel("lib")
+
+    def step() -> None:
+        assert _ask(ours, "a") is True and _ask(ours, "a") is True and _ask(ours, "b")
+        assert _ask(broken, "c") is True
+        assert _ask(theirs, "d") is None
+
+    report = ahead.compile_ahead(step)
+    assert sorted(ours.loaded) == ["a", "b"] and theirs.loaded == []
+    assert report.variants == 3 and report.threads >= 1
+    assert len(report.failed) == 1 and "no such variant" in report.failed[0]
+    # The earlier hook saw the foreign kernel only, and is back in place.
+    assert [kw["key"] for kw in asked] == ["d"]
+    assert triton.knobs.runtime.jit_cache_hook is not None and not ahead.dry_running()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_a_dry_run_on_the_cpu_compiles_nothing_and_nests_never() -> None:
     """Under the interpreter there is nothing to compile: the step runs once as a
