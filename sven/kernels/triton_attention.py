@@ -23,6 +23,8 @@ in a CUDA graph.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -477,19 +479,23 @@ def _factored_fwd_kernel(
     o_ptr, ft_ptr, fe_ptr,
     K, H, D, OD, T, E, scale,
     sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
-    ser_r, ser_k,
+    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
     HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    # One program per root, every head at once, each slot's features built once: its
-    # time encoding (the cosines of large arguments are the kernel's cost) and its edge
-    # row are the same for every head and for both uses (the scores, then the weighted
-    # sums), so they stay in registers (BLOCK_T and BLOCK_E hold all of T and E). qt
-    # (R, H, T) and qe (R, H, E): the queries carried back through the key blocks of the
-    # time and edge projections; outputs: the attention over the node values o (R, H,
-    # D) and the attention-weighted slot features ft (R, H, T), fe (R, H, E), all
-    # contiguous. Edge features: ef (R, K, E), or with EDGE_ROWS the (events, E) table
-    # whose row er[r, k] each slot reads.
+    # One program per root, every head at once. Each slot's time encoding (its cosines
+    # of large arguments are costly) is built once and stays in registers (BLOCK_T holds
+    # all of T) for both uses: the scores, then the weighted sums. The edge rows are
+    # read in chunks of BLOCK_E columns, twice (scores, then weighted sums; the second
+    # read hits the cache): a whole wide row per slot held across the softmax would
+    # take the registers that let several programs share a multiprocessor, and the
+    # kernel waits on its row gathers. qt (R, H, T) and qe (R, H, E): the queries
+    # carried back through the key blocks of the time and edge projections; outputs:
+    # the attention over the node values o (R, H, D) and the attention-weighted slot
+    # features ft (R, H, T), fe (R, H, E), all contiguous, while qt and qe may be a
+    # per-head product's (H, R, F) output seen as (R, H, F) (strides sqt_*, sqe_*; their
+    # columns contiguous). Edge features: ef (R, K, E),
+    # or with EDGE_ROWS the (events, E) table whose row er[r, k] each slot reads.
     r = tl.program_id(0).to(tl.int64)
     ok = tl.arange(0, BLOCK_K)
     oh = tl.arange(0, BLOCK_H)
@@ -510,20 +516,24 @@ def _factored_fwd_kernel(
     tm = hm[:, None] & (ot < T)[None, :]
     ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
                        sdt_r, sdt_k, True)  # fmt: skip
-    qt = tl.load(qt_ptr + qrow[:, None] * T + ot[None, :], mask=tm, other=0.0)
+    qt = tl.load(qt_ptr + r * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
     s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
+    oe = tl.arange(0, BLOCK_E)
+    e_at = ok * 0
     if HAS_EDGE:
         if EDGE_ROWS:
             erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
             e_at = erow * se_r
         else:
             e_at = r * se_r + ok * se_k
-        oe = tl.arange(0, BLOCK_E)
-        em = hm[:, None] & (oe < E)[None, :]
-        fedge = _slot_feat(r, ok, valid, oe, oe < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
-                           se_c, 0, 0, False)  # fmt: skip
-        qe = tl.load(qe_ptr + qrow[:, None] * E + oe[None, :], mask=em, other=0.0)
-        s += tl.sum(fedge[:, None, :] * qe.to(tl.float32)[None, :, :], axis=2)
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, False)  # fmt: skip
+            em = hm[:, None] & (ec < E)[None, :]
+            qe = tl.load(qe_ptr + r * sqe_r + oh[:, None] * sqe_h + ec[None, :], mask=em,
+                         other=0.0)  # fmt: skip
+            s += tl.sum(fedge[:, None, :] * qe.to(tl.float32)[None, :, :], axis=2)
     p = _softmax_valid(s * scale, valid[:, None] & hm[None, :])
     val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
     out = tl.sum(p[:, :, None] * val, axis=0)
@@ -531,16 +541,44 @@ def _factored_fwd_kernel(
     fa = tl.sum(p[:, :, None] * ftime[:, None, :], axis=0)
     tl.store(ft_ptr + qrow[:, None] * T + ot[None, :], fa.to(ft_ptr.dtype.element_ty), mask=tm)
     if HAS_EDGE:
-        fa = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
-        tl.store(fe_ptr + qrow[:, None] * E + oe[None, :], fa.to(fe_ptr.dtype.element_ty),
-                 mask=em)  # fmt: skip
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, False)  # fmt: skip
+            em = hm[:, None] & (ec < E)[None, :]
+            fa = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
+            tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], fa.to(fe_ptr.dtype.element_ty),
+                     mask=em)  # fmt: skip
 
 
-#: Warps of a factored-attention program (one root, every head).
+#: Warps of a factored-attention program (one root, every head);
+#: ``SVEN_FACTORED_WARPS`` sets another count (read at each launch, for A/B runs).
 FACTORED_WARPS = 8
-#: The widest time encoding or edge feature row a program holds in registers; wider
-#: ones take the reference.
+#: Edge feature columns a factored-attention program reads at a time;
+#: ``SVEN_FACTORED_CHUNK`` sets another power of two.
+FACTORED_EDGE_CHUNK = 64
+#: The widest time encoding a program holds in registers; wider ones take the
+#: reference.
 FACTORED_MAX_WIDTH = 256
+
+
+def _factored_launch() -> tuple[int, int]:
+    """(warps, edge columns per chunk) of a factored-attention launch."""
+    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
+    chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
+    if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(
+            f"SVEN_FACTORED_WARPS must be 1, 2, 4, 8 or 16 and SVEN_FACTORED_CHUNK a power "
+            f"of two of at least 16, got {warps} and {chunk}"
+        )
+    return warps, chunk
+
+
+def _columns_dense(x: torch.Tensor) -> torch.Tensor:
+    # The queries through a projection come from a per-head product as an (H, R, F)
+    # tensor seen as (R, H, F): the kernel reads it in place (no copy) where its
+    # columns are contiguous.
+    return x if x.stride(2) == 1 else x.contiguous()
 
 
 def _edge_operands(
@@ -566,7 +604,7 @@ def _edge_operands(
     r, h, d = q.shape
     e = w_kv_edge.shape[1]
     w_edge = w_kv_edge.to(q.dtype)
-    qe = torch.einsum("rhd,hdf->rhf", q, w_edge[: h * d].view(h, d, e)).contiguous()
+    qe = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_edge[: h * d].view(h, d, e)))
     fe = torch.empty(r, h, e, device=q.device, dtype=q.dtype)
     if edge_rows is None:
         ef = edge_feat.to(q.dtype)
@@ -595,9 +633,11 @@ def temporal_attention_factored(
     blocks, each a GEMM over the roots; between them one kernel gathers each
     neighbour's node key and value, builds cos(dt w + b) in registers, and attends.
     No (R, K, T) or (R, K, 2 O) tensor is written: a wide evaluation batch (100 MRR
-    negatives: 206,000 neighbour slots at batch 200) reads its slots once. Forward
-    only: the reference runs where a gradient is needed (its backward is autograd's)
-    and for features wider than :data:`FACTORED_MAX_WIDTH`.
+    negatives: 206,000 neighbour slots at batch 200) gathers its slots' rows once
+    (edge rows in chunks of :data:`FACTORED_EDGE_CHUNK` columns, read again from the
+    cache for the weighted sums). Forward only: the reference runs where a gradient is
+    needed (its backward is autograd's) and for time encodings wider than
+    :data:`FACTORED_MAX_WIDTH`.
 
     Args:
         q: (R, H, D) queries.
@@ -621,9 +661,8 @@ def temporal_attention_factored(
     from sven.kernels import reference
 
     args = (q, kv_node, time_w, time_b, w_kv_time, edge_feat, w_kv_edge)
-    wide = max(time_w.shape[0], 0 if w_kv_edge is None else w_kv_edge.shape[1])
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
-    if grad or wide > FACTORED_MAX_WIDTH:
+    if grad or time_w.shape[0] > FACTORED_MAX_WIDTH:
         return reference.temporal_attention_factored(
             q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, *args[5:], edge_rows
         )
@@ -632,7 +671,7 @@ def temporal_attention_factored(
     edge = edge_feat is not None and w_kv_edge is not None
     # The time block's key and value halves, per head: (H, D, T).
     w_time = w_kv_time.to(q.dtype)
-    qt = torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)).contiguous()
+    qt = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)))
     ft = torch.empty(r, h, t, device=q.device, dtype=q.dtype)
     out = torch.empty(r, h, d, device=q.device, dtype=q.dtype)
     w_edge, ef, se, qe, fe = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft)
@@ -640,15 +679,16 @@ def temporal_attention_factored(
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
     if r > 0:
+        warps, chunk = _factored_launch()
         _factored_fwd_kernel[(r,)](
             q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
             rows, out, ft, fe,
             nbr_pos.shape[1], h, d, o, t, e, 1.0 / (d**0.5),
             *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
-            *sr,
+            *sr, *qt.stride()[:2], *qe.stride()[:2],
             HAS_EDGE=edge, EDGE_ROWS=edge and edge_rows is not None,
             BLOCK_K=_pow2(nbr_pos.shape[1], 16), BLOCK_H=_pow2(h), BLOCK_D=_pow2(d, 16),
-            BLOCK_T=_pow2(t, 16), BLOCK_E=_pow2(e, 16), num_warps=FACTORED_WARPS,
+            BLOCK_T=_pow2(t, 16), BLOCK_E=min(_pow2(e, 16), chunk), num_warps=warps,
         )  # fmt: skip
     out = out + torch.einsum("rhf,hdf->rhd", ft, w_time[o:].view(h, d, t))
     if edge:

@@ -21,7 +21,14 @@ GRID = list(itertools.product((1, 7, 33), (1, 2), (8, 50), (1, 5, 16), (True, Fa
 
 
 def _inputs(
-    r: int, h: int, d: int, k: int, dtype: torch.dtype, seed: int = 0, dt_max: float = 1e4
+    r: int,
+    h: int,
+    d: int,
+    k: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    dt_max: float = 1e4,
+    e: int = E_DIM,
 ) -> list:
     gen = torch.Generator().manual_seed(seed)
     o, u = h * d, max(3, r // 2)
@@ -35,8 +42,8 @@ def _inputs(
         1.0 / 10 ** torch.linspace(0, 9, T_DIM),  # time_w
         torch.rand(T_DIM, generator=gen),  # time_b
         torch.randn(2 * o, T_DIM, generator=gen) / T_DIM**0.5,  # w_kv_time
-        torch.randn(r, k, E_DIM, generator=gen),  # edge_feat
-        torch.randn(2 * o, E_DIM, generator=gen),  # w_kv_edge
+        torch.randn(r, k, e, generator=gen),  # edge_feat
+        torch.randn(2 * o, e, generator=gen) / e**0.5,  # w_kv_edge
     ]
     return [t if t.dtype in (torch.bool, torch.int64) else t.to(dtype) for t in tensors]
 
@@ -267,8 +274,8 @@ def test_triton_factored_reads_edge_rows_in_place(r: int, k: int, device) -> Non
 
 
 def test_triton_factored_wider_than_a_program_holds_is_the_reference(device, monkeypatch) -> None:
-    """Features wider than ``FACTORED_MAX_WIDTH`` (a program holds a slot's time
-    encoding and edge row in registers) take the reference, bit for bit."""
+    """A time encoding wider than ``FACTORED_MAX_WIDTH`` (a program holds a slot's time
+    encoding in registers) takes the reference, bit for bit."""
     from sven.kernels import triton_attention
 
     monkeypatch.setattr(triton_attention, "FACTORED_MAX_WIDTH", T_DIM - 1)
@@ -277,3 +284,49 @@ def test_triton_factored_wider_than_a_program_holds_is_the_reference(device, mon
         got = triton_attention.temporal_attention_factored(*inputs)
         want = reference.temporal_attention_factored(*inputs)
     assert torch.equal(got, want)
+
+
+CHUNKED = [(40, 16, 4, False), (40, 16, 2, True), (172, 64, 8, True), (17, 64, 8, False)]
+
+
+@pytest.mark.parametrize("e,chunk,warps,rows", CHUNKED)
+def test_triton_factored_reads_wide_edge_rows_in_chunks(
+    e: int, chunk: int, warps: int, rows: bool, device, monkeypatch
+) -> None:
+    """Edge rows wider than a chunk (``SVEN_FACTORED_CHUNK``) are read chunk by chunk,
+    for the scores and again for the weighted sums, with any warp count: the
+    reference's function, rows read in place or materialised."""
+    from sven.kernels import triton_attention
+
+    monkeypatch.setenv("SVEN_FACTORED_CHUNK", str(chunk))
+    monkeypatch.setenv("SVEN_FACTORED_WARPS", str(warps))
+    gen = torch.Generator().manual_seed(7)
+    inputs = [x.to(device) for x in _inputs(9, 2, 8, 6, torch.float32, dt_max=10.0, e=e)]
+    q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
+    want = reference.temporal_attention_factored(*[_f64(x) for x in inputs])
+    if rows:
+        table = torch.randn(13, e, generator=gen).to(device)
+        slot_rows = torch.randint(0, 13, pos.shape, generator=gen).to(device)
+        ef = table[slot_rows] * mask[..., None].float()
+        want = reference.temporal_attention_factored(
+            *[_f64(x) for x in (q, kvn, pos, dt, mask, tw, tb, wt, ef, we)]
+        )
+    with torch.no_grad():
+        if rows:
+            got = triton_attention.temporal_attention_factored(
+                q, kvn, pos, dt, mask, tw, tb, wt, table, we, edge_rows=slot_rows
+            )
+        else:
+            got = triton_attention.temporal_attention_factored(*inputs)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name,value", [("SVEN_FACTORED_WARPS", "3"), ("SVEN_FACTORED_CHUNK", "48")]
+)
+def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
+    from sven.kernels import triton_attention
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        triton_attention._factored_launch()
