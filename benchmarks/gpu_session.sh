@@ -29,6 +29,9 @@
 #   pyg         Sven against PyG's TGN, 3 epochs, Wikipedia and CollegeMsg  [300]
 #   mrr         100 MRR negatives against one, 2 epochs each, and the
 #               evaluation profile at 100 (its costliest kernels)           [160]
+#   mrrab       the evaluation profile at 100 MRR negatives for each factored-attention
+#               launch setting (SVEN_FACTORED_WARPS:SVEN_FACTORED_CHUNK pairs in
+#               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
 #               and on a warm cache, and on an empty one with
 #               SVEN_COMPILE_AHEAD=0                                        [260]
@@ -163,6 +166,30 @@ for run in ("mrr100",):
 EOF
   step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrr/profile" \
     eval.mrr_negatives=100
+}
+
+phase_mrrab() {
+  need_stores
+  local ab
+  for ab in ${SVEN_FACTORED_AB:-8:256 8:64 4:64 4:32 2:64}; do
+    SVEN_FACTORED_WARPS=${ab%%:*} SVEN_FACTORED_CHUNK=${ab##*:} step 150 "$PY" \
+      benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrrab" \
+      --tag "w${ab%%:*}-c${ab##*:}" --train-batches 20 --profile-batches 5 \
+      eval.mrr_negatives=100 > /dev/null
+  done
+  "$PY" - "$OUT/mrrab" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
+import json, sys
+from pathlib import Path
+
+for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
+    d = json.loads(f.read_text())
+    for split in ("val", "test"):
+        r = d[split]
+        fac = sum(k["us_per_batch"] for k in r["top_kernels"] if "factored" in k["name"])
+        print(f"{d['tag']} {split}: factored kernel {fac:.1f} us/batch, GPU "
+              f"{r['step']['gpu_us']:.1f} us/batch, warm {r['ms_per_batch_warm']:.3f} "
+              f"ms/batch, {r['events_per_s_warm']:,.0f} events/s")
+EOF
 }
 
 phase_ttr() {
