@@ -562,8 +562,9 @@ FACTORED_EDGE_CHUNK = 64
 FACTORED_MAX_WIDTH = 256
 
 
-def _factored_launch() -> tuple[int, int]:
-    """(warps, edge columns per chunk) of a factored-attention launch."""
+def _factored_launch(e: int) -> dict[str, int]:
+    """The warps and edge columns per chunk (BLOCK_E) of a factored-attention launch
+    over ``e`` edge columns."""
     warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
     chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
     if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
@@ -571,7 +572,7 @@ def _factored_launch() -> tuple[int, int]:
             f"SVEN_FACTORED_WARPS must be 1, 2, 4, 8 or 16 and SVEN_FACTORED_CHUNK a power "
             f"of two of at least 16, got {warps} and {chunk}"
         )
-    return warps, chunk
+    return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk)}
 
 
 def _columns_dense(x: torch.Tensor) -> torch.Tensor:
@@ -633,11 +634,9 @@ def temporal_attention_factored(
     blocks, each a GEMM over the roots; between them one kernel gathers each
     neighbour's node key and value, builds cos(dt w + b) in registers, and attends.
     No (R, K, T) or (R, K, 2 O) tensor is written: a wide evaluation batch (100 MRR
-    negatives: 206,000 neighbour slots at batch 200) gathers its slots' rows once
-    (edge rows in chunks of :data:`FACTORED_EDGE_CHUNK` columns, read again from the
-    cache for the weighted sums). Forward only: the reference runs where a gradient is
-    needed (its backward is autograd's) and for time encodings wider than
-    :data:`FACTORED_MAX_WIDTH`.
+    negatives: 206,000 neighbour slots at batch 200) gathers its slots' rows once (edge
+    rows by chunks, again from cache for the weighted sums). Forward only: the reference
+    runs where a gradient is needed and for time encodings over :data:`FACTORED_MAX_WIDTH`.
 
     Args:
         q: (R, H, D) queries.
@@ -679,7 +678,6 @@ def temporal_attention_factored(
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
     if r > 0:
-        warps, chunk = _factored_launch()
         _factored_fwd_kernel[(r,)](
             q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
             rows, out, ft, fe,
@@ -688,7 +686,7 @@ def temporal_attention_factored(
             *sr, *qt.stride()[:2], *qe.stride()[:2],
             HAS_EDGE=edge, EDGE_ROWS=edge and edge_rows is not None,
             BLOCK_K=_pow2(nbr_pos.shape[1], 16), BLOCK_H=_pow2(h), BLOCK_D=_pow2(d, 16),
-            BLOCK_T=_pow2(t, 16), BLOCK_E=min(_pow2(e, 16), chunk), num_warps=warps,
+            BLOCK_T=_pow2(t, 16), **_factored_launch(e),
         )  # fmt: skip
     out = out + torch.einsum("rhf,hdf->rhd", ft, w_time[o:].view(h, d, t))
     if edge:

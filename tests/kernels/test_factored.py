@@ -329,4 +329,4 @@ def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, mon
 
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
-        triton_attention._factored_launch()
+        triton_attention._factored_launch(172)
