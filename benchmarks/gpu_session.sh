@@ -32,6 +32,9 @@
 #   mrrab       the evaluation profile at 100 MRR negatives for each factored-attention
 #               launch setting (SVEN_FACTORED_WARPS:SVEN_FACTORED_CHUNK pairs in
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
+#   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
+#               part left out or one size changed per case (bench_factored.py), and
+#               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
 #               and on a warm cache, and on an empty one with
 #               SVEN_COMPILE_AHEAD=0                                        [260]
@@ -192,6 +195,16 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
 EOF
 }
 
+phase_factored() {
+  step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored"
+  if command -v ncu >/dev/null; then
+    step 200 ncu --clock-control none --kernel-name _factored_fwd_kernel --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis \
+      "$PY" benchmarks/bench_factored.py --once
+  fi
+}
+
 phase_ttr() {
   step 200 "$PY" benchmarks/bench_ttr.py --startup 5 --wiki "$DATA/wikipedia.csv.gz" \
     --out "$OUT/ttr/startup"
@@ -262,7 +275,8 @@ phase_pack() {
   # results (logs, JSON, text; no checkpoints or stores), and nothing else.
   local pattern='kernels per step|"events_per_s"|paired by repeat|ratio|passed|failed|'
   pattern+='phase [a-z0-9]+: [0-9]+ s|warm_train_events_per_s|beyond_floor|events/s|exit [0-9]|'
-  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_'
+  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_|GB/s|'
+  pattern+='Achieved Occupancy|Registers Per Thread|Memory Throughput|DRAM Throughput|Duration'
   for f in "$OUT"/*.log; do
     [ -f "$f" ] || continue
     echo "== $(basename "$f")"
