@@ -130,20 +130,31 @@ def run_facts(out: Path) -> dict[str, Any]:
     return facts
 
 
-def compiled_kernels(cache: Path) -> dict[str, int]:
-    """Kernels compiled into a Triton cache folder: variants per kernel name, most first.
+def compiled_variants(cache: Path) -> list[str]:
+    """Kernel variants compiled into a Triton cache folder, as ``hash/name``, sorted.
 
     Each compiled variant leaves a metadata file ``<name>.json`` with its ``name`` in
-    a folder of its own; the launchers' and drivers' folders have none.
+    a folder of its own, named by the variant's hash; the launchers' and drivers'
+    folders have none.
     """
-    counts: dict[str, int] = {}
+    out = []
     for meta in cache.glob("*/*.json"):
         try:
             name = json.loads(meta.read_text()).get("name")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(name, str) and meta.stem == name:
-            counts[name] = counts.get(name, 0) + 1
+            out.append(f"{meta.parent.name}/{name}")
+    return sorted(out)
+
+
+def compiled_kernels(cache: Path) -> dict[str, int]:
+    """Kernels compiled into a Triton cache folder: variants per kernel name, most first
+    (:func:`compiled_variants` counted by name)."""
+    counts: dict[str, int] = {}
+    for variant in compiled_variants(cache):
+        name = variant.split("/", 1)[1]
+        counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
