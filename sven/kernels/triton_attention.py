@@ -487,15 +487,13 @@ def _factored_fwd_kernel(
     # of large arguments are costly) is built once and stays in registers (BLOCK_T holds
     # all of T) for both uses: the scores, then the weighted sums. The edge rows are
     # read in chunks of BLOCK_E columns, twice (scores, then weighted sums; the second
-    # read hits the cache): a whole wide row per slot held across the softmax would
-    # take the registers that let several programs share a multiprocessor, and the
-    # kernel waits on its row gathers. qt (R, H, T) and qe (R, H, E): the queries
-    # carried back through the key blocks of the time and edge projections; outputs:
-    # the attention over the node values o (R, H, D) and the attention-weighted slot
-    # features ft (R, H, T), fe (R, H, E), all contiguous, while qt and qe may be a
-    # per-head product's (H, R, F) output seen as (R, H, F) (strides sqt_*, sqe_*; their
-    # columns contiguous). Edge features: ef (R, K, E),
-    # or with EDGE_ROWS the (events, E) table whose row er[r, k] each slot reads.
+    # read hits the cache), so that rows of any width fit a program. qt (R, H, T) and
+    # qe (R, H, E): the queries carried back through the key blocks of the time and
+    # edge projections, possibly a per-head product's (H, R, F) output seen as (R, H, F)
+    # (strides sqt_*, sqe_*; columns contiguous); outputs: the attention over the node
+    # values o (R, H, D) and the attention-weighted slot features ft (R, H, T), fe
+    # (R, H, E), all contiguous. Edge features: ef (R, K, E), or with EDGE_ROWS the
+    # (events, E) table whose row er[r, k] each slot reads.
     r = tl.program_id(0).to(tl.int64)
     ok = tl.arange(0, BLOCK_K)
     oh = tl.arange(0, BLOCK_H)
@@ -518,9 +516,8 @@ def _factored_fwd_kernel(
                        sdt_r, sdt_k, True)  # fmt: skip
     qt = tl.load(qt_ptr + r * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
     s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
-    oe = tl.arange(0, BLOCK_E)
-    e_at = ok * 0
     if HAS_EDGE:
+        oe = tl.arange(0, BLOCK_E)
         if EDGE_ROWS:
             erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
             e_at = erow * se_r

@@ -303,14 +303,13 @@ def test_triton_factored_reads_wide_edge_rows_in_chunks(
     gen = torch.Generator().manual_seed(7)
     inputs = [x.to(device) for x in _inputs(9, 2, 8, 6, torch.float32, dt_max=10.0, e=e)]
     q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
-    want = reference.temporal_attention_factored(*[_f64(x) for x in inputs])
     if rows:
         table = torch.randn(13, e, generator=gen).to(device)
         slot_rows = torch.randint(0, 13, pos.shape, generator=gen).to(device)
         ef = table[slot_rows] * mask[..., None].float()
-        want = reference.temporal_attention_factored(
-            *[_f64(x) for x in (q, kvn, pos, dt, mask, tw, tb, wt, ef, we)]
-        )
+    want = reference.temporal_attention_factored(
+        *[_f64(x) for x in (q, kvn, pos, dt, mask, tw, tb, wt, ef, we)]
+    )
     with torch.no_grad():
         if rows:
             got = triton_attention.temporal_attention_factored(
