@@ -535,16 +535,18 @@ def _factored_fwd_kernel(
     val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
     out = tl.sum(p[:, :, None] * val, axis=0)
     tl.store(o_ptr + qrow[:, None] * D + od[None, :], out.to(o_ptr.dtype.element_ty), mask=hdm)
-    fa = tl.sum(p[:, :, None] * ftime[:, None, :], axis=0)
-    tl.store(ft_ptr + qrow[:, None] * T + ot[None, :], fa.to(ft_ptr.dtype.element_ty), mask=tm)
+    # Distinct names for the time's and the edges' weighted sums: a name bound before a
+    # loop and again inside it is a loop-carried value to Triton, of one fixed shape.
+    wt = tl.sum(p[:, :, None] * ftime[:, None, :], axis=0)
+    tl.store(ft_ptr + qrow[:, None] * T + ot[None, :], wt.to(ft_ptr.dtype.element_ty), mask=tm)
     if HAS_EDGE:
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
                                se_c, 0, 0, False)  # fmt: skip
             em = hm[:, None] & (ec < E)[None, :]
-            fa = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
-            tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], fa.to(fe_ptr.dtype.element_ty),
+            we = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
+            tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], we.to(fe_ptr.dtype.element_ty),
                      mask=em)  # fmt: skip
 
 
