@@ -73,7 +73,7 @@ def _check_predict(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     tr.memory.reset()
     tr.evaluate("train")
     tr.evaluate("val")
-    pos = tr.evaluate("test").pos.double().numpy()
+    pos = tr.evaluate("test").pos.double().cpu().numpy()
     ev = TemporalEvents.load(store)
     lo, hi = ev.split_range("test")
     raw = np.asarray(ev.id_map)

@@ -44,7 +44,8 @@ MRR_STREAM = {"train": (1 << 21) + 2, "val": 1 << 21, "test": (1 << 21) + 1}
 
 @dataclass
 class EvalResult:
-    """Scores of one evaluation pass over a split, in global event order.
+    """Scores of one evaluation pass over a split, in global event order, on the
+    run's device.
 
     Attributes:
         pos: (n,) positive logits.
@@ -111,8 +112,9 @@ def gather_rows(
 
 
 def _own(table: torch.Tensor) -> torch.Tensor:
-    """A pass's score table on one rank: its own."""
-    return table
+    """A pass's score table on one rank: a copy of its own (the width's table is
+    written again by the next pass of that width)."""
+    return table.clone()
 
 
 class _NoBar:
@@ -362,7 +364,10 @@ class Evaluation:
         bar.close()
         table = self._assemble(wd.scores[: hi - lo])
         self.exchange.check()
-        scores = table.cpu()
+        # The scores stay on the run's device, where the metrics are computed: a copy to
+        # the host and back would move the (n, 1 + width) table twice (100 MRR negatives:
+        # n x 101 floats).
+        scores = table
         protocols = self.split_protocols(split)
         valid = self.mrr_valid(split) if q else None
         return eval_result(scores, protocols, len(protocols), q, valid)
@@ -397,7 +402,7 @@ class Evaluation:
             torch.cat([res.pos, res.neg]).to(dev), labels.to(dev)
         )
         if split in inductive:
-            m = inductive[split]
+            m = inductive[split].to(res.pos.device)
             out[f"{split}_ap_inductive"], out[f"{split}_auc_inductive"] = per_batch(
                 res.pos[m], res.neg[m]
             )
@@ -407,7 +412,7 @@ class Evaluation:
             p = f"{split}_{name}neg"
             out[f"{p}_ap"], out[f"{p}_auc"] = per_batch(res.pos, neg)
             if split in inductive:
-                m = inductive[split]
+                m = inductive[split].to(res.pos.device)
                 out[f"{p}_ap_inductive"], out[f"{p}_auc_inductive"] = per_batch(res.pos[m], neg[m])
         if res.mrr_neg is not None:
             # The n x q comparisons on the run's device, not the host.
