@@ -50,6 +50,8 @@ class Case:
     nodes: int = 9_228
     warps: int = 8
     chunk: int = 64
+    #: Queries one row per node, read by each root's node (the wide evaluation's form).
+    per_node: bool = False
 
 
 def cases(quick: bool) -> list[Case]:
@@ -66,6 +68,13 @@ def cases(quick: bool) -> list[Case]:
     ]
     for warps, chunk in ((2, 64), (4, 64), (16, 64), (8, 256), (8, 32)):
         out.append(replace(base, name=f"warps {warps} chunk {chunk}", warps=warps, chunk=chunk))
+    # The store the MRR figures use has no edge features: that kernel, its queries one
+    # row per node as the wide evaluation passes them, and its warp counts.
+    bare = replace(base, edge_dim=0)
+    out.append(replace(bare, name="no edges, per-node queries", per_node=True))
+    for warps in (4, 16):
+        out.append(replace(bare, name=f"no edges, per-node, {warps} warps", per_node=True,
+                           warps=warps))  # fmt: skip
     return out
 
 
@@ -78,7 +87,8 @@ def inputs(c: Case, device: torch.device, seed: int = 0) -> tuple:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device)
 
-    q = rand(c.roots, c.heads, c.head_dim)
+    q = rand(c.nodes if c.per_node else c.roots, c.heads, c.head_dim)
+    q_rows = torch.randint(0, c.nodes, (c.roots,), generator=gen).to(device)
     kv_node = rand(c.nodes, 2 * o)
     nbr = torch.randint(0, c.nodes, (c.roots, c.slots), generator=gen).to(device)
     # Gaps of the real data's size: most time-encoding arguments are large.
@@ -87,24 +97,27 @@ def inputs(c: Case, device: torch.device, seed: int = 0) -> tuple:
     tw = (1.0 / 10 ** torch.linspace(0, 9, c.time_dim)).to(device)
     tb = torch.zeros(c.time_dim, device=device)
     wt = rand(2 * o, c.time_dim) / c.time_dim**0.5
+    qr = q_rows if c.per_node else None
     if c.edge_dim == 0:
-        return q, kv_node, nbr, dt, mask, tw, tb, wt, None, None, None
+        return q, kv_node, nbr, dt, mask, tw, tb, wt, None, None, None, qr
     table = rand(c.events, c.edge_dim)
     rows = torch.randint(0, c.events, (c.roots, c.slots), generator=gen).to(device)
     we = rand(2 * o, c.edge_dim) / c.edge_dim**0.5
-    return q, kv_node, nbr, dt, mask, tw, tb, wt, table, we, rows
+    return q, kv_node, nbr, dt, mask, tw, tb, wt, table, we, rows, qr
 
 
 def least_bytes(c: Case) -> int:
     """What the kernel reads and writes at least, in bytes (float32, int64 indices, one
-    byte a mask flag): per root its query and the queries' products, per slot its
-    index, gap, flag, node key and value rows and edge row (and that row's index),
-    and per root the output and the weighted sums."""
+    byte a mask flag): per root its query and the queries' products (per node where
+    roots share them), per slot its index, gap, flag, node key and value rows and edge
+    row (and that row's index), and per root the output and the weighted sums."""
     o = c.heads * c.head_dim
-    per_root = 4 * (o + c.heads * (c.time_dim + c.edge_dim))  # q, qt, qe
+    query = 4 * (o + c.heads * (c.time_dim + c.edge_dim))  # q, qt, qe
     per_slot = 8 + 4 + 1 + 4 * 2 * o + (4 * c.edge_dim + 8 if c.edge_dim else 0)
     out = 4 * (o + c.heads * (c.time_dim + c.edge_dim))  # o, ft, fe
-    return c.roots * (per_root + c.slots * per_slot + out)
+    # Per-node queries: one row per node, and each root's index of it.
+    queries = c.nodes * query + 8 * c.roots if c.per_node else c.roots * query
+    return queries + c.roots * (c.slots * per_slot + out)
 
 
 def kernel_us(c: Case, device: torch.device, repeats: int) -> float:
@@ -117,11 +130,11 @@ def kernel_us(c: Case, device: torch.device, repeats: int) -> float:
     os.environ["SVEN_FACTORED_WARPS"] = str(c.warps)
     os.environ["SVEN_FACTORED_CHUNK"] = str(c.chunk)
     args = inputs(c, device)
-    q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows = args
+    q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = args
 
     def call() -> torch.Tensor:
         return triton_attention.temporal_attention_factored(
-            q, kvn, nbr, dt, mask, tw, tb, wt, table, we, edge_rows=rows
+            q, kvn, nbr, dt, mask, tw, tb, wt, table, we, edge_rows=rows, q_rows=qr
         )
 
     with torch.no_grad():
@@ -158,7 +171,7 @@ def main() -> None:
     if args.once:
         from sven.kernels import triton_attention
 
-        q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows = inputs(cases(args.quick)[0], device)
+        q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, _ = inputs(cases(args.quick)[0], device)
         with torch.no_grad():
             for _ in range(2):
                 triton_attention.temporal_attention_factored(

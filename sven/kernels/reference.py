@@ -104,6 +104,7 @@ def temporal_attention_factored(
     edge_feat: torch.Tensor | None = None,
     w_kv_edge: torch.Tensor | None = None,
     edge_rows: torch.Tensor | None = None,
+    q_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`temporal_attention_fused` with the slot projections factored out.
 
@@ -129,10 +130,14 @@ def temporal_attention_factored(
             the (E, d_e) table they are rows of.
         w_kv_edge: (2 O, d_e) their projection (no bias), or None.
         edge_rows: (R, K) int row of ``edge_feat`` of each slot, or None.
+        q_rows: (R,) int row of ``q`` of each root, where ``q`` (Q, H, D) holds rows
+            that roots share; None: ``q`` is (R, H, D).
 
     Returns:
         (R, O) attention output; zero rows where no slot is valid.
     """
+    if q_rows is not None:
+        q = q.index_select(0, q_rows)
     if edge_rows is not None and edge_feat is not None:
         edge_feat = masked_rows(edge_feat, edge_rows, mask)
     r, h, d = q.shape

@@ -476,12 +476,13 @@ def _slot_feat(
 @triton.jit
 def _factored_fwd_kernel(
     q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
-    o_ptr, ft_ptr, fe_ptr,
+    qr_ptr, o_ptr, ft_ptr, fe_ptr,
     K, H, D, OD, T, E, scale,
     sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
     ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
-    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     # One program per root, every head at once. Each slot's time encoding (its cosines
     # of large arguments are costly) is built once and stays in registers (BLOCK_T holds
@@ -493,8 +494,14 @@ def _factored_fwd_kernel(
     # (strides sqt_*, sqe_*; columns contiguous); outputs: the attention over the node
     # values o (R, H, D) and the attention-weighted slot features ft (R, H, T), fe
     # (R, H, E), all contiguous. Edge features: ef (R, K, E), or with EDGE_ROWS the
-    # (events, E) table whose row er[r, k] each slot reads.
+    # (events, E) table whose row er[r, k] each slot reads. With Q_ROWS, root r reads
+    # row qr[r] of the queries and their products (one row per node: roots of one node
+    # share it), else row r.
     r = tl.program_id(0).to(tl.int64)
+    if Q_ROWS:
+        qi = tl.load(qr_ptr + r).to(tl.int64)
+    else:
+        qi = r
     ok = tl.arange(0, BLOCK_K)
     oh = tl.arange(0, BLOCK_H)
     od = tl.arange(0, BLOCK_D)
@@ -506,15 +513,18 @@ def _factored_fwd_kernel(
     tile = valid[:, None, None] & hdm[None, :, :]
     nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=valid, other=0).to(tl.int64)
     row = kvn_ptr + nbr[:, None, None] * sn_u
+    # Every gather whose address is known is issued here, before any arithmetic waits
+    # on one: a program's loads are in flight together rather than one after another.
     key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    q_at = q_ptr + r * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d
+    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    q_at = q_ptr + qi * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d
     q = tl.load(q_at, mask=hdm, other=0.0).to(tl.float32)
     s = tl.sum(key * q[None, :, :], axis=2)
     ot = tl.arange(0, BLOCK_T)
     tm = hm[:, None] & (ot < T)[None, :]
     ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
                        sdt_r, sdt_k, True)  # fmt: skip
-    qt = tl.load(qt_ptr + r * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
+    qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
     s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
     if HAS_EDGE:
         oe = tl.arange(0, BLOCK_E)
@@ -528,11 +538,10 @@ def _factored_fwd_kernel(
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
                                se_c, 0, 0, False)  # fmt: skip
             em = hm[:, None] & (ec < E)[None, :]
-            qe = tl.load(qe_ptr + r * sqe_r + oh[:, None] * sqe_h + ec[None, :], mask=em,
+            qe = tl.load(qe_ptr + qi * sqe_r + oh[:, None] * sqe_h + ec[None, :], mask=em,
                          other=0.0)  # fmt: skip
             s += tl.sum(fedge[:, None, :] * qe.to(tl.float32)[None, :, :], axis=2)
     p = _softmax_valid(s * scale, valid[:, None] & hm[None, :])
-    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
     out = tl.sum(p[:, :, None] * val, axis=0)
     tl.store(o_ptr + qrow[:, None] * D + od[None, :], out.to(o_ptr.dtype.element_ty), mask=hdm)
     # Distinct names for the time's and the edges' weighted sums: a name bound before a
@@ -588,20 +597,22 @@ def _edge_operands(
     edge_rows: torch.Tensor | None,
     qt: torch.Tensor,
     ft: torch.Tensor,
+    roots: int,
 ) -> tuple[torch.Tensor | None, torch.Tensor, tuple[int, int, int], torch.Tensor, torch.Tensor]:
     """The factored kernel's edge operands (arguments as
-    :func:`temporal_attention_factored`'s; ``qt``, ``ft`` stand for unused pointers).
+    :func:`temporal_attention_factored`'s; ``qt``, ``ft`` stand for unused pointers;
+    ``roots`` R, the rows of the outputs).
 
     Returns:
         w_edge (2 O, d_e) in q's dtype (None without edges); what the kernel reads edge
         features from: the (R, K, d_e) features in q's dtype, or the table in place
         (slot (r, k) reads row ``edge_rows[r, k]``, scaled by the first stride); its
-        (root, slot, column) strides; qe (R, H, d_e) the queries through the key block;
+        (root, slot, column) strides; qe (Q, H, d_e) the queries through the key block;
         fe (R, H, d_e) the output of the attention-weighted features.
     """
     if edge_feat is None or w_kv_edge is None:
         return None, qt, (0, 0, 0), qt, ft
-    r, h, d = q.shape
+    r, (_, h, d) = roots, q.shape
     e = w_kv_edge.shape[1]
     w_edge = w_kv_edge.to(q.dtype)
     qe = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_edge[: h * d].view(h, d, e)))
@@ -624,6 +635,7 @@ def temporal_attention_factored(
     edge_feat: torch.Tensor | None = None,
     w_kv_edge: torch.Tensor | None = None,
     edge_rows: torch.Tensor | None = None,
+    q_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The factored temporal attention's forward as one kernel (Triton), for evaluation.
 
@@ -638,7 +650,7 @@ def temporal_attention_factored(
     runs where a gradient is needed and for time encodings over :data:`FACTORED_MAX_WIDTH`.
 
     Args:
-        q: (R, H, D) queries.
+        q: (R, H, D) queries, or with ``q_rows`` (Q, H, D) rows that roots share.
         kv_node: (U, 2 O) per-node key/value projections (O = H * D), keys first.
         nbr_pos: (R, K) int row of each neighbour in ``kv_node`` (any valid row where
             masked).
@@ -652,6 +664,10 @@ def temporal_attention_factored(
         w_kv_edge: (2 O, d_e) their projection (no bias), or None.
         edge_rows: (R, K) int row of ``edge_feat`` of each slot (any row where masked),
             or None.
+        q_rows: (R,) int row of ``q`` of each root, or None (root r's is row r). A wide
+            batch lists each node many times (100 MRR negatives: 20,600 roots over a few
+            thousand nodes); a query depends on the root's node alone, so its products
+            with the key blocks are computed once per row of ``q``.
 
     Returns:
         (R, O) in q's dtype; zero rows where no slot is valid.
@@ -662,9 +678,10 @@ def temporal_attention_factored(
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
     if grad or time_w.shape[0] > FACTORED_MAX_WIDTH:
         return reference.temporal_attention_factored(
-            q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, *args[5:], edge_rows
-        )
-    r, h, d = q.shape
+            q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, *args[5:], edge_rows,
+            q_rows,
+        )  # fmt: skip
+    r, (_, h, d) = nbr_pos.shape[0], q.shape
     o, t = h * d, time_w.shape[0]
     edge = edge_feat is not None and w_kv_edge is not None
     # The time block's key and value halves, per head: (H, D, T).
@@ -672,18 +689,18 @@ def temporal_attention_factored(
     qt = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)))
     ft = torch.empty(r, h, t, device=q.device, dtype=q.dtype)
     out = torch.empty(r, h, d, device=q.device, dtype=q.dtype)
-    w_edge, ef, se, qe, fe = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft)
+    w_edge, ef, se, qe, fe = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft, r)
     e = int(w_kv_edge.shape[1]) if edge else 0
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
     if r > 0:
         _factored_fwd_kernel[(r,)](
             q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
-            rows, out, ft, fe,
+            rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
             nbr_pos.shape[1], h, d, o, t, e, 1.0 / (d**0.5),
             *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
             *sr, *qt.stride()[:2], *qe.stride()[:2],
-            HAS_EDGE=edge, EDGE_ROWS=edge and edge_rows is not None,
+            HAS_EDGE=edge, EDGE_ROWS=edge and edge_rows is not None, Q_ROWS=q_rows is not None,
             BLOCK_K=_pow2(nbr_pos.shape[1], 16), BLOCK_H=_pow2(h), BLOCK_D=_pow2(d, 16),
             BLOCK_T=_pow2(t, 16), **_factored_launch(e),
         )  # fmt: skip

@@ -591,6 +591,18 @@ class TemporalAttentionLayer(nn.Module):
 
         r = mask.shape[0]
         dtype = z.dtype
+        wide = r >= WIDE_ROOTS and not torch.is_grad_enabled()
+        form = self.form
+        if form == "auto":
+            form = "fused" if z.is_cuda or kernels.backend_for(z) == "triton" else "factored"
+            if form == "fused" and wide:
+                # A wide batch without a gradient (the MRR's evaluation: 100 negatives
+                # make 20,600 roots at batch 200): the factored form's Triton kernel
+                # reads each neighbour slot once, where the fused form writes its
+                # (R, K, 2 O) keys and values several times.
+                form = "factored"
+        if form == "factored" and wide and z.shape[0] < r and not self.training:
+            return self._per_node(z, root_pos, nbr_pos, dt, mask, edge_feat, edge_rows)
         h_root, kv_rows = _root_rows(z, root_pos, runs)
 
         zero = self.time_enc.at_zero(r).to(dtype)
@@ -606,15 +618,6 @@ class TemporalAttentionLayer(nn.Module):
             self.time_enc.bias,
             self.w_kv_time.weight,
         )
-        form = self.form
-        if form == "auto":
-            form = "fused" if z.is_cuda or kernels.backend_for(z) == "triton" else "factored"
-            if form == "fused" and r >= WIDE_ROOTS and not torch.is_grad_enabled():
-                # A wide batch without a gradient (the MRR's evaluation: 100 negatives
-                # make 20,600 roots at batch 200): the factored form's Triton kernel
-                # reads each neighbour slot once, where the fused form writes its
-                # (R, K, 2 O) keys and values several times.
-                form = "factored"
         if form == "fused":
             # The neighbour gather, the time encoding of dt and its projection happen
             # inside the attention kernel (Triton), or in the reference whose few large
@@ -632,4 +635,38 @@ class TemporalAttentionLayer(nn.Module):
             out = kernels.temporal_attention_factored(*args, feat, w_edge, edge_rows)
         out = self.w_out(torch.cat([out, h_root], dim=1))
         out = keyed_dropout(torch.relu(out), self.dropout.p, row_key, self.training)
+        return self.norm(out)
+
+    def _per_node(
+        self,
+        z: torch.Tensor,
+        root_pos: torch.Tensor,
+        nbr_pos: torch.Tensor,
+        dt: torch.Tensor,
+        mask: torch.Tensor,
+        edge_feat: torch.Tensor | None,
+        edge_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """:meth:`forward`'s factored form for a wide batch without a gradient, whose
+        U node rows are fewer than its R roots (100 MRR negatives list each node many
+        times): what depends on a root's node alone (its query, the query's products
+        with the key blocks, and the output projection's node half) is computed once
+        per node row and read by ``root_pos``. The same function; only rounding
+        differs. No dropout (no gradient: evaluation)."""
+        from sven import kernels
+
+        u, dtype, o = z.shape[0], z.dtype, self.w_out.weight.shape[0]
+        zero = self.time_enc.at_zero(u).to(dtype)
+        q = self.w_q(torch.cat([z, zero], dim=1)).view(u, self.num_heads, -1)
+        w_edge = None if self.w_kv_edge is None else self.w_kv_edge.weight
+        # A table (edge_rows) stays in its dtype: the kernel converts the rows it reads.
+        feat = edge_feat if w_edge is None or edge_rows is not None else edge_feat.to(dtype)
+        att = kernels.temporal_attention_factored(
+            q, self.w_kv_node(z), nbr_pos, dt.to(dtype), mask, self.time_enc.weight,
+            self.time_enc.bias, self.w_kv_time.weight, feat, w_edge, edge_rows, root_pos,
+        )  # fmt: skip
+        # W_out [att; h_root] + b = W_att att + (W_h h + b), the second per node.
+        w = self.w_out.weight
+        node_half = linear(z, w[:, o:], self.w_out.bias)
+        out = torch.relu(linear(att, w[:, :o], None) + node_half.index_select(0, root_pos))
         return self.norm(out)

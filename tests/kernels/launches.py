@@ -7,7 +7,9 @@ first to reach. A hand-written list of compile cases misses the variants nobody
 listed; recording what a fit really launches (its kernels, their argument types and
 constexprs) and compiling each variant ahead of time for ``cuda:90`` does not.
 
-Run as ``python -m tests.kernels.launches record OUT.json -- TRAINER_ARGS...`` under
+Run as ``python -m tests.kernels.launches record [--wide] OUT.json -- TRAINER_ARGS...``
+(``--wide``: every evaluation batch takes the wide batches' path, as 100 MRR negatives
+do, ``sven.models.base.WIDE_ROOTS`` set to 1) under
 ``TRITON_INTERPRET=1 SVEN_KERNELS=triton`` (a fit with the fixed-shape step CUDA
 captures, every Triton launch recorded), then ``python -m tests.kernels.launches
 compile OUT.json`` without the interpreter (prints a JSON report: variants and
@@ -131,9 +133,13 @@ def compile_all(specs: list[dict[str, Any]], threads: int = 2) -> dict[str, Any]
     return {"variants": len(specs), "kernels": kernels, "failures": failures}
 
 
-def _record_fit(out: Path, trainer_args: list[str]) -> None:
+def _record_fit(out: Path, trainer_args: list[str], wide: bool = False) -> None:
     import sven
     import sven.engine.spec as spec_module
+    import sven.models.base as base
+
+    if wide:
+        base.WIDE_ROOTS = 1
 
     # The fixed-shape step that CUDA captures, on the CPU: the GPU's launches.
     spec_module.fixed_shapes = lambda device, distributed: True
@@ -145,9 +151,12 @@ def _record_fit(out: Path, trainer_args: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``record OUT -- ARGS...`` (adds to OUT) or ``compile OUT``."""
+    """``record [--wide] OUT -- ARGS...`` (adds to OUT) or ``compile OUT``."""
+    wide = argv[1:2] == ["--wide"]
+    if wide:
+        argv = argv[:1] + argv[2:]
     if len(argv) >= 2 and argv[0] == "record":
-        _record_fit(Path(argv[1]), [a for a in argv[2:] if a != "--"])
+        _record_fit(Path(argv[1]), [a for a in argv[2:] if a != "--"], wide)
         return 0
     if len(argv) == 2 and argv[0] == "compile":
         print(json.dumps(compile_all(json.loads(Path(argv[1]).read_text()))))

@@ -228,8 +228,60 @@ def test_auto_form_is_factored_for_wide_batches_without_a_gradient(monkeypatch) 
 
 
 def _out(args: tuple) -> torch.Tensor:
-    q = args[0]
-    return torch.zeros(q.shape[0], q.shape[1] * q.shape[2])
+    q, roots = args[0], args[2].shape[0]
+    return torch.zeros(roots, q.shape[1] * q.shape[2])
+
+
+@pytest.mark.parametrize("edge", [True, False])
+def test_factored_reads_shared_query_rows(edge: bool, device) -> None:
+    """``q_rows``: roots read shared rows of the queries (one per node), the same
+    function as each root given its own copy: the reference to the last bit, the
+    Triton kernel within rounding of the float64 reference."""
+    from sven.kernels import triton_attention
+
+    gen = torch.Generator().manual_seed(11)
+    inputs = [x.to(device) for x in _inputs(9, 2, 8, 5, torch.float32, dt_max=10.0)]
+    shared = torch.randn(4, 2, 8, generator=gen).to(device)
+    q_rows = torch.tensor([0, 3, 3, 1, 0, 2, 2, 3, 0], device=device)
+    rest = inputs[1:] if edge else [*inputs[1:8], None, None]
+    want = reference.temporal_attention_factored(shared[q_rows], *rest)
+    got = reference.temporal_attention_factored(shared, *rest, None, q_rows)
+    assert torch.equal(got, want)
+    oracle = reference.temporal_attention_factored(
+        _f64(shared[q_rows]), *[None if x is None else _f64(x) for x in rest]
+    )
+    with torch.no_grad():
+        tri = triton_attention.temporal_attention_factored(shared, *rest, None, q_rows)
+    torch.testing.assert_close(tri.double(), oracle, rtol=1e-5, atol=1e-5)
+
+
+def test_wide_layer_computes_per_node_what_depends_on_the_node(monkeypatch) -> None:
+    """A wide batch without a gradient whose node rows are fewer than its roots
+    computes each node's query, its products and the output projection's node half once
+    per node row: the same embeddings as the per-root computation, within rounding;
+    exactly the per-root path while training or under a gradient."""
+    from sven.models import base
+
+    gen = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    layer = base.TemporalAttentionLayer(8, E_DIM, T_DIM, 8, 2, 0.0, form="factored").eval()
+    u, r, k = 5, 12, 4
+    z = torch.randn(u, 8, generator=gen)
+    root_pos = torch.randint(0, u, (r,), generator=gen)
+    nbr_pos = torch.randint(0, u, (r, k), generator=gen)
+    dt = torch.rand(r, k, generator=gen) * 100
+    mask = make_mask(r, k, gen)
+    feat = torch.randn(r, k, E_DIM, generator=gen)
+    args = (z, root_pos, nbr_pos, dt, mask, feat)
+    with torch.no_grad():
+        per_root = layer(*args)
+        monkeypatch.setattr(base, "WIDE_ROOTS", r)
+        per_node = layer(*args)
+        layer.train()
+        training = layer(*args)
+    torch.testing.assert_close(per_node, per_root, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(per_node, per_root)  # the other order of the sums
+    assert torch.equal(training, per_root)
 
 
 def _table_inputs(r: int, k: int, device: str) -> tuple[list, torch.Tensor, torch.Tensor]:
