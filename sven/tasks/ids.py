@@ -22,6 +22,7 @@ class IdMaps:
         self.bipartite = u is not None
         self.sides = {"all": (0, n)} if u is None else {"src": (0, int(u)), "dst": (int(u), n)}
         self._sorted: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._runs: dict[str, bool] = {}
 
     def _table(self, side: str) -> tuple[np.ndarray, np.ndarray | None, int]:
         """The side's raw ids ascending, the compact id (minus the side's first) of each
@@ -54,12 +55,37 @@ class IdMaps:
         out = np.full(raw.size, -1, dtype=np.int64)
         valid = np.flatnonzero(q[1])
         if keys.size and valid.size:
-            pos = np.searchsorted(keys, q[0][valid])
-            pos_c = np.minimum(pos, keys.size - 1)
-            hit = (pos < keys.size) & (keys[pos_c] == q[0][valid])
+            want = q[0][valid]
+            if self._dense(side, keys):
+                # Consecutive integers: an id's place is its distance from the first.
+                pos_c = want.astype(np.int64) - int(keys[0])
+                hit = (pos_c >= 0) & (pos_c < keys.size)
+            else:
+                pos = self._search(keys, want)
+                pos_c = np.minimum(pos, keys.size - 1)
+                hit = (pos < keys.size) & (keys[pos_c] == want)
             known[valid[hit]] = True
             out[valid[hit]] = offset + (pos_c[hit] if order is None else order[pos_c[hit]])
         return out, known
+
+    def _search(self, keys: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(keys, q)``, ``q`` searched for in ascending order then put
+        back: random searches of a large memory-mapped id map each walk it from its
+        middle, where ascending ones go on from where the last one ended."""
+        by = np.argsort(q, kind="stable")
+        pos = np.empty(q.size, dtype=np.int64)
+        pos[by] = np.searchsorted(keys, q[by])
+        return pos
+
+    def _dense(self, side: str, keys: np.ndarray) -> bool:
+        """Whether the side's ``keys`` are consecutive integers (checked once a side)."""
+        if side not in self._runs:
+            self._runs[side] = (
+                keys.dtype.kind in "iu"
+                and int(keys[-1]) - int(keys[0]) == keys.size - 1
+                and _ascending(keys, strict=True)
+            )
+        return self._runs[side]
 
     def raw(self, compact: np.ndarray) -> np.ndarray:
         return self.id_map[compact]
@@ -69,11 +95,13 @@ class IdMaps:
 _CHUNK = 1 << 16
 
 
-def _ascending(ids: np.ndarray) -> bool:
-    """Whether ``ids`` (a memory-mapped column) is non-decreasing, a chunk at a time."""
+def _ascending(ids: np.ndarray, strict: bool = False) -> bool:
+    """Whether ``ids`` (a memory-mapped column) is non-decreasing (``strict``:
+    increasing), a chunk at a time."""
     for a in range(0, ids.shape[0], _CHUNK):
         c = np.asarray(ids[max(a - 1, 0) : a + _CHUNK])
-        if c.size > 1 and not bool(np.all(c[1:] >= c[:-1])):
+        # One chunk's flags at a time (a name kept across chunks would hold two).
+        if c.size > 1 and not bool(np.all(c[1:] > c[:-1] if strict else c[1:] >= c[:-1])):
             return False
     return True
 
@@ -85,6 +113,13 @@ def _as_keys(raw: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         ok = np.ones(raw.size, dtype=bool)
         if raw.dtype.kind in "iu":
             return raw.astype(np.int64), ok
+        if raw.dtype.kind in "OUS":
+            # Text of integers (a csv's id column) parsed by numpy at once; anything else
+            # (text of floats, numbers of other types) one by one below.
+            try:
+                return raw.astype(str).astype(np.int64), ok
+            except (ValueError, TypeError, OverflowError):
+                pass
         vals = np.zeros(raw.size, dtype=np.int64)
         for i, x in enumerate(raw):
             try:
