@@ -35,7 +35,11 @@ split; that both read the same memory the same way is
 a short training of the same widths (``--batches``, default 20, then validation and
 test), then 100 pairs and 10^6 pairs scored both ways, in the order of ``--graph
 1e8``. For each: the process's wall time and peak RSS, and from ``sven predict``'s last
-line the time to load the model and the time (and pairs/s) to score them once loaded.
+line the time to load the model and the time (and pairs/s) to score them once loaded;
+of that, for the pairs answered from the checkpoint, the time to load their node state
+and neighbour index (``stored_load_s``, and how the state was read: ``stored_read``)
+and the time (and pairs/s) to score them once those are loaded (``stored_score_s``,
+``stored_pairs_per_s``).
 
 Usage (GPU machine, repository root)::
 
@@ -247,6 +251,12 @@ def graph_predict(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
 _SCORED = re.compile(
     r"(\d+) rows scored in ([\d.]+) s \(([\d,]+) pairs/s; the model loaded in ([\d.]+) s\)"
 )
+#: Its line on the pairs answered from the checkpoint: seconds to load their node state
+#: and neighbour index, how it was read, seconds to score them once loaded, pairs/s.
+_STORED = re.compile(
+    r"pairs from the checkpoint's node state: load ([\d.]+) s \((.*)\), "
+    r"score ([\d.]+) s \(([\d,]+) pairs/s\)"
+)
 
 
 def _predict_both_ways(
@@ -278,6 +288,15 @@ def _predict_both_ways(
                 "score_s": float(got.group(2)) if got else None,
                 "pairs_per_s": int(got.group(3).replace(",", "")) if got else None,
             }
+            # Of the scoring above: the node state's read and the index (stored_load_s)
+            # apart from the scoring once they are loaded (stored_score_s).
+            part = _STORED.search(rec.get("tail") or "")
+            out[name].update(
+                stored_load_s=float(part.group(1)) if part else None,
+                stored_read=part.group(2) if part else None,
+                stored_score_s=float(part.group(3)) if part else None,
+                stored_pairs_per_s=int(part.group(4).replace(",", "")) if part else None,
+            )
             steps.record["result"] = {**steps.record.get("result", {}), "predict": out}
             steps.save()
             (scr / f"{name}.csv").unlink(missing_ok=True)

@@ -48,6 +48,7 @@ input row) and says how many on stderr.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,7 +65,7 @@ from sven.tasks.replay import (
     run_config,
     split_stream,
 )
-from sven.tasks.stored import QuerySource, StoredRun, events_before
+from sven.tasks.stored import QuerySource, StateTable, StoredRun, events_before, unique_ids
 
 if TYPE_CHECKING:
     from sven.engine.trainer import Trainer
@@ -154,8 +155,12 @@ class Predictor:
         #: Events the checkpoint's node state has seen (its memory's position in the
         #: stream), or None where queries are all replayed.
         self.stored_events: int | None = None
-        # The checkpoint's whole node state, once a question reads as many rows as it has.
-        self._stored_whole: MemoryRows | None = None
+        #: The rows (a share of N) from which a question reads the node state it needs in
+        #: one pass over the checkpoint's files in file order, instead of each batch's
+        #: rows where they lie (:meth:`_stored_source`).
+        self.wide_fraction = WIDE_FRACTION
+        # The node state a wide question read, kept for later questions it covers.
+        self._stored_table: StateTable | None = None
         if memory == "checkpoint":
             self.stored_events = self._stored_position(state, other_store)
         else:
@@ -306,17 +311,30 @@ class Predictor:
         pos: np.ndarray,
         fn: Callable[[np.ndarray, QuerySource], None],
         nodes_of: Callable[[np.ndarray], np.ndarray],
+        what: str = "queries",
     ) -> None:
         """Calls ``fn(rows, source)`` for each group of queries with ``source`` what they
         are answered from: the checkpoint's node state for those after its time (one
         group), the replayed memory at each other group's state. ``nodes_of(rows)``: the
-        nodes the stored group embeds (its sampler holds their neighbours only)."""
+        nodes the stored group embeds (its sampler holds their neighbours only);
+        ``what``: the queries' name in the line that gives the stored group's times."""
         later = np.zeros(pos.shape, dtype=bool)
         if self.stored_events is not None:
             later = pos >= self.stored_events
             if later.any():
                 rows = np.flatnonzero(later)
-                fn(rows, self._stored_source(nodes_of(rows)))
+                t0 = time.perf_counter()
+                source, how = self._stored_source(nodes_of(rows))
+                t1 = time.perf_counter()
+                fn(rows, source)
+                t2 = time.perf_counter()
+                # The state's read and the index apart from the scoring (a question's
+                # figures, whatever its size: sven predict's last line adds the rest).
+                self.log(
+                    f"{rows.size} {what} from the checkpoint's node state: load "
+                    f"{t1 - t0:.2f} s ({how}), score {t2 - t1:.2f} s "
+                    f"({rows.size / max(t2 - t1, 1e-9):,.0f} {what}/s)"
+                )
         rest = np.flatnonzero(~later)
         if rest.size == 0:
             return  # no replay: no trainer, no state of the whole graph
@@ -362,29 +380,37 @@ class Predictor:
             None if ef is None else (lambda eid: ef[eid]),
         )  # fmt: skip
 
-    def _stored_source(self, nodes: np.ndarray) -> QuerySource:
+    def _stored_source(self, nodes: np.ndarray) -> tuple[QuerySource, str]:
         """The checkpoint's node state of the (compact) ``nodes`` a group embeds, their
         neighbours and their features, read for these nodes only
-        (:class:`~sven.tasks.stored.StoredRun`): row by row from its files, or, where the
-        rows read (these nodes and their sampled neighbours) would number at least N,
-        the whole state once, then indexed on the device."""
+        (:class:`~sven.tasks.stored.StoredRun`), and a few words on how.
+
+        The neighbour index of ``nodes`` comes first: with it, every node whose state the
+        group can read (the nodes, and their neighbours where the model reads those). A
+        few of them are read batch by batch, the rows each batch needs, from the files'
+        memory maps. Where they number at least ``wide_fraction`` of N, they are read
+        once, in one pass over the files in file order
+        (:meth:`~sven.tasks.stored.StoredRun.state_table`), and each batch indexes them
+        on the device; a later question whose nodes that read holds uses it again."""
         run = self.run
-        nodes = np.unique(nodes)
-        per_root = 1 + (self.cfg.model.num_neighbors if self.model.read_neighbors else 0)
+        nodes = unique_ids(nodes)
+        sampler = run.sampler(nodes)
+        index = "" if sampler is None else f"; an index of {sampler.num_entries:,} events"
+        wanted = nodes
+        if sampler is not None and self.model.read_neighbors:
+            wanted = unique_ids(nodes, sampler.neighbours)
         read: ReadRows = run.state_rows
-        if self._stored_whole is not None or nodes.size * per_root >= self.num_nodes:
-            if self._stored_whole is None:
-                self._stored_whole = run.state_rows(torch.arange(self.num_nodes, device=run.device))
-            w = self._stored_whole
-
-            def read(nodes: torch.Tensor) -> MemoryRows:
-                from sven.models.memory import MemoryRows
-
-                return MemoryRows(w.memory[nodes], w.last_update[nodes], w.mail[nodes],
-                                  w.mail_ts[nodes], w.mail_valid[nodes])  # fmt: skip
-
+        table = self._stored_table
+        if table is not None and table.covers(wanted):
+            read, how = table.read, f"{table.num_rows:,} rows read before"
+        elif wanted.size >= self.wide_fraction * self.num_nodes:
+            table = self._stored_table = None  # its memory back before the next read
+            table = self._stored_table = run.state_table(wanted)
+            read, how = table.read, f"{wanted.size:,} of {self.num_nodes:,} rows in file order"
+        else:
+            how = f"rows of at most {wanted.size:,} nodes, batch by batch"
         edge = run.edge_rows if run.edge_dim else None
-        return QuerySource(self.model, read, run.sampler(nodes), run.node_rows, edge)
+        return QuerySource(self.model, read, sampler, run.node_rows, edge), how + index
 
     # ------------------------------------------------------------ embeddings
     @torch.no_grad()
@@ -451,7 +477,7 @@ class Predictor:
             hu, inv = self._embed_unique(nodes[rows], t[rows], src)
             h[torch.as_tensor(rows)] = hu[torch.as_tensor(inv, device=hu.device)].cpu()
 
-        self._answer(self._positions(t), fill, lambda rows: nodes[rows])
+        self._answer(self._positions(t), fill, lambda rows: nodes[rows], "nodes")
         return h
 
     # -------------------------------------------------------------- public
@@ -505,7 +531,9 @@ class Predictor:
                         zs = src.model.decoder(hs, hd)
                         z[torch.as_tensor(r[b:e])] = zs.float().cpu()
 
-        self._answer(self._positions(t), fill, lambda rows: np.concatenate([s[rows], d[rows]]))
+        self._answer(
+            self._positions(t), fill, lambda rows: np.concatenate([s[rows], d[rows]]), "pairs"
+        )
         out[ok] = (z if logits else torch.sigmoid(z)).numpy()
         return out
 
@@ -602,10 +630,19 @@ class Predictor:
 
         if ok.size:
             self._answer(
-                self._positions(t[ok]), rank, lambda rows: np.concatenate([s[ok[rows]], cand])
+                self._positions(t[ok]),
+                rank,
+                lambda rows: np.concatenate([s[ok[rows]], cand]),
+                "sources",
             )
         return self.raw_ids(ids), scores
 
+
+#: A question whose nodes with their neighbours number at least this share of N reads
+#: their node state in one pass over the checkpoint's files (Predictor.wide_fraction).
+#: Past it, random rows would touch most of each file's digest chunks (a chunk holds
+#: hundreds of rows), each row read through a page fault and each chunk checked anyway.
+WIDE_FRACTION = 1 / 64
 
 #: Pairs whose distinct (node, time) are embedded together (at most twice as many
 #: embeddings held at once).

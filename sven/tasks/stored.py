@@ -28,7 +28,9 @@ same; features are cast as the trainer casts its columns.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,11 +47,23 @@ if TYPE_CHECKING:
     from sven.models.memory import MemoryRows
     from sven.pipeline.sampler import NeighborBlock
 
-__all__ = ["LocalSampler", "QuerySource", "StoredRun", "events_before", "incident_entries"]
+__all__ = [
+    "LocalSampler",
+    "QuerySource",
+    "StateTable",
+    "StoredRun",
+    "events_before",
+    "incident_entries",
+    "read_in_file_order",
+    "unique_ids",
+]
 
 #: Events of the store's columns read per chunk while looking for the queried nodes'
 #: incident events (about 40 MB of work arrays at a time).
 _CHUNK = 1 << 21
+#: Bytes of a node-state file read and checked by one task of a read in file order (a
+#: whole number of the folder's digest chunks).
+_PIECE = 16 << 20
 #: 2^64 / golden ratio: the multiplier of Fibonacci hashing.
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -158,6 +172,30 @@ class StoredRun:
         load_node_state(self.folder, dest, nodes, self.num_nodes, files=files)
         return MemoryRows(*(dest[k] for k in MemoryState._FIELDS))
 
+    def state_table(self, nodes: np.ndarray) -> StateTable:
+        """The checkpoint's node state of ``nodes`` (R,) int64 (ascending, distinct), read
+        in one pass over its files in file order (:func:`read_in_file_order`), each chunk
+        they lie in checked once: a :class:`StateTable` on the device."""
+        from sven.models.memory import MemoryRows, MemoryState
+
+        model = self.model
+        empty = MemoryState(0, self.cfg.model.memory_dim, model.mail_dim, model.mailbox_size,
+                            self.device, self.dtype)  # fmt: skip
+        files = self.state_files()
+        if files is None:
+            raise SvenError(f"{self.folder} holds no node state")
+        if files.source.num_nodes != self.num_nodes:
+            raise SvenError(
+                f"{self.folder} holds the node state of {files.source.num_nodes} vertices; "
+                f"this run's data has {self.num_nodes}"
+            )
+        host = read_in_file_order(files, nodes, list(MemoryState._FIELDS))
+        # Cast as a row-by-row read casts (torch's .to from the file's dtype): the same
+        # values; on the CPU in the file's dtype, no copy.
+        rows = {k: torch.from_numpy(v).to(empty.full[k].device, empty.full[k].dtype)
+                for k, v in host.items()}  # fmt: skip
+        return StateTable(nodes, MemoryRows(*(rows[k] for k in MemoryState._FIELDS)))
+
     # ---------------------------------------------------------------- tables
     def sampler(self, nodes: np.ndarray) -> LocalSampler | None:
         """The temporal neighbour sampler of the compact ``nodes`` (any order, with
@@ -165,7 +203,7 @@ class StoredRun:
         if self.model.sample_roots == "none":
             return None
         mc = self.cfg.model
-        return LocalSampler(self.events, np.unique(nodes), mc.num_neighbors, mc.sampling,
+        return LocalSampler(self.events, unique_ids(nodes), mc.num_neighbors, mc.sampling,
                             self.device)  # fmt: skip
 
     def node_rows(self, nodes: torch.Tensor) -> torch.Tensor | None:
@@ -227,6 +265,9 @@ class LocalSampler:
         )
         self.nodes = torch.from_numpy(nodes).to(device)
         self.inner = TemporalSampler(tcsr, [k], strategy)  # type: ignore[arg-type]
+        #: (M,) int64 ascending: every neighbour of these nodes in the index, so every node
+        #: a sample of theirs can hold.
+        self.neighbours = unique_ids(nbr)
 
     @property
     def num_entries(self) -> int:
@@ -311,6 +352,18 @@ class QuerySource:
     edge_rows: Callable[[torch.Tensor], torch.Tensor] | None
 
 
+def unique_ids(*parts: np.ndarray) -> np.ndarray:
+    """(U,) int64 the distinct ids of the arrays ``parts``, ascending.
+
+    A sort and a comparison of neighbours: ``np.unique`` of millions of ids took ten
+    times as long (numpy 2's hash table, then a sort of what it found).
+    """
+    ids = np.sort(np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]))
+    keep = np.ones(ids.size, dtype=bool)
+    np.not_equal(ids[1:], ids[:-1], out=keep[1:])
+    return ids[keep]
+
+
 def events_before(times: np.ndarray, t: np.ndarray) -> np.ndarray:
     """(n,) for each query time, the number of events strictly before it, comparing as
     float64 (a query at 5000.5 is after an event at 5000).
@@ -330,3 +383,210 @@ def events_before(times: np.ndarray, t: np.ndarray) -> np.ndarray:
         lo[active] = np.where(below, mid + 1, lo[active])
         hi[active] = np.where(below, hi[active], mid)
     return lo[inverse.reshape(-1)]
+
+
+class StateTable:
+    """The node state of a set of nodes, held compact: row i is node ``ids[i]``.
+
+    Args:
+        ids: (R,) int64 ascending distinct node ids.
+        rows: Their state, (R, ...) tensors on one device.
+
+    Attributes:
+        ids: (R,) the node ids, on the rows' device.
+        rows: The state.
+    """
+
+    def __init__(self, ids: np.ndarray, rows: MemoryRows) -> None:
+        self.ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+        self.ids = self.ids.to(rows.memory.device)
+        self.rows = rows
+
+    @property
+    def num_rows(self) -> int:
+        """R."""
+        return self.ids.numel()
+
+    def covers(self, nodes: np.ndarray) -> bool:
+        """Whether every node of ``nodes`` (n,) int64 has a row here."""
+        ids = self.ids.cpu().numpy()
+        if nodes.size == 0:
+            return True
+        if ids.size == 0:
+            return False
+        pos = np.minimum(np.searchsorted(ids, nodes), ids.size - 1)
+        return bool((ids[pos] == nodes).all())
+
+    def read(self, nodes: torch.Tensor) -> MemoryRows:
+        """The state of ``nodes`` (U,) int64, each of them one of the table's: (U, ...)
+        tensors, gathered on the table's device."""
+        from sven.models.memory import MemoryRows
+
+        nodes = nodes.to(self.ids.device)
+        at = torch.searchsorted(self.ids, nodes).clamp_(max=max(self.num_rows - 1, 0))
+        if self.num_rows == 0 or not torch.equal(self.ids[at], nodes):
+            raise SvenError("a node outside the rows the state table was read for")
+        r = self.rows
+        return MemoryRows(r.memory[at], r.last_update[at], r.mail[at], r.mail_ts[at],
+                          r.mail_valid[at])  # fmt: skip
+
+
+def read_in_file_order(files: Any, nodes: np.ndarray, fields: list[str]) -> dict[str, np.ndarray]:
+    """The rows of ``nodes`` of a checkpoint's node-state files, read in one pass over
+    each file in file order.
+
+    Each file is read a piece at a time (:data:`_PIECE` bytes, the pieces that hold a
+    wanted row only, in parallel threads) with ``pread``, not through its memory map: a
+    piece's chunks are checked against the file's chunk sums as it is read (each chunk
+    once, those checked before skipped), and only the wanted rows are kept. Host memory
+    is the rows kept and a piece's buffer per thread, not the files' size; a random
+    read of as many rows would fault in most pages of each file in random order and
+    check most of its chunks anyway.
+
+    Args:
+        files: The checkpoint's :class:`~sven.engine.checkpoint.load.NodeStateFiles`.
+        nodes: (R,) int64 ascending distinct node ids, each below the checkpoint's N.
+        fields: The fields to read (``memory``, ``mail``, ...).
+
+    Returns:
+        field -> (R, *row_shape) array in the file's dtype; row i is node ``nodes[i]``.
+
+    Raises:
+        SvenError: A field the checkpoint lacks, an id out of range, or a chunk that
+            does not match its sum (one line naming the file and the bytes).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sven.engine.checkpoint.format import default_threads
+
+    src = files.source
+    missing = [k for k in fields if k not in src.fields]
+    if missing:
+        raise SvenError(f"{files.folder} holds no node-state field {missing[0]!r}")
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if nodes.size and (nodes[0] < 0 or nodes[-1] >= src.num_nodes):
+        raise SvenError(f"{files.folder} holds {src.num_nodes} vertices; asked for id "
+                        f"{nodes[0] if nodes[0] < 0 else nodes[-1]}")  # fmt: skip
+    first = files.arrays[0]
+    out = {k: np.empty((nodes.size, *first[k].shape[1:]), dtype=first[k].dtype) for k in fields}
+    owner, pos = files.locate(nodes) if nodes.size else (nodes, nodes)
+    tasks: list[Callable[[], None]] = []
+    for r in np.unique(owner).tolist():
+        at = np.flatnonzero(owner == r)
+        for k in fields:
+            checker = files.checkers[r].get(k)
+            tasks += _field_tasks(files.arrays[r][k], checker, pos[at], out[k], at)
+    if len(tasks) <= 1:
+        for task in tasks:
+            task()
+    else:
+        with ThreadPoolExecutor(default_threads(), thread_name_prefix="sven-state") as pool:
+            for done in [pool.submit(task) for task in tasks]:
+                done.result()
+    return out
+
+
+def _field_tasks(
+    array: np.ndarray, checker: Any, rows: np.ndarray, out: np.ndarray, at: np.ndarray
+) -> list[Callable[[], None]]:
+    """The tasks that copy rows ``rows`` (n,) (ascending) of one file's ``array`` into
+    rows ``at`` (n,) of ``out``: one per piece of the file that holds the start of a
+    wanted row (a plain read of the rows, in ascending blocks, where the array is not a
+    memory-mapped ``.npy`` file)."""
+    row = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    if rows.size == 0 or row == 0:
+        return []
+    filename = getattr(array, "filename", None)
+    if not isinstance(array, np.memmap) or filename is None:
+        step = max(1, _PIECE // row)
+
+        def gather(a: int) -> None:
+            out[at[a : a + step]] = array[rows[a : a + step]]
+
+        return [lambda a=a: gather(a) for a in range(0, rows.size, step)]
+    chunk = checker.chunk if checker is not None else _PIECE
+    piece = max(1, _PIECE // chunk) * chunk
+    piece_file = _PieceReader(Path(filename), int(array.offset), row, chunk, piece, checker)
+    target = out.reshape(out.shape[0], -1).view(np.uint8)
+    starts = int(array.offset) + rows * row
+    cuts = np.flatnonzero(np.diff(starts // piece)) + 1
+    bounds = zip([0, *cuts.tolist()], [*cuts.tolist(), rows.size])
+    return [lambda a=a, b=b: piece_file.copy(rows[a:b], target, at[a:b]) for a, b in bounds]
+
+
+class _PieceReader:
+    """Reads the pieces of one node-state file, checks their chunks and copies rows.
+
+    Args:
+        path: The ``.npy`` file.
+        offset: Where its rows start.
+        row: Bytes of a row.
+        chunk: The digest chunk (bytes).
+        piece: Bytes of a piece, a multiple of ``chunk``.
+        checker: Its :class:`~sven.engine.checkpoint.format.ChunkChecker`, or None for a
+            file that was checked whole when the checkpoint was opened.
+    """
+
+    def __init__(
+        self, path: Path, offset: int, row: int, chunk: int, piece: int, checker: Any
+    ) -> None:
+        self.path, self.offset, self.row = path, offset, row
+        self.chunk, self.piece, self.checker = chunk, piece, checker
+        self.size = path.stat().st_size
+        self._local = threading.local()
+
+    def copy(self, rows: np.ndarray, target: np.ndarray, at: np.ndarray) -> None:
+        """``target[at] = `` the bytes of rows ``rows`` (n,) (ascending, each starting in
+        one piece), after checking every chunk of the bytes read."""
+        row = self.row
+        a0 = (self.offset + int(rows[0]) * row) // self.piece * self.piece
+        # The piece, and past it to the end of its last wanted row, in whole chunks.
+        end = max(a0 + self.piece, self.offset + (int(rows[-1]) + 1) * row)
+        stop = min(-(-end // self.chunk) * self.chunk, self.size)
+        buf = self._buffer(stop - a0)
+        with open(self.path, "rb", buffering=0) as f:
+            got = 0
+            while got < stop - a0:
+                n = os.preadv(f.fileno(), [buf[got : stop - a0]], a0 + got)
+                if n <= 0:
+                    raise SvenError(f"{self.path}: shorter than its header says")
+                got += n
+        if self.checker is not None:
+            self._check(buf, a0, stop)
+        first = int(rows[0])
+        lo = self.offset + first * row - a0
+        span = np.frombuffer(buf, dtype=np.uint8, count=(int(rows[-1]) + 1 - first) * row,
+                             offset=lo).reshape(-1, row)  # fmt: skip
+        target[at] = span[rows - first]
+
+    def _buffer(self, size: int) -> memoryview:
+        """This thread's read buffer, at least ``size`` bytes."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = memoryview(bytearray(size))
+            self._local.buf = buf
+        return buf
+
+    def _check(self, buf: memoryview, a0: int, stop: int) -> None:
+        """Checks the chunks of bytes [a0, stop) of the file, held in ``buf``."""
+        checker, c = self.checker, self.chunk
+        k0, k1 = a0 // c, -(-stop // c)
+        if checker.checked[k0:k1].all():
+            return
+        sums = b"".join(
+            hashlib.sha256(buf[a - a0 : min(a + c, stop) - a0]).digest()
+            for a in range(k0 * c, k1 * c, c)
+        )
+        want = checker.sums[32 * k0 : 32 * k1]
+        if sums != want:
+            bad = next(
+                i
+                for i in range(k1 - k0)
+                if sums[32 * i : 32 * i + 32] != want[32 * i : 32 * i + 32]
+            )
+            k = k0 + bad
+            raise SvenError(
+                f"{self.path}: corrupt checkpoint: bytes {k * c} to {(k + 1) * c} do not "
+                "match their recorded digest"
+            )
+        checker.checked[k0:k1] = True

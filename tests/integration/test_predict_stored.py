@@ -27,6 +27,7 @@ from sven.datasets.store import TemporalEvents, write_events
 from sven.engine.checkpoint import Checkpointer, find_checkpoint, load_file, load_node_state
 from sven.engine.checkpoint.load import NodeStateFiles
 from sven.errors import ConfigError, SvenError
+from sven.tasks import predict as predict_mod
 from sven.tasks.predict import Predictor, _query_keys, checkpoint_position
 
 MODELS = ("tgn", "jodie", "apan", "dyrep")
@@ -127,21 +128,20 @@ def test_stored_state_answers_as_the_replay_at_the_checkpoints_time(runs, tmp_pa
     want_h = replay.embed(nodes, t[3])
     folder = _replayed_checkpoint(run, pos, tmp_path / "replayed", replay)
 
-    stored = Predictor(folder, device="cpu")
-    assert stored.stored_events == pos
-    assert stored.checkpoint_time == float(ev.t[pos - 1])
-    np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
-    np.testing.assert_array_equal(stored.embed(nodes[:3], t[3]), few_h)
-    assert stored._stored_whole is None  # only the rows read
-    np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
-    np.testing.assert_array_equal(stored.embed(nodes, t[3]), want_h)
-    # The whole state once the rows read (distinct nodes, with their K neighbours where
-    # the model reads them) number at least N = 24: 30 pairs do for every model.
-    per_root = 5 if stored.model.read_neighbors else 1
-    distinct = np.unique(np.concatenate([src, dst])).size
-    assert (stored._stored_whole is not None) == (distinct * per_root >= 24)
-    # Nothing was replayed: no trainer (no node state of the whole graph) was built.
-    assert stored._tr is None
+    # Each batch's rows read where they lie (a share of N above 1: never in one pass),
+    # then every question's rows read in one pass over the files in file order.
+    for share in (np.inf, 0.0):
+        stored = Predictor(folder, device="cpu")
+        stored.wide_fraction = share
+        assert stored.stored_events == pos
+        assert stored.checkpoint_time == float(ev.t[pos - 1])
+        np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
+        np.testing.assert_array_equal(stored.embed(nodes[:3], t[3]), few_h)
+        np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
+        np.testing.assert_array_equal(stored.embed(nodes, t[3]), want_h)
+        assert (stored._stored_table is None) == (share > 1)
+        # Nothing was replayed: no trainer (no node state of the whole graph) was built.
+        assert stored._tr is None
     # The state carries what each model reads: memory, times and mail all filled.
     files = NodeStateFiles(folder)
     a = files.arrays[0]
@@ -313,7 +313,7 @@ def test_stored_state_answers_hold_rows_of_the_query_not_of_the_graph(tmp_path, 
     assert p._tr is None  # no trainer: no node state, T-CSR or event tables of N rows
     assert built and max(built) == 0  # only the empty node state that gives row shapes
     # The rows read: the 20 queried nodes and their sampled neighbours (K = 4).
-    assert read and max(read) <= 20 * (1 + 4) and p._stored_whole is None
+    assert read and max(read) <= 20 * (1 + 4) and p._stored_table is None
     # The neighbour index: the queried nodes' incident events, not the stream's.
     (local,) = samplers
     q = np.concatenate([s_raw, d_raw]) - OFFSET
@@ -342,13 +342,13 @@ def test_node_features_are_read_as_the_trainer_reads_them(tmp_path, monkeypatch)
     few = replay.score(src[:2], dst[:2], t[:2], logits=True)
     want = replay.score(src, dst, t, logits=True)
     folder = _replayed_checkpoint(run, pos, tmp_path / "replayed", replay)
-    stored = Predictor(folder, device="cpu")
-    # 2 pairs (at most 4 nodes, 20 rows with their neighbours): row by row; 4 pairs:
-    # the whole state once.
-    np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
-    assert stored._stored_whole is None
-    np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
-    assert stored._tr is None
+    # Batch by batch, then in one pass over the files.
+    for share in (np.inf, 0.0):
+        stored = Predictor(folder, device="cpu")
+        stored.wide_fraction = share
+        np.testing.assert_array_equal(stored.score(src[:2], dst[:2], t[:2], logits=True), few)
+        np.testing.assert_array_equal(stored.score(src, dst, t, logits=True), want)
+        assert (stored._stored_table is None) == (share > 1) and stored._tr is None
     # The features matter: without them, other answers.
     zero = stored_mod.StoredRun.node_rows
     monkeypatch.setattr(stored_mod.StoredRun, "node_rows", lambda self, n: zero(self, n) * 0)
@@ -364,6 +364,9 @@ def test_a_corrupt_chunk_is_refused_where_a_question_reads_it(tmp_path, monkeypa
     from sven.engine.checkpoint import format as fmt
 
     monkeypatch.setattr(fmt, "CHUNK", 256)
+    # Rows read batch by batch (a question of 2 nodes of 24 would otherwise read its rows
+    # in one pass, every chunk of the files checked).
+    monkeypatch.setattr(predict_mod, "WIDE_FRACTION", np.inf)
     store = _stream(tmp_path / "tiny")
     run = tmp_path / "run"
     sven.Trainer(None, _overrides(store, run, "jodie")).fit()
@@ -438,3 +441,67 @@ def test_the_time_scale_is_read_from_the_checkpoint(runs, tmp_path, monkeypatch,
     old = Predictor(run, device="cpu")
     assert old.model.time_proj.time_scale == want and scans == [1]
     np.testing.assert_array_equal(old.score(src, dst, t, logits=True), scores)
+
+
+def test_a_wide_question_reads_its_rows_in_one_pass_in_file_order(tmp_path, monkeypatch):
+    """A question whose nodes (with their neighbours) number at least ``wide_fraction``
+    of N reads their node state in one pass over the files, a piece at a time (pieces
+    of 512 bytes, chunks of 256 here: rows cross both), and keeps those rows only: the
+    scores are the batch-by-batch reads', to the last bit; a later question within
+    those rows reads nothing; a corrupt chunk among the pieces read is refused."""
+    from sven.engine.checkpoint import format as fmt
+    from sven.tasks import stored as stored_mod
+
+    monkeypatch.setattr(fmt, "CHUNK", 256)
+    monkeypatch.setattr(stored_mod, "_PIECE", 512)
+    store = _stream(tmp_path / "s", e=600, nodes=200)
+    run = tmp_path / "run"
+    sven.Trainer(None, _overrides(store, run, "tgn")).fit()
+    ev = TemporalEvents.load(store)
+    raw = np.asarray(ev.id_map)
+    rng = np.random.default_rng(2)
+    n = raw.size  # the nodes of its events: about 200
+    src, dst = raw[rng.integers(0, n, 12)], raw[rng.integers(0, n, 12)]
+    t = np.full(12, float(ev.t[-1]) + 100.0)
+    narrow = Predictor(run, device="cpu")
+    narrow.wide_fraction = np.inf
+    want = narrow.score(src, dst, t, logits=True)
+    wide = Predictor(run, device="cpu")
+    wide.wide_fraction = 0.0
+    reads: list[int] = []
+    real = stored_mod.read_in_file_order
+    monkeypatch.setattr(stored_mod, "read_in_file_order",
+                        lambda f, n, k: reads.append(n.size) or real(f, n, k))  # fmt: skip
+    np.testing.assert_array_equal(wide.score(src, dst, t, logits=True), want)
+    table = wide._stored_table
+    assert reads == [table.num_rows] and 24 <= table.num_rows < n
+    # Its rows are the files' rows of its nodes, and nothing else.
+    files = NodeStateFiles(find_checkpoint(run))
+    ids = table.ids.numpy()
+    for k in ("memory", "last_update", "mail", "mail_ts", "mail_valid"):
+        got = getattr(table.rows, k).numpy()
+        np.testing.assert_array_equal(got, np.asarray(files.arrays[0][k])[ids].astype(got.dtype))
+    # Fewer of the same pairs: answered from the rows read, as batch by batch (the
+    # same question: another batch of queries rounds differently).
+    few = narrow.score(src[:5], dst[:5], t[:5], logits=True)
+    np.testing.assert_array_equal(wide.score(src[:5], dst[:5], t[:5], logits=True), few)
+    assert reads == [table.num_rows]
+    # Any subset, read alone, is the memory map's rows (rows across pieces included).
+    for size in (1, 7, 60, n):
+        sub = np.sort(rng.choice(n, size, replace=False))
+        got = stored_mod.read_in_file_order(files, sub, ["memory", "mail"])
+        for k in ("memory", "mail"):
+            np.testing.assert_array_equal(got[k], np.asarray(files.arrays[0][k])[sub])
+    # One flipped byte in the last wanted node's memory row (past the header's chunk,
+    # which opening the files checks): refused, naming the bytes.
+    mem = find_checkpoint(run) / "nodes/rank0/memory.npy"
+    off = int(np.load(mem, mmap_mode="r").offset) + 32 * int(ids[-1]) + 1
+    assert off >= 256
+    data = bytearray(mem.read_bytes())
+    data[off] ^= 0x55
+    mem.write_bytes(bytes(data))
+    again = Predictor(run, device="cpu")
+    again.wide_fraction = 0.0
+    k = off // 256
+    with pytest.raises(SvenError, match=f"corrupt checkpoint: bytes {k * 256} to {(k + 1) * 256} "):
+        again.score(src, dst, t, logits=True)

@@ -49,3 +49,29 @@ def test_a_bipartite_store_looks_up_each_side_apart() -> None:
         ids.lookup(np.array([1]), "auto")
     with pytest.raises(ConfigError, match="side must be auto, src or dst, got 'left'"):
         ids.lookup(np.array([1]), "left")
+
+
+def test_consecutive_and_other_ascending_maps_answer_as_a_search() -> None:
+    """Ids 500..599 are found by a subtraction, other ascending maps by a search of the
+    queries in ascending order: both the plain binary search's answers, in the queries'
+    order, unknown ids (below, above, between) included."""
+    rng = np.random.default_rng(0)
+    for id_map in (np.arange(500, 600), np.sort(rng.choice(10_000, 100, replace=False))):
+        ids = IdMaps(_events(id_map.tolist()))
+        q = np.concatenate([rng.choice(id_map, 300), [id_map[0] - 1, id_map[-1] + 1, 9_999]])
+        q = rng.permutation(q)
+        compact, known = ids.lookup(q, "auto")
+        pos = np.minimum(np.searchsorted(id_map, q), id_map.size - 1)
+        want = id_map[pos] == q
+        assert known.tolist() == want.tolist()
+        assert compact.tolist() == np.where(want, pos, -1).tolist()
+    # A repeated id spans as many values as a run would: not taken for one.
+    compact, _ = IdMaps(_events([0, 0, 2])).lookup(np.array([2, 1]), "auto")
+    assert compact.tolist() == [2, -1]
+
+
+def test_text_of_integers_is_read_at_once_as_one_by_one() -> None:
+    ids = IdMaps(_events(list(range(10, 20))))
+    text = np.array(["12", " 13", "+14", "19", "20"], dtype=object)
+    compact, known = ids.lookup(text, "auto")
+    assert compact.tolist() == [2, 3, 4, 9, -1] and known.tolist() == [True] * 4 + [False]
