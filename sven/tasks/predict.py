@@ -416,36 +416,43 @@ class Predictor:
     @torch.no_grad()
     def _embed_unique(
         self, nodes: np.ndarray, t: np.ndarray, src: QuerySource
-    ) -> tuple[torch.Tensor, np.ndarray]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings of compact ``nodes`` (n,) at times ``t`` (n,), each distinct
-        (node, time) once: (U, d) on the device and (n,) the row of each query in them.
+        (node, time) once: (U, d) and (n,) the row of each query in them, both on the
+        device.
 
         A node's embedding at t is a function of the node state, the node and t (its
         neighbours are the events before t, uniform draws keyed by (node, t)): a million
-        pairs over a hundred thousand nodes at one time embed each node once.
+        pairs over a hundred thousand nodes at one time embed each node once. The
+        distinct keys are found on the device (a sort of n keys on the host took as long
+        as embedding them on a GPU), in ascending order, as ``np.unique`` gives them.
         """
-        keys = _query_keys(nodes, t)
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        if not (
-            np.array_equal(nodes[first][inverse], nodes) and np.array_equal(t[first][inverse], t)
-        ):
+        dev = self.run.device
+        keys = torch.from_numpy(_query_keys(nodes, t)).to(dev)
+        n_ = torch.from_numpy(np.ascontiguousarray(nodes, dtype=np.int64)).to(dev)
+        t_ = torch.from_numpy(np.ascontiguousarray(t, dtype=np.float64)).to(dev)
+        uniq, inverse = torch.unique(keys, sorted=True, return_inverse=True)
+        # Each distinct key's first query.
+        first = torch.full_like(uniq, keys.numel())
+        first.scatter_reduce_(0, inverse, torch.arange(keys.numel(), device=dev), "amin")
+        if not (torch.equal(n_[first][inverse], n_) and torch.equal(t_[first][inverse], t_)):
             # Two (node, time) of one key (a hash collision, never seen): no sharing.
-            first, inverse = np.arange(nodes.size), np.arange(nodes.size)
-        return self._embed_now(nodes[first], t[first], keys[first], src), inverse.reshape(-1)
+            first = inverse = torch.arange(keys.numel(), device=dev)
+        return self._embed_now(n_[first], t_[first], keys[first], src), inverse.reshape(-1)
 
     def _embed_now(
-        self, nodes: np.ndarray, t: np.ndarray, keys: np.ndarray, src: QuerySource
+        self, nodes: torch.Tensor, t: torch.Tensor, keys: torch.Tensor, src: QuerySource
     ) -> torch.Tensor:
-        """(n, d) embeddings of compact ``nodes`` at times ``t`` from ``src`` (its node
-        state, neighbours and features); ``keys`` (n,) the queries' random keys
-        (:func:`_query_keys`: their uniform neighbour draws, whatever the batches they
-        fall in)."""
+        """(n, d) embeddings of compact ``nodes`` (n,) int64 at times ``t`` (n,) float64
+        from ``src`` (its node state, neighbours and features); ``keys`` (n,) int64 the
+        queries' random keys (:func:`_query_keys`: their uniform neighbour draws,
+        whatever the batches they fall in); all three on the device."""
         from sven.pipeline.batch import make_batch
 
         dev, dtype, model = self.run.device, self.run.dtype, src.model
         model.eval()
         out = []
-        for s in range(0, nodes.size, self.query_batch):
+        for s in range(0, nodes.numel(), self.query_batch):
             n_ = torch.as_tensor(nodes[s : s + self.query_batch], dtype=torch.int64, device=dev)
             t_ = torch.as_tensor(t[s : s + self.query_batch], dtype=torch.float64, device=dev)
             k = n_.numel()

@@ -398,8 +398,8 @@ class StateTable:
     """
 
     def __init__(self, ids: np.ndarray, rows: MemoryRows) -> None:
-        self.ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
-        self.ids = self.ids.to(rows.memory.device)
+        self._host = np.ascontiguousarray(ids, dtype=np.int64)
+        self.ids = torch.from_numpy(self._host).to(rows.memory.device)
         self.rows = rows
 
     @property
@@ -409,7 +409,7 @@ class StateTable:
 
     def covers(self, nodes: np.ndarray) -> bool:
         """Whether every node of ``nodes`` (n,) int64 has a row here."""
-        ids = self.ids.cpu().numpy()
+        ids = self._host
         if nodes.size == 0:
             return True
         if ids.size == 0:
