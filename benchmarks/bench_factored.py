@@ -1,16 +1,17 @@
 """Where the factored evaluation attention's time goes, at the MRR batch's shape: numbers,
 not a test.
 
-``sven.kernels.triton_attention.temporal_attention_factored`` is the costliest kernel of
+``sven.kernels.triton_factored.temporal_attention_factored`` is the costliest kernel of
 an evaluation batch with 100 MRR negatives (20,600 roots at batch 200, ten neighbour
 slots each, Wikipedia's 172 edge features read from the event table). This script
 builds inputs of that shape on the GPU and times the kernel alone (its GPU time from
 torch's profiler, median of ``--repeats`` calls) for each case of a set that leaves one
 part out or changes one size at a time, so that differences place the time without
 hardware counters: no edge features, a narrow time encoding, one neighbour slot, a
-tenth of the roots, and each launch setting (``SVEN_FACTORED_WARPS`` and
-``SVEN_FACTORED_CHUNK``). Beside each time: the bytes the kernel must move at least
-(its inputs read once, its outputs written once) and the rate that makes.
+tenth of the roots, and each launch setting (``SVEN_FACTORED_WARPS``,
+``SVEN_FACTORED_CHUNK`` and ``SVEN_FACTORED_PROGRAMS``). Beside each time: the bytes
+the kernel must move at least (its inputs read once, its outputs written once) and the
+rate that makes.
 
 ``--once`` runs the default case once after a warm-up call, for a profiler that
 attaches to one launch (Nsight Compute: ``ncu --clock-control none --kernel-name
@@ -52,6 +53,8 @@ class Case:
     chunk: int = 64
     #: Queries one row per node, read by each root's node (the wide evaluation's form).
     per_node: bool = False
+    #: Programs per multiprocessor (``SVEN_FACTORED_PROGRAMS``; 0: one per root).
+    programs: int = 4
 
 
 def cases(quick: bool) -> list[Case]:
@@ -75,6 +78,10 @@ def cases(quick: bool) -> list[Case]:
     for warps in (4, 16):
         out.append(replace(bare, name=f"no edges, per-node, {warps} warps", per_node=True,
                            warps=warps))  # fmt: skip
+    for programs in (0, 1, 2, 3, 8):
+        out.append(replace(bare, name=f"no edges, per-node, {programs} programs/SM",
+                           per_node=True, programs=programs))  # fmt: skip
+    out.append(replace(base, name="one program per root", programs=0))
     return out
 
 
@@ -125,15 +132,16 @@ def kernel_us(c: Case, device: torch.device, repeats: int) -> float:
     call's wall time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     os.environ["SVEN_FACTORED_WARPS"] = str(c.warps)
     os.environ["SVEN_FACTORED_CHUNK"] = str(c.chunk)
+    os.environ["SVEN_FACTORED_PROGRAMS"] = str(c.programs)
     args = inputs(c, device)
     q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = args
 
     def call() -> torch.Tensor:
-        return triton_attention.temporal_attention_factored(
+        return triton_factored.temporal_attention_factored(
             q, kvn, nbr, dt, mask, tw, tb, wt, table, we, edge_rows=rows, q_rows=qr
         )
 
@@ -169,12 +177,12 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.once:
-        from sven.kernels import triton_attention
+        from sven.kernels import triton_factored
 
         q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, _ = inputs(cases(args.quick)[0], device)
         with torch.no_grad():
             for _ in range(2):
-                triton_attention.temporal_attention_factored(
+                triton_factored.temporal_attention_factored(
                     q, kvn, nbr, dt, mask, tw, tb, wt, table, we, edge_rows=rows
                 )
         if device.type == "cuda":

@@ -152,6 +152,7 @@ TRITON_MODULES = (
     "sven.kernels.triton_dedupe",
     "sven.kernels.triton_rnn",
     "sven.kernels.triton_attention",
+    "sven.kernels.triton_factored",
     "sven.kernels.triton_decoder",
 )
 

@@ -53,7 +53,7 @@ __all__ = [
 _TRITON_MODULE = {
     "temporal_attention": "sven.kernels.triton_attention",
     "temporal_attention_fused": "sven.kernels.triton_attention",
-    "temporal_attention_factored": "sven.kernels.triton_attention",
+    "temporal_attention_factored": "sven.kernels.triton_factored",
     "gru_cell": "sven.kernels.triton_rnn",
     "rnn_cell": "sven.kernels.triton_rnn",
     "recurrent_update": "sven.kernels.triton_rnn",

@@ -592,15 +592,7 @@ class TemporalAttentionLayer(nn.Module):
         r = mask.shape[0]
         dtype = z.dtype
         wide = r >= WIDE_ROOTS and not torch.is_grad_enabled()
-        form = self.form
-        if form == "auto":
-            form = "fused" if z.is_cuda or kernels.backend_for(z) == "triton" else "factored"
-            if form == "fused" and wide:
-                # A wide batch without a gradient (the MRR's evaluation: 100 negatives
-                # make 20,600 roots at batch 200): the factored form's Triton kernel
-                # reads each neighbour slot once, where the fused form writes its
-                # (R, K, 2 O) keys and values several times.
-                form = "factored"
+        form = self._form(z, wide)
         if form == "factored" and wide and z.shape[0] < r and not self.training:
             return self._per_node(z, root_pos, nbr_pos, dt, mask, edge_feat, edge_rows)
         h_root, kv_rows = _root_rows(z, root_pos, runs)
@@ -636,6 +628,21 @@ class TemporalAttentionLayer(nn.Module):
         out = self.w_out(torch.cat([out, h_root], dim=1))
         out = keyed_dropout(torch.relu(out), self.dropout.p, row_key, self.training)
         return self.norm(out)
+
+    def _form(self, z: torch.Tensor, wide: bool) -> str:
+        """The form (``fused`` or ``factored``) a batch of states ``z`` (U, in_dim) takes,
+        ``wide`` when it has many roots and needs no gradient."""
+        from sven import kernels
+
+        if self.form != "auto":
+            return self.form
+        if not (z.is_cuda or kernels.backend_for(z) == "triton"):
+            return "factored"
+        # A wide batch without a gradient (the MRR's evaluation: 100 negatives make
+        # 20,600 roots at batch 200): the factored form's Triton kernel reads each
+        # neighbour slot once, where the fused form writes its (R, K, 2 O) keys and
+        # values several times.
+        return "factored" if wide else "fused"
 
     def _per_node(
         self,

@@ -149,14 +149,14 @@ TRITON_GRID = list(itertools.product((1, 33, 517), (1, 2), (8, 50), (1, 10, 16),
 
 
 def _triton_vs_reference(r: int, h: int, d: int, k: int, edge: bool, device: str) -> None:
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     inputs = [x.to(device) for x in _inputs(r, h, d, k, torch.float32, dt_max=10.0)]
     q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
     args = (q, kvn, pos, dt, mask, tw, tb, wt, ef if edge else None, we if edge else None)
     want = reference.temporal_attention_factored(*[_f64(x) for x in args])
     with torch.no_grad():
-        got = triton_attention.temporal_attention_factored(*args)
+        got = triton_factored.temporal_attention_factored(*args)
     assert got.dtype == torch.float32 and got.shape == (r, h * d)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     # Roots without a valid slot give zero rows, not NaN.
@@ -180,23 +180,23 @@ def test_triton_factored_grid(r: int, h: int, d: int, k: int, edge: bool, cuda) 
 
 def test_triton_factored_with_a_gradient_is_the_reference(device) -> None:
     # Forward only: where a gradient is needed the call is the reference's, bit for bit.
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     inputs = [x.to(device) for x in _inputs(5, 2, 8, 3, torch.float32)]
     q = inputs[0].clone().requires_grad_()
-    got = triton_attention.temporal_attention_factored(q, *inputs[1:])
+    got = triton_factored.temporal_attention_factored(q, *inputs[1:])
     want = reference.temporal_attention_factored(q, *inputs[1:])
     assert torch.equal(got, want) and got.requires_grad
 
 
 def test_triton_factored_no_roots(device) -> None:
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     q, kvn, pos, dt, mask, tw, tb, wt, _, _ = [
         x.to(device) for x in _inputs(0, 2, 8, 3, torch.float32)
     ]
     with torch.no_grad():
-        out = triton_attention.temporal_attention_factored(q, kvn, pos, dt, mask, tw, tb, wt)
+        out = triton_factored.temporal_attention_factored(q, kvn, pos, dt, mask, tw, tb, wt)
     assert out.shape == (0, 16)
 
 
@@ -237,7 +237,7 @@ def test_factored_reads_shared_query_rows(edge: bool, device) -> None:
     """``q_rows``: roots read shared rows of the queries (one per node), the same
     function as each root given its own copy: the reference to the last bit, the
     Triton kernel within rounding of the float64 reference."""
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     gen = torch.Generator().manual_seed(11)
     inputs = [x.to(device) for x in _inputs(9, 2, 8, 5, torch.float32, dt_max=10.0)]
@@ -251,7 +251,7 @@ def test_factored_reads_shared_query_rows(edge: bool, device) -> None:
         _f64(shared[q_rows]), *[None if x is None else _f64(x) for x in rest]
     )
     with torch.no_grad():
-        tri = triton_attention.temporal_attention_factored(shared, *rest, None, q_rows)
+        tri = triton_factored.temporal_attention_factored(shared, *rest, None, q_rows)
     torch.testing.assert_close(tri.double(), oracle, rtol=1e-5, atol=1e-5)
 
 
@@ -313,13 +313,13 @@ def test_triton_factored_reads_edge_rows_in_place(r: int, k: int, device) -> Non
     """The Triton kernel with ``edge_rows`` reads each slot's row of the table in place,
     and gives what it gives on the materialised features, bit for bit (the same values
     loaded in the same order)."""
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     inputs, table, rows = _table_inputs(r, k, device)
     q, kvn, pos, dt, mask, tw, tb, wt, _, we = inputs
     with torch.no_grad():
-        want = triton_attention.temporal_attention_factored(*inputs)
-        got = triton_attention.temporal_attention_factored(
+        want = triton_factored.temporal_attention_factored(*inputs)
+        got = triton_factored.temporal_attention_factored(
             q, kvn, pos, dt, mask, tw, tb, wt, table, we, edge_rows=rows
         )
     assert torch.equal(got, want)
@@ -328,12 +328,12 @@ def test_triton_factored_reads_edge_rows_in_place(r: int, k: int, device) -> Non
 def test_triton_factored_wider_than_a_program_holds_is_the_reference(device, monkeypatch) -> None:
     """A time encoding wider than ``FACTORED_MAX_WIDTH`` (a program holds a slot's time
     encoding in registers) takes the reference, bit for bit."""
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
-    monkeypatch.setattr(triton_attention, "FACTORED_MAX_WIDTH", T_DIM - 1)
+    monkeypatch.setattr(triton_factored, "FACTORED_MAX_WIDTH", T_DIM - 1)
     inputs = [x.to(device) for x in _inputs(5, 2, 8, 3, torch.float32)]
     with torch.no_grad():
-        got = triton_attention.temporal_attention_factored(*inputs)
+        got = triton_factored.temporal_attention_factored(*inputs)
         want = reference.temporal_attention_factored(*inputs)
     assert torch.equal(got, want)
 
@@ -348,7 +348,7 @@ def test_triton_factored_reads_wide_edge_rows_in_chunks(
     """Edge rows wider than a chunk (``SVEN_FACTORED_CHUNK``) are read chunk by chunk,
     for the scores and again for the weighted sums, with any warp count: the
     reference's function, rows read in place or materialised."""
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     monkeypatch.setenv("SVEN_FACTORED_CHUNK", str(chunk))
     monkeypatch.setenv("SVEN_FACTORED_WARPS", str(warps))
@@ -364,20 +364,38 @@ def test_triton_factored_reads_wide_edge_rows_in_chunks(
     )
     with torch.no_grad():
         if rows:
-            got = triton_attention.temporal_attention_factored(
+            got = triton_factored.temporal_attention_factored(
                 q, kvn, pos, dt, mask, tw, tb, wt, table, we, edge_rows=slot_rows
             )
         else:
-            got = triton_attention.temporal_attention_factored(*inputs)
+            got = triton_factored.temporal_attention_factored(*inputs)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("programs", ["1", "3", "0"])
+def test_triton_factored_programs_walk_their_roots(programs: str, device, monkeypatch) -> None:
+    """However many programs walk the roots (``SVEN_FACTORED_PROGRAMS`` per
+    multiprocessor; 0: one per root), every root gets what one program per root gives,
+    bit for bit (the same arithmetic per root), rows past the last untouched."""
+    from sven.kernels import triton_factored
+
+    inputs = [x.to(device) for x in _inputs(33, 2, 8, 5, torch.float32, dt_max=10.0)]
+    with torch.no_grad():
+        monkeypatch.setenv("SVEN_FACTORED_PROGRAMS", "0")
+        want = triton_factored.temporal_attention_factored(*inputs)
+        monkeypatch.setenv("SVEN_FACTORED_PROGRAMS", programs)
+        got = triton_factored.temporal_attention_factored(*inputs)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize(
-    "name,value", [("SVEN_FACTORED_WARPS", "3"), ("SVEN_FACTORED_CHUNK", "48")]
+    "name,value",
+    [("SVEN_FACTORED_WARPS", "3"), ("SVEN_FACTORED_CHUNK", "48"), ("SVEN_FACTORED_PROGRAMS", "-1")],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
-    from sven.kernels import triton_attention
+    from sven.kernels import triton_factored
 
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
-        triton_attention._factored_launch(172)
+        triton_factored._factored_launch(172)
+        triton_factored._factored_programs(10, torch.device("cpu"))

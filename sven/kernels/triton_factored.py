@@ -1,0 +1,375 @@
+"""Triton kernel for evaluation's factored temporal attention (forward only).
+
+:func:`temporal_attention_factored` computes
+:func:`sven.kernels.reference.temporal_attention_factored`: the queries carried back
+through the key blocks of the time (and edge) projections, then one kernel that gathers
+each neighbour's node key and value, builds cos(dt w + b) in registers and attends, then
+the attention-weighted slot features forward through the value blocks.
+
+The kernel holds every head of a root at once; each program walks roots pid, pid + P,
+... (P programs, :data:`FACTORED_PROGRAMS` per multiprocessor), software-pipelined:
+while it computes one root, the gathers of the next (node keys and values, query rows,
+gaps) and the first loads of the one after (slot flags and rows) are in flight. A
+root's loads otherwise wait on one another (flags, then rows, then the gathers), and a
+gather waits on memory's latency, not its bandwidth. The edge rows are read in chunks
+of BLOCK_E columns, twice (scores, then weighted sums; the second read hits the cache),
+so that rows of any width fit. Operands: qt (R, H, T) and qe (R, H, E), the queries
+carried back through the key blocks of the time and edge projections, possibly a
+per-head product's (H, R, F) output seen as (R, H, F) (strides sqt_*, sqe_*; columns
+contiguous); outputs: the attention over the node values o (R, H, D) and the
+attention-weighted slot features ft (R, H, T), fe (R, H, E), all contiguous. Edge
+features: ef (R, K, E), or with EDGE_ROWS the (events, E) table whose row er[r, k] each
+slot reads. With Q_ROWS, root r reads row qr[r] of the queries and their products (one
+row per node: roots of one node share it), else row r.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from sven.kernels.triton_attention import _mask_u8, _pow2, _softmax_valid
+from sven.kernels.triton_trig import cos32
+
+__all__ = ["temporal_attention_factored"]
+
+
+@triton.jit
+def _edge_chunk(valid, oc, cm, f_ptr, f_at, sf_c):
+    """One chunk (BLOCK_K, BLOCK_C) of a root's slots' edge features, fp32, 0 where
+    masked: each slot's row at offset ``f_at`` (BLOCK_K,) of ``f_ptr``."""
+    tile = valid[:, None] & cm[None, :]
+    f = tl.load(f_ptr + f_at[:, None] + oc[None, :] * sf_c, mask=tile, other=0.0)
+    return tl.where(tile, f.to(tl.float32), 0.0)
+
+
+@triton.jit
+def _factored_index(r, R, m_ptr, pos_ptr, qr_ptr, K, sm_r, sm_k, sp_r, sp_k, ok,
+                    Q_ROWS: tl.constexpr):  # fmt: skip
+    """Root r's first loads (none past the last root R): its slots' flags (BLOCK_K,),
+    their rows in the node table (read whatever the flag: a masked slot names a valid
+    row, and the two loads then wait on nothing) and its query row."""
+    # The slots of a root past the last are all masked; its query row is the last
+    # root's (an address to read, never used).
+    live = (ok < K) & (ok * 0 + r < R)
+    rr = (tl.zeros((), tl.int64) + r).to(tl.int64)
+    valid = tl.load(m_ptr + rr * sm_r + ok * sm_k, mask=live, other=0) != 0
+    nbr = tl.load(pos_ptr + rr * sp_r + ok * sp_k, mask=live, other=0)
+    last = tl.minimum(rr, R - 1)
+    if Q_ROWS:
+        qi = tl.load(qr_ptr + last).to(tl.int64)
+    else:
+        qi = last
+    return valid, nbr.to(tl.int64), qi
+
+
+@triton.jit
+def _factored_rows(
+    r, valid, nbr, qi, kvn_ptr, q_ptr, qt_ptr, dt_ptr, sn_u, sn_c, sq_r, sq_h, sq_d, sqt_r,
+    sqt_h, sdt_r, sdt_k, H, D, OD, T, ok,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """Root r's gathers, given its first loads: its slots' node keys and values (BLOCK_K,
+    BLOCK_H, BLOCK_D), its query (BLOCK_H, BLOCK_D) and the query's time products
+    (BLOCK_H, BLOCK_T), and its slots' gaps (BLOCK_K,); fp32, 0 where masked."""
+    oh = tl.arange(0, BLOCK_H)
+    od = tl.arange(0, BLOCK_D)
+    ot = tl.arange(0, BLOCK_T)
+    hdm = (oh < H)[:, None] & (od < D)[None, :]
+    hd = oh[:, None] * D + od[None, :]
+    tile = valid[:, None, None] & hdm[None, :, :]
+    row = kvn_ptr + nbr[:, None, None] * sn_u
+    key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + qi * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d, mask=hdm,
+                other=0.0).to(tl.float32)  # fmt: skip
+    tm = (oh < H)[:, None] & (ot < T)[None, :]
+    qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
+    rr = (tl.zeros((), tl.int64) + r).to(tl.int64)
+    dt = tl.load(dt_ptr + rr * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
+    return key, val, q, qt.to(tl.float32), dt
+
+
+@triton.jit
+def _factored_root(
+    r, qi, valid, key, val, q, qt, dt, qe_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr, o_ptr, ft_ptr,
+    fe_ptr, H, D, T, E, scale, se_r, se_k, se_c, ser_r, ser_k, sqe_r, sqe_h, ok,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Root r's attention from its loaded rows (:func:`_factored_rows`): the scores, the
+    softmax, the outputs; the edge rows read here, in chunks."""
+    rr = (tl.zeros((), tl.int64) + r).to(tl.int64)
+    oh = tl.arange(0, BLOCK_H)
+    od = tl.arange(0, BLOCK_D)
+    ot = tl.arange(0, BLOCK_T)
+    hm = oh < H
+    hdm = hm[:, None] & (od < D)[None, :]
+    tm = hm[:, None] & (ot < T)[None, :]
+    qrow = rr * H + oh
+    s = tl.sum(key * q[None, :, :], axis=2)
+    # Each slot's time encoding (its cosines of large arguments are costly) is built
+    # once and kept for both uses: the scores, then the weighted sums.
+    w = tl.load(tw_ptr + ot, mask=ot < T, other=0.0).to(tl.float32)
+    b = tl.load(tb_ptr + ot, mask=ot < T, other=0.0).to(tl.float32)
+    ftime = cos32(dt[:, None] * w[None, :] + b[None, :])
+    ftime = tl.where(valid[:, None] & (ot < T)[None, :], ftime, 0.0)
+    s += tl.sum(ftime[:, None, :] * qt[None, :, :], axis=2)
+    if HAS_EDGE:
+        oe = tl.arange(0, BLOCK_E)
+        if EDGE_ROWS:
+            erow = tl.load(er_ptr + rr * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
+            e_at = erow * se_r
+        else:
+            e_at = rr * se_r + ok * se_k
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fedge = _edge_chunk(valid, ec, ec < E, ef_ptr, e_at, se_c)
+            em = hm[:, None] & (ec < E)[None, :]
+            qe = tl.load(qe_ptr + qi * sqe_r + oh[:, None] * sqe_h + ec[None, :], mask=em,
+                         other=0.0)  # fmt: skip
+            s += tl.sum(fedge[:, None, :] * qe.to(tl.float32)[None, :, :], axis=2)
+    p = _softmax_valid(s * scale, valid[:, None] & hm[None, :])
+    out = tl.sum(p[:, :, None] * val, axis=0)
+    tl.store(o_ptr + qrow[:, None] * D + od[None, :], out.to(o_ptr.dtype.element_ty), mask=hdm)
+    # Distinct names for the time's and the edges' weighted sums: a name bound before a
+    # loop and again inside it is a loop-carried value to Triton, of one fixed shape.
+    wt = tl.sum(p[:, :, None] * ftime[:, None, :], axis=0)
+    tl.store(ft_ptr + qrow[:, None] * T + ot[None, :], wt.to(ft_ptr.dtype.element_ty), mask=tm)
+    if HAS_EDGE:
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fedge = _edge_chunk(valid, ec, ec < E, ef_ptr, e_at, se_c)
+            em = hm[:, None] & (ec < E)[None, :]
+            we = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
+            tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], we.to(fe_ptr.dtype.element_ty),
+                     mask=em)  # fmt: skip
+
+
+@triton.jit
+def _factored_fwd_kernel(
+    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
+    qr_ptr, o_ptr, ft_ptr, fe_ptr,
+    R, K, H, D, OD, T, E, scale,
+    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
+    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    # The layout and the pipelining: the module docstring.
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    ok = tl.arange(0, BLOCK_K)
+    valid, nbr, qi = _factored_index(pid, R, m_ptr, pos_ptr, qr_ptr, K, sm_r, sm_k, sp_r, sp_k,
+                                     ok, Q_ROWS)  # fmt: skip
+    key, val, q, qt, dt = _factored_rows(
+        pid, valid, nbr, qi, kvn_ptr, q_ptr, qt_ptr, dt_ptr, sn_u, sn_c, sq_r, sq_h, sq_d, sqt_r,
+        sqt_h, sdt_r, sdt_k, H, D, OD, T, ok, BLOCK_H, BLOCK_D, BLOCK_T,
+    )  # fmt: skip
+    valid1, nbr1, qi1 = _factored_index(pid + step, R, m_ptr, pos_ptr, qr_ptr, K, sm_r, sm_k,
+                                        sp_r, sp_k, ok, Q_ROWS)  # fmt: skip
+    for r in range(pid, R, step):
+        key1, val1, q1, qt1, dt1 = _factored_rows(
+            r + step, valid1, nbr1, qi1, kvn_ptr, q_ptr, qt_ptr, dt_ptr, sn_u, sn_c, sq_r, sq_h,
+            sq_d, sqt_r, sqt_h, sdt_r, sdt_k, H, D, OD, T, ok, BLOCK_H, BLOCK_D, BLOCK_T,
+        )  # fmt: skip
+        valid2, nbr2, qi2 = _factored_index(r + 2 * step, R, m_ptr, pos_ptr, qr_ptr, K, sm_r,
+                                            sm_k, sp_r, sp_k, ok, Q_ROWS)  # fmt: skip
+        _factored_root(
+            r, qi, valid, key, val, q, qt, dt, qe_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr, o_ptr,
+            ft_ptr, fe_ptr, H, D, T, E, scale, se_r, se_k, se_c, ser_r, ser_k, sqe_r, sqe_h, ok,
+            HAS_EDGE, EDGE_ROWS, BLOCK_H, BLOCK_D, BLOCK_T, BLOCK_E,
+        )  # fmt: skip
+        valid, key, val, q, qt, dt, qi = valid1, key1, val1, q1, qt1, dt1, qi1
+        valid1, nbr1, qi1 = valid2, nbr2, qi2
+
+
+#: Warps of a factored-attention program (one root, every head);
+#: ``SVEN_FACTORED_WARPS`` sets another count (read at each launch, for A/B runs).
+FACTORED_WARPS = 8
+#: Edge feature columns a factored-attention program reads at a time;
+#: ``SVEN_FACTORED_CHUNK`` sets another power of two.
+FACTORED_EDGE_CHUNK = 64
+#: The widest time encoding a program holds in registers; wider ones take the
+#: reference.
+FACTORED_MAX_WIDTH = 256
+
+
+#: Factored-attention programs per multiprocessor, each walking its share of the roots
+#: (0: one program per root); ``SVEN_FACTORED_PROGRAMS`` sets another count.
+FACTORED_PROGRAMS = 4
+
+
+def _factored_programs(roots: int, device: torch.device) -> int:
+    """The factored kernel's grid: ``FACTORED_PROGRAMS`` per multiprocessor (on the CPU,
+    under the interpreter, as if 2 multiprocessors), at most one per root."""
+    per = int(os.environ.get("SVEN_FACTORED_PROGRAMS", FACTORED_PROGRAMS))
+    if per < 0:
+        raise ValueError(f"SVEN_FACTORED_PROGRAMS must be at least 0, got {per}")
+    if per == 0:
+        return roots
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 2
+    )
+    return max(1, min(roots, per * sms))
+
+
+def _factored_launch(e: int) -> dict[str, int]:
+    """The warps and edge columns per chunk (BLOCK_E) of a factored-attention launch
+    over ``e`` edge columns."""
+    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
+    chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
+    if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(
+            f"SVEN_FACTORED_WARPS must be 1, 2, 4, 8 or 16 and SVEN_FACTORED_CHUNK a power "
+            f"of two of at least 16, got {warps} and {chunk}"
+        )
+    return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk)}
+
+
+def _columns_dense(x: torch.Tensor) -> torch.Tensor:
+    # The queries through a projection come from a per-head product as an (H, R, F)
+    # tensor seen as (R, H, F): the kernel reads it in place (no copy) where its
+    # columns are contiguous.
+    return x if x.stride(2) == 1 else x.contiguous()
+
+
+def _edge_operands(
+    q: torch.Tensor,
+    edge_feat: torch.Tensor | None,
+    w_kv_edge: torch.Tensor | None,
+    edge_rows: torch.Tensor | None,
+    qt: torch.Tensor,
+    ft: torch.Tensor,
+    roots: int,
+) -> tuple[torch.Tensor | None, torch.Tensor, tuple[int, int, int], torch.Tensor, torch.Tensor]:
+    """The factored kernel's edge operands (arguments as
+    :func:`temporal_attention_factored`'s; ``qt``, ``ft`` stand for unused pointers;
+    ``roots`` R, the rows of the outputs).
+
+    Returns:
+        w_edge (2 O, d_e) in q's dtype (None without edges); what the kernel reads edge
+        features from: the (R, K, d_e) features in q's dtype, or the table in place
+        (slot (r, k) reads row ``edge_rows[r, k]``, scaled by the first stride); its
+        (root, slot, column) strides; qe (Q, H, d_e) the queries through the key block;
+        fe (R, H, d_e) the output of the attention-weighted features.
+    """
+    if edge_feat is None or w_kv_edge is None:
+        return None, qt, (0, 0, 0), qt, ft
+    r, (_, h, d) = roots, q.shape
+    e = w_kv_edge.shape[1]
+    w_edge = w_kv_edge.to(q.dtype)
+    qe = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_edge[: h * d].view(h, d, e)))
+    fe = torch.empty(r, h, e, device=q.device, dtype=q.dtype)
+    if edge_rows is None:
+        ef = edge_feat.to(q.dtype)
+        return w_edge, ef, ef.stride(), qe, fe
+    return w_edge, edge_feat, (edge_feat.stride(0), 0, edge_feat.stride(1)), qe, fe
+
+
+def _launch(
+    q: torch.Tensor, qt: torch.Tensor, qe: torch.Tensor, kv_node: torch.Tensor,
+    nbr_pos: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor, time_w: torch.Tensor,
+    time_b: torch.Tensor, ef: torch.Tensor, se: tuple[int, int, int],
+    edge_rows: torch.Tensor | None, q_rows: torch.Tensor | None, out: torch.Tensor,
+    ft: torch.Tensor, fe: torch.Tensor, e: int,
+) -> None:  # fmt: skip
+    """Runs :func:`_factored_fwd_kernel` over R = ``nbr_pos.shape[0]`` > 0 roots into
+    ``out`` (R, H, D), ``ft`` (R, H, T), ``fe`` (R, H, E); operands as
+    :func:`_edge_operands` returns them, ``e`` the edge columns (0 without edges)."""
+    (r, k), (_, h, d), t = nbr_pos.shape, q.shape, time_w.shape[0]
+    rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
+    m8 = _mask_u8(mask)
+    _factored_fwd_kernel[(_factored_programs(r, q.device),)](
+        q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
+        rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
+        r, k, h, d, h * d, t, e, 1.0 / (d**0.5),
+        *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
+        *sr, *qt.stride()[:2], *qe.stride()[:2],
+        HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,
+        BLOCK_K=_pow2(k, 16), BLOCK_H=_pow2(h), BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
+        **_factored_launch(e),
+    )  # fmt: skip
+
+
+def temporal_attention_factored(
+    q: torch.Tensor,
+    kv_node: torch.Tensor,
+    nbr_pos: torch.Tensor,
+    dt: torch.Tensor,
+    mask: torch.Tensor,
+    time_w: torch.Tensor,
+    time_b: torch.Tensor,
+    w_kv_time: torch.Tensor,
+    edge_feat: torch.Tensor | None = None,
+    w_kv_edge: torch.Tensor | None = None,
+    edge_rows: torch.Tensor | None = None,
+    q_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The factored temporal attention's forward as one kernel (Triton), for evaluation.
+
+    Same contract as :func:`sven.kernels.reference.temporal_attention_factored`: the
+    queries are carried back through the key blocks of the time (and edge)
+    projections and the attention-weighted slot features forward through the value
+    blocks, each a GEMM over the roots; between them one kernel gathers each
+    neighbour's node key and value, builds cos(dt w + b) in registers, and attends.
+    No (R, K, T) or (R, K, 2 O) tensor is written: a wide evaluation batch (100 MRR
+    negatives: 206,000 neighbour slots at batch 200) gathers its slots' rows once (edge
+    rows by chunks, again from cache for the weighted sums). Forward only: the reference
+    runs where a gradient is needed and for time encodings over :data:`FACTORED_MAX_WIDTH`.
+
+    Args:
+        q: (R, H, D) queries, or with ``q_rows`` (Q, H, D) rows that roots share.
+        kv_node: (U, 2 O) per-node key/value projections (O = H * D), keys first.
+        nbr_pos: (R, K) int row of each neighbour in ``kv_node`` (any valid row where
+            masked).
+        dt: (R, K) time since each neighbour event.
+        mask: (R, K) bool validity.
+        time_w: (T,) time-encoding frequencies.
+        time_b: (T,) time-encoding phases.
+        w_kv_time: (2 O, T) projection of the time encoding (no bias).
+        edge_feat: (R, K, d_e) neighbour event features, or None; with ``edge_rows``
+            the (E, d_e) table they are rows of, read in place (in its dtype).
+        w_kv_edge: (2 O, d_e) their projection (no bias), or None.
+        edge_rows: (R, K) int row of ``edge_feat`` of each slot (any row where masked),
+            or None.
+        q_rows: (R,) int row of ``q`` of each root, or None (root r's is row r). A wide
+            batch lists each node many times (100 MRR negatives: 20,600 roots over a few
+            thousand nodes); a query depends on the root's node alone, so its products
+            with the key blocks are computed once per row of ``q``.
+
+    Returns:
+        (R, O) in q's dtype; zero rows where no slot is valid.
+    """
+    from sven.kernels import reference
+
+    args = (q, kv_node, time_w, time_b, w_kv_time, edge_feat, w_kv_edge)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
+    if grad or time_w.shape[0] > FACTORED_MAX_WIDTH:
+        return reference.temporal_attention_factored(
+            q, kv_node, nbr_pos, dt, mask, time_w, time_b, w_kv_time, *args[5:], edge_rows,
+            q_rows,
+        )  # fmt: skip
+    r, (_, h, d) = nbr_pos.shape[0], q.shape
+    o, t = h * d, time_w.shape[0]
+    edge = edge_feat is not None and w_kv_edge is not None
+    # The time block's key and value halves, per head: (H, D, T).
+    w_time = w_kv_time.to(q.dtype)
+    qt = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)))
+    ft = torch.empty(r, h, t, device=q.device, dtype=q.dtype)
+    out = torch.empty(r, h, d, device=q.device, dtype=q.dtype)
+    w_edge, ef, se, qe, fe = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft, r)
+    e = int(w_kv_edge.shape[1]) if edge else 0
+    if r > 0:
+        _launch(q, qt, qe, kv_node, nbr_pos, dt, mask, time_w, time_b, ef, se, edge_rows,
+                q_rows, out, ft, fe, e)  # fmt: skip
+    out = out + torch.einsum("rhf,hdf->rhd", ft, w_time[o:].view(h, d, t))
+    if edge:
+        out = out + torch.einsum("rhf,hdf->rhd", fe, w_edge[o:].view(h, d, e))
+    return out.reshape(r, o)
