@@ -42,6 +42,7 @@ __all__ = [
     "hash_backend",
     "link_decoder",
     "recurrent_update",
+    "relu_norm",
     "reset_backend",
     "rnn_cell",
     "temporal_attention",
@@ -58,6 +59,7 @@ _TRITON_MODULE = {
     "rnn_cell": "sven.kernels.triton_rnn",
     "recurrent_update": "sven.kernels.triton_rnn",
     "link_decoder": "sven.kernels.triton_decoder",
+    "relu_norm": "sven.kernels.triton_norm",
     # The reference is the sampler's own code (sven.pipeline.sampler), the CPU path.
     "sample_recent": "sven.kernels.triton_sampler",
     # The reference is sven.pipeline.stages.select_events's own code.
@@ -123,3 +125,8 @@ link_decoder = _dispatch("link_decoder")
 # The memory updater: the reference composes the reference cells; Triton fuses it
 # (four kernels forward, docs/kernels.md).
 recurrent_update = _dispatch("recurrent_update")
+
+# The attention layer's output in a wide evaluation batch (per-node queries): the
+# per-node half's gather, the activation and the layer norm as one pass (forward only;
+# the reference where a gradient is needed).
+relu_norm = _dispatch("relu_norm")

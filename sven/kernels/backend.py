@@ -25,6 +25,7 @@ AUTO_TRITON = frozenset(
         "gather_rows",
         "link_decoder",
         "recurrent_update",
+        "relu_norm",
         "sample_recent",
         "select_events",
         "state_commit",

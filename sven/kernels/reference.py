@@ -366,3 +366,29 @@ def link_decoder(
         return F.linear(z, w_out, b_out).squeeze(-1)
 
     return score(h_src, h_dst), score(h_src[:, None, :].expand(-1, n, -1), h_neg)
+
+
+def relu_norm(
+    x: torch.Tensor,
+    node: torch.Tensor,
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """The attention layer's output where its projection is split into a per-root and
+    a per-node half: ``LayerNorm(ReLU(x + node[rows]))`` over the last dimension.
+
+    Args:
+        x: (R, O) per-root terms.
+        node: (U, O) per-node terms.
+        rows: (R,) int row of ``node`` of each root.
+        weight: (O,) the norm's scale.
+        bias: (O,) the norm's shift.
+        eps: added to the variance.
+
+    Returns:
+        (R, O) in x's dtype.
+    """
+    y = torch.relu(x + node.index_select(0, rows))
+    return F.layer_norm(y, (x.shape[1],), weight, bias, eps)

@@ -675,5 +675,6 @@ class TemporalAttentionLayer(nn.Module):
         # W_out [att; h_root] + b = W_att att + (W_h h + b), the second per node.
         w = self.w_out.weight
         node_half = linear(z, w[:, o:], self.w_out.bias)
-        out = torch.relu(linear(att, w[:, :o], None) + node_half.index_select(0, root_pos))
-        return self.norm(out)
+        n = self.norm
+        return kernels.relu_norm(linear(att, w[:, :o], None), node_half, root_pos, n.weight,
+                                 n.bias, n.eps)  # fmt: skip
