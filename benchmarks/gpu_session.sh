@@ -32,6 +32,10 @@
 #   mrrab       the evaluation profile at 100 MRR negatives for each factored-attention
 #               launch setting (SVEN_FACTORED_WARPS:SVEN_FACTORED_CHUNK pairs in
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
+#   evalab      the evaluation profile at 100 MRR negatives with the defaults and
+#               with each wide-batch kernel choice undone ($SVEN_EVAL_AB: space-
+#               separated TAG:ENV=VALUE;ENV=VALUE items; default: one factored
+#               program per root, the layer norm's reference, both)           [160]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -171,6 +175,36 @@ EOF
     eval.mrr_negatives=100
 }
 
+phase_evalab() {
+  need_stores
+  local ab name envs
+  local default_ab=("defaults:" "per-root:SVEN_FACTORED_PROGRAMS=0"
+    "norm-ref:SVEN_KERNELS=auto,relu_norm=reference"
+    "both:SVEN_FACTORED_PROGRAMS=0;SVEN_KERNELS=auto,relu_norm=reference")
+  local abs=("${default_ab[@]}")
+  [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
+  for ab in "${abs[@]}"; do
+    name=${ab%%:*}
+    envs=${ab#*:}
+    # shellcheck disable=SC2086  # the ;-separated settings become env's arguments
+    env ${envs//;/ } timeout 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
+      --out "$OUT/evalab" --tag "$name" --train-batches 20 --profile-batches 5 \
+      eval.mrr_negatives=100 > "$OUT/evalab-$name.log" 2>&1 || echo "evalab $name failed"
+  done
+  "$PY" - "$OUT/evalab" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
+import json, sys
+from pathlib import Path
+
+for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
+    d = json.loads(f.read_text())
+    for split in ("val", "test"):
+        r = d[split]
+        top = ", ".join(f"{k['name'][:40]} {k['us_per_batch']:.1f}" for k in r["top_kernels"][:8])
+        print(f"{d['tag']} {split}: GPU {r['step']['gpu_us']:.1f} us/batch, warm "
+              f"{r['ms_per_batch_warm']:.3f} ms/batch, {r['events_per_s_warm']:,.0f} events/s; "
+              f"{top}")
+EOF
+}
 phase_mrrab() {
   need_stores
   local ab
