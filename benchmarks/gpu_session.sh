@@ -22,6 +22,7 @@
 # Phases (seconds on one H100/H200 in brackets, Triton's cache empty):
 #   setup       wheels, `pip install -e .` offline, the two stores          [40]
 #   suite       the whole `pytest -m gpu` on 6 workers, failures rerun alone [400]
+#               ($SVEN_SUITE_PATHS: test files or folders to run instead)
 #   step        kernels per step and events/s of the captured step: four
 #               models on Wikipedia, TGN on CollegeMsg                       [150]
 #   candidates  the opt-in kernels (SVEN_KERNELS=auto,NAME=triton) one by one
@@ -99,7 +100,7 @@ phase_suite() {
   local xdist=()
   "$PY" -c "import xdist" 2>/dev/null && xdist=(-n 6)
   step 560 "$PY" -m pytest -m gpu -q -rf -p no:cacheprovider "${xdist[@]}" \
-    --durations=25 --junitxml="$OUT/suite/junit.xml"
+    --durations=25 --junitxml="$OUT/suite/junit.xml" ${SVEN_SUITE_PATHS:-}
   # Failures alone: a failure under load that passes alone is named as such.
   grep -o 'FAILED [^ ]*' "$OUT/suite.log" | sed 's/^FAILED //' | sort -u | head -20 \
     > "$OUT/suite/failed.txt"
