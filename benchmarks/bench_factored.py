@@ -54,7 +54,7 @@ class Case:
     #: Queries one row per node, read by each root's node (the wide evaluation's form).
     per_node: bool = False
     #: Programs per multiprocessor (``SVEN_FACTORED_PROGRAMS``; 0: one per root).
-    programs: int = 4
+    programs: int = 0
 
 
 def cases(quick: bool) -> list[Case]:
@@ -78,10 +78,10 @@ def cases(quick: bool) -> list[Case]:
     for warps in (4, 16):
         out.append(replace(bare, name=f"no edges, per-node, {warps} warps", per_node=True,
                            warps=warps))  # fmt: skip
-    for programs in (0, 1, 2, 3, 8):
+    for programs in (1, 2, 3, 4, 8):
         out.append(replace(bare, name=f"no edges, per-node, {programs} programs/SM",
                            per_node=True, programs=programs))  # fmt: skip
-    out.append(replace(base, name="one program per root", programs=0))
+    out.append(replace(base, name="4 programs/SM", programs=4))
     return out
 
 

@@ -7,7 +7,8 @@ each neighbour's node key and value, builds cos(dt w + b) in registers and atten
 the attention-weighted slot features forward through the value blocks.
 
 The kernel holds every head of a root at once; each program walks roots pid, pid + P,
-... (P programs, :data:`FACTORED_PROGRAMS` per multiprocessor), software-pipelined:
+... (P programs: one per root by default, or :data:`FACTORED_PROGRAMS` per
+multiprocessor where set, a choice still to be timed on the GPU), software-pipelined:
 while it computes one root, the gathers of the next (node keys and values, query rows,
 gaps) and the first loads of the one after (slot flags and rows) are in flight. A
 root's loads otherwise wait on one another (flags, then rows, then the gathers), and a
@@ -201,7 +202,7 @@ FACTORED_MAX_WIDTH = 256
 
 #: Factored-attention programs per multiprocessor, each walking its share of the roots
 #: (0: one program per root); ``SVEN_FACTORED_PROGRAMS`` sets another count.
-FACTORED_PROGRAMS = 4
+FACTORED_PROGRAMS = 0
 
 
 def _factored_programs(roots: int, device: torch.device) -> int:
