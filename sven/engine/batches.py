@@ -456,28 +456,15 @@ def copy_tree(dst: Any, src: Any) -> None:
     shapes, in place: one multi-tensor copy per device where a copy per tensor was one
     kernel each (27 in TGN's prefetched step). Pairs laid out alike are copied as
     their bytes, whatever their dtype; any other pair in a copy of its dtype."""
-    pairs = [(a, b, _as_bytes(a, b)) for a, b in _tensor_pairs(dst, src)]
-    word = _word([f for _, _, f in pairs if f is not None])
     groups: dict[tuple[torch.dtype, torch.device], tuple[list, list]] = {}
-    for a, b, flat in pairs:
-        key = (word if flat else a.dtype, a.device)
+    for a, b in _tensor_pairs(dst, src):
+        flat = _as_bytes(a, b)
+        key = (torch.uint8 if flat else a.dtype, a.device)
         to, frm = groups.setdefault(key, ([], []))
-        to.append(flat[0].view(word) if flat else a)
-        frm.append(flat[1].view(word) if flat else b)
+        to.append(flat[0] if flat else a)
+        frm.append(flat[1] if flat else b)
     for to, frm in groups.values():
         torch._foreach_copy_(to, frm)
-
-
-def _word(flats: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.dtype:
-    """The widest integer type (8, 4, 2 or 1 bytes) whose size divides the length and
-    the address of every byte view in ``flats``: the multi-tensor copy moves one element
-    per thread and step, so 8-byte words move a wide batch's megabytes in an eighth of
-    the steps, and one type keeps every such pair in one launch."""
-    for dtype in (torch.int64, torch.int32, torch.int16):
-        w = dtype.itemsize
-        if all(x.numel() % w == 0 and x.data_ptr() % w == 0 for f in flats for x in f):
-            return dtype
-    return torch.uint8
 
 
 def _as_bytes(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

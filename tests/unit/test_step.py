@@ -250,39 +250,3 @@ def test_copy_tree_copies_every_layout_and_dtype() -> None:
     for name in ("ints", "floats", "flags", "scalar", "part"):
         assert torch.equal(getattr(dst, name), getattr(src, name)), name
     assert (dst_base[:, [0, 3]] == 0).all()
-
-
-@pytest.mark.parametrize(
-    "sizes,word",
-    [
-        # (bool elements of each flag tensor, the word all byte views are copied in)
-        ((16, 8), torch.int64),
-        ((12, 8), torch.int32),
-        ((6, 8), torch.int16),
-        ((7, 8), torch.uint8),
-    ],
-)
-def test_copy_tree_moves_words_every_view_divides(sizes: tuple, word: torch.dtype) -> None:
-    from sven.engine import batches
-
-    def flags(seed: int) -> list[torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        return [torch.rand(n, generator=g) < 0.5 for n in sizes] + [torch.arange(4) + seed]
-
-    dst, src = flags(0), flags(1)
-    pairs = [batches._as_bytes(a, b) for a, b in zip(dst, src, strict=True)]
-    assert batches._word(pairs) == word
-    copy_tree(dst, src)
-    assert all(torch.equal(a, b) for a, b in zip(dst, src, strict=True))
-
-
-def test_copy_tree_word_respects_an_odd_address() -> None:
-    # A view starting one byte into its storage: 8 bytes long, but only byte copies
-    # reach it; the copy is exact and writes nothing before it.
-    from sven.engine import batches
-
-    base = torch.zeros(9, dtype=torch.uint8)
-    dst, src = [base[1:]], [torch.arange(8, dtype=torch.uint8) + 1]
-    assert batches._word([batches._as_bytes(dst[0], src[0])]) == torch.uint8
-    copy_tree(dst, src)
-    assert base.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8]
