@@ -53,8 +53,6 @@ class Case:
     chunk: int = 64
     #: Queries one row per node, read by each root's node (the wide evaluation's form).
     per_node: bool = False
-    #: Programs per multiprocessor (``SVEN_FACTORED_PROGRAMS``; 0: one per root).
-    programs: int = 0
 
 
 def cases(quick: bool) -> list[Case]:
@@ -78,10 +76,6 @@ def cases(quick: bool) -> list[Case]:
     for warps in (4, 16):
         out.append(replace(bare, name=f"no edges, per-node, {warps} warps", per_node=True,
                            warps=warps))  # fmt: skip
-    for programs in (1, 2, 3, 4, 8):
-        out.append(replace(bare, name=f"no edges, per-node, {programs} programs/SM",
-                           per_node=True, programs=programs))  # fmt: skip
-    out.append(replace(base, name="4 programs/SM", programs=4))
     return out
 
 
@@ -136,7 +130,6 @@ def kernel_us(c: Case, device: torch.device, repeats: int) -> float:
 
     os.environ["SVEN_FACTORED_WARPS"] = str(c.warps)
     os.environ["SVEN_FACTORED_CHUNK"] = str(c.chunk)
-    os.environ["SVEN_FACTORED_PROGRAMS"] = str(c.programs)
     args = inputs(c, device)
     q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = args
 

@@ -34,9 +34,8 @@
 #               launch setting (SVEN_FACTORED_WARPS:SVEN_FACTORED_CHUNK pairs in
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
-#               with each opt-in wide-batch kernel choice ($SVEN_EVAL_AB: space-
-#               separated TAG:ENV=VALUE;ENV=VALUE items; default: 4 and 2 factored
-#               programs per SM, the fused layer norm, 4 programs and the norm) [200]
+#               with other kernel choices ($SVEN_EVAL_AB: space-separated
+#               TAG:ENV=VALUE;ENV=VALUE items; default: the layer norm's reference) [80]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -179,9 +178,7 @@ EOF
 phase_evalab() {
   need_stores
   local ab name envs
-  local default_ab=("defaults:" "programs-4:SVEN_FACTORED_PROGRAMS=4"
-    "programs-2:SVEN_FACTORED_PROGRAMS=2" "norm-triton:SVEN_KERNELS=auto,relu_norm=triton"
-    "both:SVEN_FACTORED_PROGRAMS=4;SVEN_KERNELS=auto,relu_norm=triton")
+  local default_ab=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference")
   local abs=("${default_ab[@]}")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   for ab in "${abs[@]}"; do

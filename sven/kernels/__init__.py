@@ -128,5 +128,5 @@ recurrent_update = _dispatch("recurrent_update")
 
 # The attention layer's output in a wide evaluation batch (per-node queries): the
 # per-node half's gather, the activation and the layer norm as one pass (forward only;
-# the reference where a gradient is needed). Opt-in until timed in the evaluation.
+# the reference where a gradient is needed).
 relu_norm = _dispatch("relu_norm")

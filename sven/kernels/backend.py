@@ -25,6 +25,7 @@ AUTO_TRITON = frozenset(
         "gather_rows",
         "link_decoder",
         "recurrent_update",
+        "relu_norm",
         "sample_recent",
         "select_events",
         "state_commit",
@@ -40,7 +41,6 @@ NAMES = AUTO_TRITON | frozenset(
         "dedupe_sort",
         "gru_cell",
         "param_grads",
-        "relu_norm",
         "rnn_cell",
         "temporal_attention_fused",
     }

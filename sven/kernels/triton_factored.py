@@ -6,13 +6,10 @@ through the key blocks of the time (and edge) projections, then one kernel that 
 each neighbour's node key and value, builds cos(dt w + b) in registers and attends, then
 the attention-weighted slot features forward through the value blocks.
 
-The kernel holds every head of a root at once; each program walks roots pid, pid + P,
-... (P programs: one per root by default, or :data:`FACTORED_PROGRAMS` per
-multiprocessor where set, a choice still to be timed on the GPU), software-pipelined:
-while it computes one root, the gathers of the next (node keys and values, query rows,
-gaps) and the first loads of the one after (slot flags and rows) are in flight. A
-root's loads otherwise wait on one another (flags, then rows, then the gathers), and a
-gather waits on memory's latency, not its bandwidth. The edge rows are read in chunks
+One program per root holds every head at once. Each slot's time encoding (its cosines
+of large arguments are costly) is built once and stays in registers (BLOCK_T holds all
+of T) for both uses: the scores, then the weighted sums. Every gather whose address is
+known is issued before any arithmetic waits on one. The edge rows are read in chunks
 of BLOCK_E columns, twice (scores, then weighted sums; the second read hits the cache),
 so that rows of any width fit. Operands: qt (R, H, T) and qe (R, H, E), the queries
 carried back through the key blocks of the time and edge projections, possibly a
@@ -39,96 +36,76 @@ __all__ = ["temporal_attention_factored"]
 
 
 @triton.jit
-def _edge_chunk(valid, oc, cm, f_ptr, f_at, sf_c):
-    """One chunk (BLOCK_K, BLOCK_C) of a root's slots' edge features, fp32, 0 where
-    masked: each slot's row at offset ``f_at`` (BLOCK_K,) of ``f_ptr``."""
+def _slot_feat(
+    r, ok, valid, oc, cm, f_ptr, dt_ptr, tw_ptr, tb_ptr, f_at, sf_c, sdt_r, sdt_k,
+    IS_TIME: tl.constexpr,
+):  # fmt: skip
+    """One chunk (BLOCK_K, BLOCK_C) of root r's slot features, fp32, 0 where masked: the
+    time encoding cos(dt w + b) computed here, or edge features read (each slot's row
+    at offset ``f_at`` (BLOCK_K,) of ``f_ptr``)."""
     tile = valid[:, None] & cm[None, :]
-    f = tl.load(f_ptr + f_at[:, None] + oc[None, :] * sf_c, mask=tile, other=0.0)
+    if IS_TIME:
+        dt = tl.load(dt_ptr + r * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
+        w = tl.load(tw_ptr + oc, mask=cm, other=0.0).to(tl.float32)
+        b = tl.load(tb_ptr + oc, mask=cm, other=0.0).to(tl.float32)
+        f = cos32(dt[:, None] * w[None, :] + b[None, :])
+    else:
+        f = tl.load(f_ptr + f_at[:, None] + oc[None, :] * sf_c, mask=tile, other=0.0)
     return tl.where(tile, f.to(tl.float32), 0.0)
 
 
 @triton.jit
-def _factored_index(r, R, m_ptr, pos_ptr, qr_ptr, K, sm_r, sm_k, sp_r, sp_k, ok,
-                    Q_ROWS: tl.constexpr):  # fmt: skip
-    """Root r's first loads (none past the last root R): its slots' flags (BLOCK_K,),
-    their rows in the node table (read whatever the flag: a masked slot names a valid
-    row, and the two loads then wait on nothing) and its query row."""
-    # The slots of a root past the last are all masked; its query row is the last
-    # root's (an address to read, never used).
-    live = (ok < K) & (ok * 0 + r < R)
-    rr = (tl.zeros((), tl.int64) + r).to(tl.int64)
-    valid = tl.load(m_ptr + rr * sm_r + ok * sm_k, mask=live, other=0) != 0
-    nbr = tl.load(pos_ptr + rr * sp_r + ok * sp_k, mask=live, other=0)
-    last = tl.minimum(rr, R - 1)
+def _factored_fwd_kernel(
+    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
+    qr_ptr, o_ptr, ft_ptr, fe_ptr,
+    K, H, D, OD, T, E, scale,
+    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
+    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    # One program per root, every head at once; operands: the module docstring.
+    r = tl.program_id(0).to(tl.int64)
     if Q_ROWS:
-        qi = tl.load(qr_ptr + last).to(tl.int64)
+        qi = tl.load(qr_ptr + r).to(tl.int64)
     else:
-        qi = last
-    return valid, nbr.to(tl.int64), qi
-
-
-@triton.jit
-def _factored_rows(
-    r, valid, nbr, qi, kvn_ptr, q_ptr, qt_ptr, dt_ptr, sn_u, sn_c, sq_r, sq_h, sq_d, sqt_r,
-    sqt_h, sdt_r, sdt_k, H, D, OD, T, ok,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
-    """Root r's gathers, given its first loads: its slots' node keys and values (BLOCK_K,
-    BLOCK_H, BLOCK_D), its query (BLOCK_H, BLOCK_D) and the query's time products
-    (BLOCK_H, BLOCK_T), and its slots' gaps (BLOCK_K,); fp32, 0 where masked."""
+        qi = r
+    ok = tl.arange(0, BLOCK_K)
     oh = tl.arange(0, BLOCK_H)
     od = tl.arange(0, BLOCK_D)
-    ot = tl.arange(0, BLOCK_T)
-    hdm = (oh < H)[:, None] & (od < D)[None, :]
-    hd = oh[:, None] * D + od[None, :]
-    tile = valid[:, None, None] & hdm[None, :, :]
-    row = kvn_ptr + nbr[:, None, None] * sn_u
-    key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    q = tl.load(q_ptr + qi * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d, mask=hdm,
-                other=0.0).to(tl.float32)  # fmt: skip
-    tm = (oh < H)[:, None] & (ot < T)[None, :]
-    qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
-    rr = (tl.zeros((), tl.int64) + r).to(tl.int64)
-    dt = tl.load(dt_ptr + rr * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
-    return key, val, q, qt.to(tl.float32), dt
-
-
-@triton.jit
-def _factored_root(
-    r, qi, valid, key, val, q, qt, dt, qe_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr, o_ptr, ft_ptr,
-    fe_ptr, H, D, T, E, scale, se_r, se_k, se_c, ser_r, ser_k, sqe_r, sqe_h, ok,
-    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-):  # fmt: skip
-    """Root r's attention from its loaded rows (:func:`_factored_rows`): the scores, the
-    softmax, the outputs; the edge rows read here, in chunks."""
-    rr = (tl.zeros((), tl.int64) + r).to(tl.int64)
-    oh = tl.arange(0, BLOCK_H)
-    od = tl.arange(0, BLOCK_D)
-    ot = tl.arange(0, BLOCK_T)
     hm = oh < H
     hdm = hm[:, None] & (od < D)[None, :]
-    tm = hm[:, None] & (ot < T)[None, :]
-    qrow = rr * H + oh
+    hd = oh[:, None] * D + od[None, :]
+    qrow = r * H + oh
+    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
+    tile = valid[:, None, None] & hdm[None, :, :]
+    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=valid, other=0).to(tl.int64)
+    row = kvn_ptr + nbr[:, None, None] * sn_u
+    # Every gather whose address is known is issued here, before any arithmetic waits
+    # on one: a program's loads are in flight together rather than one after another.
+    key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    q_at = q_ptr + qi * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d
+    q = tl.load(q_at, mask=hdm, other=0.0).to(tl.float32)
     s = tl.sum(key * q[None, :, :], axis=2)
-    # Each slot's time encoding (its cosines of large arguments are costly) is built
-    # once and kept for both uses: the scores, then the weighted sums.
-    w = tl.load(tw_ptr + ot, mask=ot < T, other=0.0).to(tl.float32)
-    b = tl.load(tb_ptr + ot, mask=ot < T, other=0.0).to(tl.float32)
-    ftime = cos32(dt[:, None] * w[None, :] + b[None, :])
-    ftime = tl.where(valid[:, None] & (ot < T)[None, :], ftime, 0.0)
-    s += tl.sum(ftime[:, None, :] * qt[None, :, :], axis=2)
+    ot = tl.arange(0, BLOCK_T)
+    tm = hm[:, None] & (ot < T)[None, :]
+    ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
+                       sdt_r, sdt_k, True)  # fmt: skip
+    qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
+    s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
     if HAS_EDGE:
         oe = tl.arange(0, BLOCK_E)
         if EDGE_ROWS:
-            erow = tl.load(er_ptr + rr * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
+            erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
             e_at = erow * se_r
         else:
-            e_at = rr * se_r + ok * se_k
+            e_at = r * se_r + ok * se_k
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
-            fedge = _edge_chunk(valid, ec, ec < E, ef_ptr, e_at, se_c)
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, False)  # fmt: skip
             em = hm[:, None] & (ec < E)[None, :]
             qe = tl.load(qe_ptr + qi * sqe_r + oh[:, None] * sqe_h + ec[None, :], mask=em,
                          other=0.0)  # fmt: skip
@@ -143,50 +120,12 @@ def _factored_root(
     if HAS_EDGE:
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
-            fedge = _edge_chunk(valid, ec, ec < E, ef_ptr, e_at, se_c)
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, False)  # fmt: skip
             em = hm[:, None] & (ec < E)[None, :]
             we = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
             tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], we.to(fe_ptr.dtype.element_ty),
                      mask=em)  # fmt: skip
-
-
-@triton.jit
-def _factored_fwd_kernel(
-    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
-    qr_ptr, o_ptr, ft_ptr, fe_ptr,
-    R, K, H, D, OD, T, E, scale,
-    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
-    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
-    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-):  # fmt: skip
-    # The layout and the pipelining: the module docstring.
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    ok = tl.arange(0, BLOCK_K)
-    valid, nbr, qi = _factored_index(pid, R, m_ptr, pos_ptr, qr_ptr, K, sm_r, sm_k, sp_r, sp_k,
-                                     ok, Q_ROWS)  # fmt: skip
-    key, val, q, qt, dt = _factored_rows(
-        pid, valid, nbr, qi, kvn_ptr, q_ptr, qt_ptr, dt_ptr, sn_u, sn_c, sq_r, sq_h, sq_d, sqt_r,
-        sqt_h, sdt_r, sdt_k, H, D, OD, T, ok, BLOCK_H, BLOCK_D, BLOCK_T,
-    )  # fmt: skip
-    valid1, nbr1, qi1 = _factored_index(pid + step, R, m_ptr, pos_ptr, qr_ptr, K, sm_r, sm_k,
-                                        sp_r, sp_k, ok, Q_ROWS)  # fmt: skip
-    for r in range(pid, R, step):
-        key1, val1, q1, qt1, dt1 = _factored_rows(
-            r + step, valid1, nbr1, qi1, kvn_ptr, q_ptr, qt_ptr, dt_ptr, sn_u, sn_c, sq_r, sq_h,
-            sq_d, sqt_r, sqt_h, sdt_r, sdt_k, H, D, OD, T, ok, BLOCK_H, BLOCK_D, BLOCK_T,
-        )  # fmt: skip
-        valid2, nbr2, qi2 = _factored_index(r + 2 * step, R, m_ptr, pos_ptr, qr_ptr, K, sm_r,
-                                            sm_k, sp_r, sp_k, ok, Q_ROWS)  # fmt: skip
-        _factored_root(
-            r, qi, valid, key, val, q, qt, dt, qe_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr, o_ptr,
-            ft_ptr, fe_ptr, H, D, T, E, scale, se_r, se_k, se_c, ser_r, ser_k, sqe_r, sqe_h, ok,
-            HAS_EDGE, EDGE_ROWS, BLOCK_H, BLOCK_D, BLOCK_T, BLOCK_E,
-        )  # fmt: skip
-        valid, key, val, q, qt, dt, qi = valid1, key1, val1, q1, qt1, dt1, qi1
-        valid1, nbr1, qi1 = valid2, nbr2, qi2
 
 
 #: Warps of a factored-attention program (one root, every head);
@@ -198,27 +137,6 @@ FACTORED_EDGE_CHUNK = 64
 #: The widest time encoding a program holds in registers; wider ones take the
 #: reference.
 FACTORED_MAX_WIDTH = 256
-
-
-#: Factored-attention programs per multiprocessor, each walking its share of the roots
-#: (0: one program per root); ``SVEN_FACTORED_PROGRAMS`` sets another count.
-FACTORED_PROGRAMS = 0
-
-
-def _factored_programs(roots: int, device: torch.device) -> int:
-    """The factored kernel's grid: ``FACTORED_PROGRAMS`` per multiprocessor (on the CPU,
-    under the interpreter, as if 2 multiprocessors), at most one per root."""
-    per = int(os.environ.get("SVEN_FACTORED_PROGRAMS", FACTORED_PROGRAMS))
-    if per < 0:
-        raise ValueError(f"SVEN_FACTORED_PROGRAMS must be at least 0, got {per}")
-    if per == 0:
-        return roots
-    sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 2
-    )
-    return max(1, min(roots, per * sms))
 
 
 def _factored_launch(e: int) -> dict[str, int]:
@@ -287,10 +205,10 @@ def _launch(
     (r, k), (_, h, d), t = nbr_pos.shape, q.shape, time_w.shape[0]
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
-    _factored_fwd_kernel[(_factored_programs(r, q.device),)](
+    _factored_fwd_kernel[(r,)](
         q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
         rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
-        r, k, h, d, h * d, t, e, 1.0 / (d**0.5),
+        k, h, d, h * d, t, e, 1.0 / (d**0.5),
         *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
         *sr, *qt.stride()[:2], *qe.stride()[:2],
         HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,

@@ -372,25 +372,9 @@ def test_triton_factored_reads_wide_edge_rows_in_chunks(
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("programs", ["1", "3", "0"])
-def test_triton_factored_programs_walk_their_roots(programs: str, device, monkeypatch) -> None:
-    """However many programs walk the roots (``SVEN_FACTORED_PROGRAMS`` per
-    multiprocessor; 0: one per root), every root gets what one program per root gives,
-    bit for bit (the same arithmetic per root), rows past the last untouched."""
-    from sven.kernels import triton_factored
-
-    inputs = [x.to(device) for x in _inputs(33, 2, 8, 5, torch.float32, dt_max=10.0)]
-    with torch.no_grad():
-        monkeypatch.setenv("SVEN_FACTORED_PROGRAMS", "0")
-        want = triton_factored.temporal_attention_factored(*inputs)
-        monkeypatch.setenv("SVEN_FACTORED_PROGRAMS", programs)
-        got = triton_factored.temporal_attention_factored(*inputs)
-    assert torch.equal(got, want)
-
-
 @pytest.mark.parametrize(
     "name,value",
-    [("SVEN_FACTORED_WARPS", "3"), ("SVEN_FACTORED_CHUNK", "48"), ("SVEN_FACTORED_PROGRAMS", "-1")],
+    [("SVEN_FACTORED_WARPS", "3"), ("SVEN_FACTORED_CHUNK", "48")],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
     from sven.kernels import triton_factored
@@ -398,4 +382,3 @@ def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, mon
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         triton_factored._factored_launch(172)
-        triton_factored._factored_programs(10, torch.device("cpu"))
