@@ -35,7 +35,8 @@
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
 #               with other kernel choices ($SVEN_EVAL_AB: space-separated
-#               TAG:ENV=VALUE;ENV=VALUE items; default: the layer norm's reference) [80]
+#               TAG:ENV=VALUE;ENV=VALUE items; default: the layer norm's reference,
+#               the factored kernel's eager index reads)                     [100]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -178,7 +179,8 @@ EOF
 phase_evalab() {
   need_stores
   local ab name envs
-  local default_ab=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference")
+  local default_ab=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference"
+    "eager:SVEN_FACTORED_EAGER=1")
   local abs=("${default_ab[@]}")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   for ab in "${abs[@]}"; do

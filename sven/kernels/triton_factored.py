@@ -37,15 +37,15 @@ __all__ = ["temporal_attention_factored"]
 
 @triton.jit
 def _slot_feat(
-    r, ok, valid, oc, cm, f_ptr, dt_ptr, tw_ptr, tb_ptr, f_at, sf_c, sdt_r, sdt_k,
+    r, ok, valid, oc, cm, f_ptr, dt_ptr, tw_ptr, tb_ptr, f_at, sf_c, sdt_r, sdt_k, read,
     IS_TIME: tl.constexpr,
 ):  # fmt: skip
     """One chunk (BLOCK_K, BLOCK_C) of root r's slot features, fp32, 0 where masked: the
     time encoding cos(dt w + b) computed here, or edge features read (each slot's row
-    at offset ``f_at`` (BLOCK_K,) of ``f_ptr``)."""
+    at offset ``f_at`` (BLOCK_K,) of ``f_ptr``); the gaps read where ``read``."""
     tile = valid[:, None] & cm[None, :]
     if IS_TIME:
-        dt = tl.load(dt_ptr + r * sdt_r + ok * sdt_k, mask=valid, other=0.0).to(tl.float32)
+        dt = tl.load(dt_ptr + r * sdt_r + ok * sdt_k, mask=read, other=0.0).to(tl.float32)
         w = tl.load(tw_ptr + oc, mask=cm, other=0.0).to(tl.float32)
         b = tl.load(tb_ptr + oc, mask=cm, other=0.0).to(tl.float32)
         f = cos32(dt[:, None] * w[None, :] + b[None, :])
@@ -61,7 +61,7 @@ def _factored_fwd_kernel(
     K, H, D, OD, T, E, scale,
     sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
     ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
-    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, EAGER: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):  # fmt: skip
@@ -80,7 +80,10 @@ def _factored_fwd_kernel(
     qrow = r * H + oh
     valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
     tile = valid[:, None, None] & hdm[None, :, :]
-    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=valid, other=0).to(tl.int64)
+    # EAGER: a slot's row and gap are read whatever its flag (a masked slot names a
+    # valid row, and its gap's encoding is zeroed), so they need not wait for it.
+    read = (ok < K) if EAGER else valid
+    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
     row = kvn_ptr + nbr[:, None, None] * sn_u
     # Every gather whose address is known is issued here, before any arithmetic waits
     # on one: a program's loads are in flight together rather than one after another.
@@ -92,20 +95,20 @@ def _factored_fwd_kernel(
     ot = tl.arange(0, BLOCK_T)
     tm = hm[:, None] & (ot < T)[None, :]
     ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
-                       sdt_r, sdt_k, True)  # fmt: skip
+                       sdt_r, sdt_k, read, True)  # fmt: skip
     qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :], mask=tm, other=0.0)
     s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
     if HAS_EDGE:
         oe = tl.arange(0, BLOCK_E)
         if EDGE_ROWS:
-            erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=valid, other=0).to(tl.int64)
+            erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=read, other=0).to(tl.int64)
             e_at = erow * se_r
         else:
             e_at = r * se_r + ok * se_k
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
-                               se_c, 0, 0, False)  # fmt: skip
+                               se_c, 0, 0, read, False)  # fmt: skip
             em = hm[:, None] & (ec < E)[None, :]
             qe = tl.load(qe_ptr + qi * sqe_r + oh[:, None] * sqe_h + ec[None, :], mask=em,
                          other=0.0)  # fmt: skip
@@ -121,7 +124,7 @@ def _factored_fwd_kernel(
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
-                               se_c, 0, 0, False)  # fmt: skip
+                               se_c, 0, 0, read, False)  # fmt: skip
             em = hm[:, None] & (ec < E)[None, :]
             we = tl.sum(p[:, :, None] * fedge[:, None, :], axis=0)
             tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], we.to(fe_ptr.dtype.element_ty),
@@ -134,22 +137,29 @@ FACTORED_WARPS = 8
 #: Edge feature columns a factored-attention program reads at a time;
 #: ``SVEN_FACTORED_CHUNK`` sets another power of two.
 FACTORED_EDGE_CHUNK = 64
+#: Whether a program reads its slots' rows and gaps without waiting for their flags
+#: (one dependent load fewer per root, a few masked bytes more); ``SVEN_FACTORED_EAGER``
+#: (0 or 1) sets the other choice, for A/B runs.
+FACTORED_EAGER = False
 #: The widest time encoding a program holds in registers; wider ones take the
 #: reference.
 FACTORED_MAX_WIDTH = 256
 
 
 def _factored_launch(e: int) -> dict[str, int]:
-    """The warps and edge columns per chunk (BLOCK_E) of a factored-attention launch
-    over ``e`` edge columns."""
+    """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a
+    factored-attention launch over ``e`` edge columns."""
     warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
     chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
+    eager = os.environ.get("SVEN_FACTORED_EAGER", "1" if FACTORED_EAGER else "0")
     if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
         raise ValueError(
             f"SVEN_FACTORED_WARPS must be 1, 2, 4, 8 or 16 and SVEN_FACTORED_CHUNK a power "
             f"of two of at least 16, got {warps} and {chunk}"
         )
-    return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk)}
+    if eager not in ("0", "1"):
+        raise ValueError(f"SVEN_FACTORED_EAGER must be 0 or 1, got {eager!r}")
+    return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk), "EAGER": eager == "1"}
 
 
 def _columns_dense(x: torch.Tensor) -> torch.Tensor:

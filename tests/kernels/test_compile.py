@@ -96,6 +96,17 @@ from sven.kernels import triton_adam as tad
 for decay in (False, True):
     cases.append((tad._adam_kernel, "i64", {"BLOCK": tad.BLOCK, "DECAY": decay},
                   {"hyper_ptr": "*fp64"}))
+from sven.kernels import triton_factored as tfa, triton_norm as tno
+# The factored evaluation attention with its slots' index read eagerly or after the
+# flags, edges in place, as table rows or none; the wide layer's output norm.
+for eager in (False, True):
+    for edge, rows in ((False, False), (True, True), (True, False)):
+        cases.append((tfa._factored_fwd_kernel, "fp32",
+                      {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": eager,
+                       "BLOCK_K": 16, "BLOCK_H": 2, "BLOCK_D": 64, "BLOCK_T": 128,
+                       "BLOCK_E": 64}, {"er_ptr": "*i64", "qr_ptr": "*i64"}))
+cases.append((tno._relu_norm_kernel, "fp32", {"BLOCK_R": 16, "BLOCK_C": 128},
+              {"rows_ptr": "*i64"}))
 failures = []
 for fn, dt, consts, *over in cases:
     pointee = {**POINTEE, **(over[0] if over else {})}
@@ -106,7 +117,7 @@ for fn, dt, consts, *over in cases:
         elif a.endswith("_ptr") or a.startswith("src_"):
             sig[a] = pointee.get(a, "*" + dt)
         else:
-            sig[a] = "fp32" if a == "scale" else "i32"
+            sig[a] = "fp32" if a in ("scale", "eps") else "i32"
     idx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
     try:
         compile(ASTSource(fn=fn, signature=sig, constexprs=idx), target=GPUTarget("cuda", 90, 32))
@@ -129,5 +140,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 97
+    assert report["cases"] == 104
     assert report["failures"] == []
