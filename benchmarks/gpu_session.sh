@@ -36,7 +36,7 @@
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
 #               with other kernel choices ($SVEN_EVAL_AB: space-separated
 #               TAG:ENV=VALUE;ENV=VALUE items; default: the layer norm's reference,
-#               the factored kernel's eager index reads)                     [100]
+#               the factored kernel's eager index reads, the scorer by GEMM)  [130]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -180,7 +180,7 @@ phase_evalab() {
   need_stores
   local ab name envs
   local default_ab=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference"
-    "eager:SVEN_FACTORED_EAGER=1")
+    "eager:SVEN_FACTORED_EAGER=1" "decoder-gemm:SVEN_DECODER_WIDE=gemm")
   local abs=("${default_ab[@]}")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   for ab in "${abs[@]}"; do

@@ -23,6 +23,8 @@ so a CUDA graph captures them.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -117,6 +119,26 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
+def _scores_by_gemm(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: int,
+    w_dst: torch.Tensor,
+    b_dst: torch.Tensor,
+    w_out: torch.Tensor,
+    b_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward without a gradient as cuBLAS products and two in-place passes
+    (``SVEN_DECODER_WIDE=gemm``, an alternative to time in wide evaluation batches): x
+    (M, D) the candidates, a (B, D2) the sources' projections; the candidates' product
+    is one GEMM where the kernel tiles it in 16-row blocks. Returns as :meth:`forward`.
+    """
+    m, d2 = x.shape[0], w_dst.shape[0]
+    z = torch.addmm(b_dst, x, w_dst.t()).view(m // b, b, d2).add_(a).relu_()
+    out = torch.addmv(b_out.expand(m), z.view(m, d2), w_out.view(-1))
+    return out[:b], out[b:].view(m // b - 1, b).t()
+
+
 class _LinkDecoder(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -129,14 +151,18 @@ class _LinkDecoder(torch.autograd.Function):
         b_dst: torch.Tensor,
         w_out: torch.Tensor,
         b_out: torch.Tensor,
+        keep: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         h = h.contiguous()
         d, d2 = h.shape[1], w_dst.shape[0]
         h_src, x = h[:b], h[b:]
         m = x.shape[0]
         a = torch.addmm(b_src, h_src, w_src.t())
-        # The activations are kept for a backward only (evaluation scores without them).
-        keep = any(ctx.needs_input_grad)
+        # The activations are kept for a backward only (evaluation scores without them;
+        # ``keep`` is decided by the caller: in here grad mode is always off, and
+        # ctx.needs_input_grad holds whatever the mode outside).
+        if not keep and os.environ.get("SVEN_DECODER_WIDE", "kernel") == "gemm":
+            return _scores_by_gemm(x, a, b, w_dst, b_dst, w_out, b_out)
         z = torch.empty(m if keep else 0, d2, dtype=h.dtype, device=h.device)
         out = torch.empty(m, dtype=h.dtype, device=h.device)
         grid = (triton.cdiv(m, _BLOCK_M),)
@@ -181,7 +207,7 @@ class _LinkDecoder(torch.autograd.Function):
         (dw_src, db), (dw_dst, _), (dw_out, db_out) = param_grads(
             (h[:b], da, True, True), (h[b:], dz, True, False), (z, g, True, True)
         )
-        return dh, None, dw_src, db, dw_dst, db, dw_out.view_as(w_out), db_out
+        return dh, None, dw_src, db, dw_dst, db, dw_out.view_as(w_out), db_out, None
 
 
 def link_decoder(
@@ -196,4 +222,6 @@ def link_decoder(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As :func:`sven.kernels.reference.link_decoder`: (B,) positive and (B, n) negative
     logits of the batch layout ``h`` (R, D), R = (2 + n) B."""
-    return _LinkDecoder.apply(h, b, w_src, b_src, w_dst, b_dst, w_out, b_out)
+    args = (h, w_src, b_src, w_dst, b_dst, w_out, b_out)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in args)
+    return _LinkDecoder.apply(h, b, w_src, b_src, w_dst, b_dst, w_out, b_out, keep)

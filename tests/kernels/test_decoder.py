@@ -121,3 +121,53 @@ def test_link_decoder_without_gradients(device: str) -> None:
         want = reference.link_decoder(xs[0], 7, *xs[1:])
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("b", "n", "d"), SMALL)
+def test_link_decoder_scores_by_gemm_without_a_gradient(
+    device: str, b: int, n: int, d: int, monkeypatch
+) -> None:
+    # SVEN_DECODER_WIDE=gemm: the scores without a gradient as cuBLAS products, equal
+    # to the reference's within float32 rounding; with a gradient the kernel runs.
+    from sven.kernels import triton_decoder
+
+    xs = [x.detach() for x in _inputs(b, n, d, device)]
+    calls = []
+    monkeypatch.setattr(
+        triton_decoder, "_scores_by_gemm",
+        lambda *a, f=triton_decoder._scores_by_gemm: calls.append(1) or f(*a),
+    )  # fmt: skip
+    monkeypatch.setenv("SVEN_DECODER_WIDE", "gemm")
+    params = [x.requires_grad_() for x in xs[1:]]  # a model's weights, under no_grad
+    with torch.no_grad():
+        want = reference.link_decoder(xs[0], b, *params)
+        got = triton_decoder.link_decoder(xs[0], b, *params)
+    assert calls == [1]
+    assert got[0].shape == (b,) and got[1].shape == (b, n)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    _check(device, b, n, d)
+
+
+def test_link_decoder_keeps_no_activations_without_a_gradient(device: str, monkeypatch) -> None:
+    # Under no_grad (evaluation) the weights still require a gradient, but nothing
+    # will run backward: the kernel writes no activations (KEEP_Z off).
+    from sven.kernels import triton_decoder
+
+    seen = []
+    real = triton_decoder._decoder_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["KEEP_Z"])
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_decoder, "_decoder_fwd_kernel", Spy())
+    xs = _inputs(7, 3, 17, device)
+    with torch.no_grad():
+        triton_decoder.link_decoder(xs[0], 7, *xs[1:])
+    triton_decoder.link_decoder(xs[0], 7, *xs[1:])
+    assert seen == [False, True]
