@@ -8,15 +8,15 @@ builds inputs of that shape on the GPU and times the kernel alone (its GPU time 
 torch's profiler, median of ``--repeats`` calls) for each case of a set that leaves one
 part out or changes one size at a time, so that differences place the time without
 hardware counters: no edge features, a narrow time encoding, one neighbour slot, a
-tenth of the roots, and each launch setting (``SVEN_FACTORED_WARPS``,
-``SVEN_FACTORED_CHUNK`` and ``SVEN_FACTORED_PROGRAMS``). Beside each time: the bytes
+tenth of the roots, and each launch setting (``SVEN_FACTORED_WARPS`` and
+``SVEN_FACTORED_CHUNK``). Beside each time: the bytes
 the kernel must move at least (its inputs read once, its outputs written once) and the
 rate that makes.
 
-``--once`` runs the default case once after a warm-up call, for a profiler that
-attaches to one launch (Nsight Compute: ``ncu --clock-control none --kernel-name
-_factored_fwd_kernel --launch-skip 1 --launch-count 1 python3
-benchmarks/bench_factored.py --once``).
+``--once`` runs one case (``--case NAME``, default the first) once after a warm-up
+call, for a profiler that attaches to one launch (Nsight Compute: ``ncu
+--clock-control none --kernel-name _factored_fwd_kernel --launch-skip 1 --launch-count
+1 python3 benchmarks/bench_factored.py --once``).
 
 Usage:
     python3 benchmarks/bench_factored.py --out OUT          # OUT/bench_factored.json
@@ -166,17 +166,22 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
-    ap.add_argument("--once", action="store_true", help="the default case, twice, untimed")
+    ap.add_argument("--once", action="store_true", help="one case, twice, untimed")
+    ap.add_argument("--case", default=None, help="the case --once runs (its name)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.once:
         from sven.kernels import triton_factored
 
-        q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, _ = inputs(cases(args.quick)[0], device)
+        named = {c.name: c for c in cases(args.quick)}
+        if args.case is not None and args.case not in named:
+            raise SystemExit(f"--case: no case {args.case!r}; cases: {', '.join(named)}")
+        case = named[args.case] if args.case else cases(args.quick)[0]
+        q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = inputs(case, device)
         with torch.no_grad():
             for _ in range(2):
                 triton_factored.temporal_attention_factored(
-                    q, kvn, nbr, dt, mask, tw, tb, wt, table, we, edge_rows=rows
+                    q, kvn, nbr, dt, mask, tw, tb, wt, table, we, edge_rows=rows, q_rows=qr
                 )
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -236,6 +236,13 @@ phase_factored() {
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis \
       "$PY" benchmarks/bench_factored.py --once
+    # The MRR store's case (no edges, queries per node) with where its instructions go:
+    # the pipes (the cosine's float64 reduction), the schedulers' issue, the stalls.
+    step 200 ncu --clock-control none --kernel-name _factored_fwd_kernel --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+      --section SchedulerStats \
+      "$PY" benchmarks/bench_factored.py --once --case "no edges, per-node queries"
   fi
 }
 
