@@ -10,10 +10,14 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from sven import __version__
 from sven.errors import SvenError, Terminated
+
+#: Seconds a rank whose error another rank reports waits before it exits.
+QUIET_EXIT_WAIT_S = 3.0
 
 # (subcommand, module that defines ``add_parser(subparsers)``); imported lazily so that
 # a broken or heavy stage does not slow down or break the others.
@@ -96,7 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Inside the try: output still buffered for a closed pipe fails here.
         sys.stdout.flush()
     except SvenError as exc:
-        if not exc.quiet:
+        if exc.quiet:
+            # Another rank says it. A launcher (torchrun) stops every rank once one
+            # exits with an error, so a quiet rank leaving first could end the reporting
+            # rank before its line is written: this one leaves a moment later.
+            time.sleep(QUIET_EXIT_WAIT_S)
+        else:
             print(f"sven: {exc.prefix}{exc}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:

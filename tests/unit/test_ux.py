@@ -105,6 +105,30 @@ def test_train_help_lists_every_key(capsys) -> None:
     assert "Global batch size B (events)." in out
 
 
+# ----------------------------------------------------------------- quiet ranks
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_config_error_is_said_by_rank_0_and_the_others_leave_later(
+    rank: str, capsys, monkeypatch
+) -> None:
+    # Under a launcher every rank finds a bad value. Rank 0 says it and leaves at once;
+    # another rank says nothing and waits before it leaves, so that torchrun, which
+    # ends every rank once one exits with an error, cannot end rank 0 before its line.
+    import sven.cli as cli
+
+    waits: list[float] = []
+    monkeypatch.setattr(cli.time, "sleep", waits.append)
+    for var in ("SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "train.lr=abc"]) == 2
+    err = capsys.readouterr().err
+    said = "sven: error: train.lr: expected a number, got 'abc'" in err
+    assert (said, waits) == ((True, []) if rank == "0" else (False, [cli.QUIET_EXIT_WAIT_S]))
+
+
 # -------------------------------------------------------------------------- env
 
 
