@@ -86,6 +86,22 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
     return args
 
 
+def waits_for_the_reporter(exc: SvenError) -> bool:
+    """Whether a rank whose error ``exc`` another rank reports waits before it exits.
+
+    torchrun stops every rank once one exits with an error: a quiet rank leaving first
+    could end the reporting rank before its line is written, so under torchrun it
+    leaves :data:`QUIET_EXIT_WAIT_S` later. Not for a stop with a checkpoint, whose
+    exit code (75) the ranks give together, nor under srun or mpirun, whose step exit
+    code a rank killed while it waits would change (``slurm/train.sbatch`` requeues
+    on it).
+    """
+    from sven.distributed.launcher import detect_launcher
+    from sven.errors import Stopped
+
+    return not isinstance(exc, Stopped) and detect_launcher().launcher == "torchrun"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the process exit code (see :mod:`sven.errors`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -100,13 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Inside the try: output still buffered for a closed pipe fails here.
         sys.stdout.flush()
     except SvenError as exc:
-        if exc.quiet:
-            # Another rank says it. A launcher (torchrun) stops every rank once one
-            # exits with an error, so a quiet rank leaving first could end the reporting
-            # rank before its line is written: this one leaves a moment later.
-            time.sleep(QUIET_EXIT_WAIT_S)
-        else:
+        if not exc.quiet:
             print(f"sven: {exc.prefix}{exc}", file=sys.stderr)
+        elif waits_for_the_reporter(exc):
+            time.sleep(QUIET_EXIT_WAIT_S)
         return exc.exit_code
     except BrokenPipeError:
         # The reader went away (`sven data info STORE | head`): as a tool killed by

@@ -129,6 +129,23 @@ def test_a_config_error_is_said_by_rank_0_and_the_others_leave_later(
     assert (said, waits) == ((True, []) if rank == "0" else (False, [cli.QUIET_EXIT_WAIT_S]))
 
 
+def test_only_torchrun_ranks_wait_and_never_on_a_stop(monkeypatch) -> None:
+    # A stop with a checkpoint exits 75 on every rank together; under srun a rank
+    # killed while it waited would change the step's exit code, which the batch
+    # script requeues on.
+    import sven.cli as cli
+    from sven.errors import Stopped
+
+    for var in ("RANK", "WORLD_SIZE", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert not cli.waits_for_the_reporter(ConfigError("x"))  # no launcher
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.waits_for_the_reporter(ConfigError("x"))
+    assert cli.waits_for_the_reporter(DataError("x"))
+    assert not cli.waits_for_the_reporter(Stopped("stopped", "SIGTERM", "ckpt"))
+
+
 # -------------------------------------------------------------------------- env
 
 
