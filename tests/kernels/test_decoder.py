@@ -168,6 +168,8 @@ def test_link_decoder_keeps_no_activations_without_a_gradient(device: str, monke
     monkeypatch.setattr(triton_decoder, "_decoder_fwd_kernel", Spy())
     xs = _inputs(7, 3, 17, device)
     with torch.no_grad():
-        triton_decoder.link_decoder(xs[0], 7, *xs[1:])
-    triton_decoder.link_decoder(xs[0], 7, *xs[1:])
+        scored = triton_decoder.link_decoder(xs[0], 7, *xs[1:])
+    trained = triton_decoder.link_decoder(xs[0], 7, *xs[1:])
     assert seen == [False, True]
+    # The same scores either way, bit for bit: only the activations' store differs.
+    assert all(torch.equal(a, b.detach()) for a, b in zip(scored, trained, strict=True))
