@@ -176,45 +176,21 @@ EOF
     eval.mrr_negatives=100
 }
 
-phase_evalab() {
+# The warm MRR batch's profile (profile_eval.py, 100 negatives) under each setting into
+# $OUT/$phase, then a line per setting and split: the factored kernel's time, the
+# batch's, and its costliest kernels. Arguments: TAG:ENV=VALUE;ENV=VALUE items ("TAG:"
+# for the defaults).
+eval_profiles() {
   need_stores
-  local ab name envs
-  local default_ab=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference"
-    "eager:SVEN_FACTORED_EAGER=1" "decoder-gemm:SVEN_DECODER_WIDE=gemm")
-  local abs=("${default_ab[@]}")
-  [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
-  for ab in "${abs[@]}"; do
-    name=${ab%%:*}
+  local ab envs
+  for ab in "$@"; do
     envs=${ab#*:}
     # shellcheck disable=SC2086  # the ;-separated settings become env's arguments
-    env ${envs//;/ } timeout 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
-      --out "$OUT/evalab" --tag "$name" --train-batches 20 --profile-batches 5 \
-      eval.mrr_negatives=100 > "$OUT/evalab-$name.log" 2>&1 || echo "evalab $name failed"
-  done
-  "$PY" - "$OUT/evalab" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
-import json, sys
-from pathlib import Path
-
-for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
-    d = json.loads(f.read_text())
-    for split in ("val", "test"):
-        r = d[split]
-        top = ", ".join(f"{k['name'][:40]} {k['us_per_batch']:.1f}" for k in r["top_kernels"][:8])
-        print(f"{d['tag']} {split}: GPU {r['step']['gpu_us']:.1f} us/batch, warm "
-              f"{r['ms_per_batch_warm']:.3f} ms/batch, {r['events_per_s_warm']:,.0f} events/s; "
-              f"{top}")
-EOF
-}
-phase_mrrab() {
-  need_stores
-  local ab
-  for ab in ${SVEN_FACTORED_AB:-8:256 8:64 4:64 4:32 2:64}; do
-    SVEN_FACTORED_WARPS=${ab%%:*} SVEN_FACTORED_CHUNK=${ab##*:} step 150 "$PY" \
-      benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrrab" \
-      --tag "w${ab%%:*}-c${ab##*:}" --train-batches 20 --profile-batches 5 \
+    step 150 env ${envs//;/ } "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
+      --out "$OUT/$phase" --tag "${ab%%:*}" --train-batches 20 --profile-batches 5 \
       eval.mrr_negatives=100 > /dev/null
   done
-  "$PY" - "$OUT/mrrab" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
+  "$PY" - "$OUT/$phase" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
 import json, sys
 from pathlib import Path
 
@@ -223,10 +199,24 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
     for split in ("val", "test"):
         r = d[split]
         fac = sum(k["us_per_batch"] for k in r["top_kernels"] if "factored" in k["name"])
+        top = ", ".join(f"{k['name'][:40]} {k['us_per_batch']:.1f}" for k in r["top_kernels"][:8])
         print(f"{d['tag']} {split}: factored kernel {fac:.1f} us/batch, GPU "
               f"{r['step']['gpu_us']:.1f} us/batch, warm {r['ms_per_batch_warm']:.3f} "
-              f"ms/batch, {r['events_per_s_warm']:,.0f} events/s")
+              f"ms/batch, {r['events_per_s_warm']:,.0f} events/s; {top}")
 EOF
+}
+phase_evalab() {
+  local abs=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference"
+    "eager:SVEN_FACTORED_EAGER=1" "decoder-gemm:SVEN_DECODER_WIDE=gemm")
+  [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
+  eval_profiles "${abs[@]}"
+}
+phase_mrrab() {
+  local ab items=()
+  for ab in ${SVEN_FACTORED_AB:-8:256 8:64 4:64 4:32 2:64}; do
+    items+=("w${ab%%:*}-c${ab##*:}:SVEN_FACTORED_WARPS=${ab%%:*};SVEN_FACTORED_CHUNK=${ab##*:}")
+  done
+  eval_profiles "${items[@]}"
 }
 
 phase_factored() {
