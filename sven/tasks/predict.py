@@ -325,8 +325,9 @@ class Predictor:
             if later.any():
                 rows = np.flatnonzero(later)
                 t0 = time.perf_counter()
-                source, how = self._stored_source(nodes_of(rows))
-                self._warm_up(source, nodes_of(rows[:1])[:1])
+                nodes = nodes_of(rows)
+                source, how = self._stored_source(nodes)
+                self._warm_up(source, nodes[:1])
                 t1 = time.perf_counter()
                 fn(rows, source)
                 t2 = time.perf_counter()
@@ -364,10 +365,9 @@ class Predictor:
         it against itself, the result dropped: a model's first call on a device pays for
         its start (kernels loaded, libraries' handles made), no question's cost."""
         dev, at = self.run.device, self.checkpoint_time
-        t = np.full(1, at if at is not None and np.isfinite(at) else 0.0)
-        keys = torch.from_numpy(_query_keys(node, t)).to(dev)
-        n_ = torch.from_numpy(np.ascontiguousarray(node, dtype=np.int64)).to(dev)
-        h = self._embed_now(n_, torch.from_numpy(t).to(dev), keys, src)
+        h, _ = self._embed_unique(
+            node, np.full(1, at if at is not None and np.isfinite(at) else 0.0), src
+        )
         src.model.decoder(h, h)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
