@@ -146,7 +146,7 @@ FACTORED_EAGER = False
 FACTORED_MAX_WIDTH = 256
 
 
-def _factored_launch(e: int) -> dict[str, int]:
+def _factored_launch(e: int) -> dict[str, int | bool]:
     """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a
     factored-attention launch over ``e`` edge columns."""
     warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
