@@ -35,8 +35,9 @@
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
 #               with other kernel choices ($SVEN_EVAL_AB: space-separated
-#               TAG:ENV=VALUE;ENV=VALUE items; default: the layer norm's reference,
-#               the factored kernel's eager index reads, the scorer by GEMM)  [130]
+#               TAG:ENV=VALUE;ENV=VALUE items; default: the per-head products, the
+#               scorer's narrow tile, both, its wide tile on 8 warps, the scorer by
+#               GEMM)                                                        [130]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -206,8 +207,10 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
 EOF
 }
 phase_evalab() {
-  local abs=("defaults:" "norm-reference:SVEN_KERNELS=auto,relu_norm=reference"
-    "eager:SVEN_FACTORED_EAGER=1" "decoder-gemm:SVEN_DECODER_WIDE=gemm")
+  local abs=("defaults:" "products-bmm:SVEN_FACTORED_PRODUCTS=bmm"
+    "decoder-narrow:SVEN_DECODER_TILE=16x32x32:4"
+    "before:SVEN_FACTORED_PRODUCTS=bmm;SVEN_DECODER_TILE=16x32x32:4"
+    "decoder-w8:SVEN_DECODER_TILE=64x32x128:8" "decoder-gemm:SVEN_DECODER_WIDE=gemm")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   eval_profiles "${abs[@]}"
 }

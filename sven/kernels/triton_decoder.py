@@ -40,6 +40,34 @@ _BLOCK_M = 16
 _BLOCK_K = 32
 _BLOCK_O = 32
 
+#: Pairs from which the forward takes :data:`WIDE_TILE`: TGB's one-vs-many evaluation
+#: (100 MRR negatives at batch 200: 20,200 pairs), not a training batch.
+WIDE_PAIRS = 4096
+#: The forward's (BLOCK_M, BLOCK_K, BLOCK_O, warps) over a wide batch: 16-row blocks
+#: reload the candidates' rows once per 32 outputs and the weights once per 16 rows;
+#: 64 rows by every output (D2 up to 128) read each once per program.
+#: ``SVEN_DECODER_TILE=MxKxO:W`` sets another for every batch size, for A/B runs.
+WIDE_TILE = (64, 32, 128, 4)
+
+
+def _forward_tile(m: int) -> tuple[int, int, int, int]:
+    """The forward's (BLOCK_M, BLOCK_K, BLOCK_O, warps) over ``m`` pairs."""
+    env = os.environ.get("SVEN_DECODER_TILE", "")
+    if env:
+        try:
+            blocks, warps = env.split(":")
+            bm, bk, bo = (int(x) for x in blocks.split("x"))
+            tile = (bm, bk, bo, int(warps))
+        except ValueError:
+            tile = (0, 0, 0, 0)
+        if not all(x >= 1 and x & (x - 1) == 0 for x in tile) or min(tile[:3]) < 16:
+            raise ValueError(
+                f"SVEN_DECODER_TILE must be MxKxO:W, powers of two, blocks of at least 16 "
+                f"(e.g. 64x32x128:4), got {env!r}"
+            )
+        return tile
+    return WIDE_TILE if m >= WIDE_PAIRS else (_BLOCK_M, _BLOCK_K, _BLOCK_O, 4)
+
 
 @triton.jit
 def _decoder_fwd_kernel(
@@ -165,12 +193,12 @@ class _LinkDecoder(torch.autograd.Function):
             return _scores_by_gemm(x, a, b, w_dst, b_dst, w_out, b_out)
         z = torch.empty(m if keep else 0, d2, dtype=h.dtype, device=h.device)
         out = torch.empty(m, dtype=h.dtype, device=h.device)
-        grid = (triton.cdiv(m, _BLOCK_M),)
-        _decoder_fwd_kernel[grid](
+        bm, bk, bo, warps = _forward_tile(m)
+        _decoder_fwd_kernel[(triton.cdiv(m, bm),)](
             x, a, w_dst.contiguous(), b_dst, w_out.contiguous(), b_out, z, out,
             m, b, d, d2,
-            BLOCK_M=_BLOCK_M, BLOCK_K=_BLOCK_K, BLOCK_O=_BLOCK_O, KEEP_Z=keep,
-            TF32=tf32_dots(h),
+            BLOCK_M=bm, BLOCK_K=bk, BLOCK_O=bo, KEEP_Z=keep, TF32=tf32_dots(h),
+            num_warps=warps,
         )  # fmt: skip
         ctx.save_for_backward(h, z, w_src, w_dst, w_out)
         ctx.b = b

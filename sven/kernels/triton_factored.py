@@ -141,6 +141,10 @@ FACTORED_EDGE_CHUNK = 64
 #: (one dependent load fewer per root, a few masked bytes more); ``SVEN_FACTORED_EAGER``
 #: (0 or 1) sets the other choice, for A/B runs.
 FACTORED_EAGER = False
+#: How the queries and the weighted sums cross the slot projections: ``blocks`` (one
+#: GEMM each over block-diagonal weights) or ``bmm`` (a product per head);
+#: ``SVEN_FACTORED_PRODUCTS`` sets the other, for A/B runs.
+FACTORED_PRODUCTS = "blocks"
 #: The widest time encoding a program holds in registers; wider ones take the
 #: reference.
 FACTORED_MAX_WIDTH = 256
@@ -169,6 +173,66 @@ def _columns_dense(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(2) == 1 else x.contiguous()
 
 
+def _by_blocks() -> bool:
+    """Whether the per-head products are single GEMMs over block-diagonal weights
+    (``SVEN_FACTORED_PRODUCTS=blocks``, the default) or batched per head (``bmm``)."""
+    mode = os.environ.get("SVEN_FACTORED_PRODUCTS", FACTORED_PRODUCTS)
+    if mode not in ("blocks", "bmm"):
+        raise ValueError(f"SVEN_FACTORED_PRODUCTS must be blocks or bmm, got {mode!r}")
+    return mode == "blocks"
+
+
+def _head_blocks(w: torch.Tensor, h: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and value blocks of a slot projection as block-diagonal matrices.
+
+    With D = 50 a head's slice starts 200 bytes into a row, which no 16-byte-aligned
+    GEMM kernel takes: the per-head products ran unaligned, and the values' came out
+    (H, R, D) and needed an add and a copy. Over block-diagonal weights each is one
+    aligned GEMM (its extra multiply-adds are by exact zeros) whose result has the
+    layout the kernel and the output want.
+
+    Args:
+        w: (2 O, F) the projection of the slot features F (O = H * D), keys first.
+        h: H.
+        d: D.
+
+    Returns:
+        (O, H F) the key block, head h's (D, F) at rows h D, columns h F; (H F, O) the
+        value block, head h's (F, D) at rows h F, columns h D (a transposed view).
+    """
+    f = w.shape[1]
+    blocks = w.new_zeros(2, h, d, h, f)
+    # The (d, f, h) diagonal of heads: one copy writes every head's block of both halves.
+    blocks.diagonal(dim1=1, dim2=3).copy_(w.view(2, h, d, f).permute(0, 2, 3, 1))
+    flat = blocks.view(2, h * d, h * f)
+    return flat[0], flat[1].t()
+
+
+def _queries_through(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Q, H, D) carried back through the key block of ``w`` (2 O, F): (Q, H, F) with
+    contiguous columns; and the value block as :func:`_head_blocks` gives it (None where
+    the products are batched per head)."""
+    _, h, d = q.shape
+    f = w.shape[1]
+    if not _by_blocks():
+        return _columns_dense(torch.einsum("rhd,hdf->rhf", q, w[: h * d].view(h, d, f))), None
+    key, value = _head_blocks(w, h, d)
+    return (q.reshape(-1, h * d) @ key).view(-1, h, f), value
+
+
+def _values_through(
+    out: torch.Tensor, fa: torch.Tensor, w: torch.Tensor, value: torch.Tensor | None
+) -> torch.Tensor:
+    """``out`` (R, H, D) plus the attention-weighted features ``fa`` (R, H, F) carried
+    forward through the value block of ``w`` (2 O, F); ``value`` as
+    :func:`_queries_through` returns it."""
+    r, h, d = out.shape
+    f = w.shape[1]
+    if value is None:
+        return out + torch.einsum("rhf,hdf->rhd", fa, w[h * d :].view(h, d, f))
+    return torch.addmm(out.view(r, h * d), fa.view(r, h * f), value).view(r, h, d)
+
+
 def _edge_operands(
     q: torch.Tensor,
     edge_feat: torch.Tensor | None,
@@ -177,7 +241,14 @@ def _edge_operands(
     qt: torch.Tensor,
     ft: torch.Tensor,
     roots: int,
-) -> tuple[torch.Tensor | None, torch.Tensor, tuple[int, int, int], torch.Tensor, torch.Tensor]:
+) -> tuple[
+    torch.Tensor | None,
+    torch.Tensor,
+    tuple[int, int, int],
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor | None,
+]:
     """The factored kernel's edge operands (arguments as
     :func:`temporal_attention_factored`'s; ``qt``, ``ft`` stand for unused pointers;
     ``roots`` R, the rows of the outputs).
@@ -187,19 +258,21 @@ def _edge_operands(
         features from: the (R, K, d_e) features in q's dtype, or the table in place
         (slot (r, k) reads row ``edge_rows[r, k]``, scaled by the first stride); its
         (root, slot, column) strides; qe (Q, H, d_e) the queries through the key block;
-        fe (R, H, d_e) the output of the attention-weighted features.
+        fe (R, H, d_e) the output of the attention-weighted features; the value block
+        as :func:`_queries_through` returns it.
     """
     if edge_feat is None or w_kv_edge is None:
-        return None, qt, (0, 0, 0), qt, ft
-    r, (_, h, d) = roots, q.shape
+        return None, qt, (0, 0, 0), qt, ft, None
+    r, h = roots, q.shape[1]
     e = w_kv_edge.shape[1]
     w_edge = w_kv_edge.to(q.dtype)
-    qe = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_edge[: h * d].view(h, d, e)))
+    qe, value = _queries_through(q, w_edge)
     fe = torch.empty(r, h, e, device=q.device, dtype=q.dtype)
     if edge_rows is None:
         ef = edge_feat.to(q.dtype)
-        return w_edge, ef, ef.stride(), qe, fe
-    return w_edge, edge_feat, (edge_feat.stride(0), 0, edge_feat.stride(1)), qe, fe
+        return w_edge, ef, ef.stride(), qe, fe, value
+    se = (edge_feat.stride(0), 0, edge_feat.stride(1))
+    return w_edge, edge_feat, se, qe, fe, value
 
 
 def _launch(
@@ -288,17 +361,16 @@ def temporal_attention_factored(
     r, (_, h, d) = nbr_pos.shape[0], q.shape
     o, t = h * d, time_w.shape[0]
     edge = edge_feat is not None and w_kv_edge is not None
-    # The time block's key and value halves, per head: (H, D, T).
     w_time = w_kv_time.to(q.dtype)
-    qt = _columns_dense(torch.einsum("rhd,hdf->rhf", q, w_time[:o].view(h, d, t)))
+    qt, v_time = _queries_through(q, w_time)
     ft = torch.empty(r, h, t, device=q.device, dtype=q.dtype)
     out = torch.empty(r, h, d, device=q.device, dtype=q.dtype)
-    w_edge, ef, se, qe, fe = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft, r)
+    w_edge, ef, se, qe, fe, v_edge = _edge_operands(q, edge_feat, w_kv_edge, edge_rows, qt, ft, r)
     e = int(w_kv_edge.shape[1]) if edge else 0
     if r > 0:
         _launch(q, qt, qe, kv_node, nbr_pos, dt, mask, time_w, time_b, ef, se, edge_rows,
                 q_rows, out, ft, fe, e)  # fmt: skip
-    out = out + torch.einsum("rhf,hdf->rhd", ft, w_time[o:].view(h, d, t))
+    out = _values_through(out, ft, w_time, v_time)
     if edge:
-        out = out + torch.einsum("rhf,hdf->rhd", fe, w_edge[o:].view(h, d, e))
+        out = _values_through(out, fe, w_edge, v_edge)
     return out.reshape(r, o)

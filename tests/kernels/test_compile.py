@@ -48,6 +48,11 @@ for dt in ("fp32", "bf16"):
         cases.append((td._decoder_fwd_kernel, dt,
                       {"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_O": 32, "KEEP_Z": keep, "TF32": keep}))
     for tf32 in (True, False):
+        # The wide batches' tile (evaluation: no activations kept).
+        bm, bk, bo, _ = td.WIDE_TILE
+        cases.append((td._decoder_fwd_kernel, dt,
+                      {"BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_O": bo, "KEEP_Z": False, "TF32": tf32}))
+    for tf32 in (True, False):
         cases.append((td._decoder_bwd_kernel, dt,
                       {"BLOCK_M": 16, "BLOCK_D": 128, "BLOCK_O": 32, "TF32": tf32}))
 from sven.kernels import triton_grads as tg
@@ -140,5 +145,5 @@ def test_kernels_compile_for_sm90() -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 104
+    assert report["cases"] == 108
     assert report["failures"] == []

@@ -173,3 +173,30 @@ def test_link_decoder_keeps_no_activations_without_a_gradient(device: str, monke
     assert seen == [False, True]
     # The same scores either way, bit for bit: only the activations' store differs.
     assert all(torch.equal(a, b.detach()) for a, b in zip(scored, trained, strict=True))
+
+
+@pytest.mark.parametrize("tile", ["64x32x128:4", "32x16x64:8", "16x32x32:4"])
+@pytest.mark.parametrize(("b", "n", "d"), SMALL)
+def test_link_decoder_forward_tiles(
+    device: str, b: int, n: int, d: int, tile: str, monkeypatch
+) -> None:
+    # Every forward tile (SVEN_DECODER_TILE) scores as the reference, the wide batches'
+    # one included, with rows and outputs off its block sizes; the backward unchanged.
+    monkeypatch.setenv("SVEN_DECODER_TILE", tile)
+    _check(device, b, n, d)
+
+
+def test_link_decoder_takes_the_wide_tile_from_wide_pairs() -> None:
+    from sven.kernels import triton_decoder as td
+
+    assert td._forward_tile(td.WIDE_PAIRS) == td.WIDE_TILE
+    assert td._forward_tile(td.WIDE_PAIRS - 1) == (td._BLOCK_M, td._BLOCK_K, td._BLOCK_O, 4)
+
+
+@pytest.mark.parametrize("value", ["64x32:4", "64x32x100:4", "8x32x32:4", "64x32x128", "a:b"])
+def test_link_decoder_refuses_a_bad_tile(value: str, monkeypatch) -> None:
+    from sven.kernels import triton_decoder
+
+    monkeypatch.setenv("SVEN_DECODER_TILE", value)
+    with pytest.raises(ValueError, match="SVEN_DECODER_TILE"):
+        triton_decoder._forward_tile(100)

@@ -401,9 +401,56 @@ def test_triton_factored_eager_reads_change_nothing(edge_rows: bool, device, mon
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("h,d,f", [(1, 8, 20), (2, 50, 100), (3, 5, 7)])
+def test_head_blocks_are_the_per_head_slices_on_a_diagonal(h: int, d: int, f: int) -> None:
+    """The key block holds head j's (D, F) slice of the keys' rows at (j D, j F), the
+    value block head j's slice of the values' rows, transposed, at (j F, j D); zeros
+    elsewhere, exactly."""
+    from sven.kernels import triton_factored
+
+    w = torch.randn(2 * h * d, f, generator=torch.Generator().manual_seed(4))
+    key, value = triton_factored._head_blocks(w, h, d)
+    o = h * d
+    assert torch.equal(key, torch.block_diag(*w[:o].view(h, d, f)))
+    assert torch.equal(value, torch.block_diag(*w[o:].view(h, d, f).transpose(1, 2)))
+
+
+@pytest.mark.parametrize("edge_rows", [False, True])
+def test_triton_factored_products_by_blocks_equal_per_head(
+    edge_rows: bool, device, monkeypatch
+) -> None:
+    """The queries' and the weighted sums' products over block-diagonal weights
+    (``SVEN_FACTORED_PRODUCTS=blocks``) compute what the per-head products compute (their
+    float64 operands to rounding), and close to the reference."""
+    from sven.kernels import triton_factored
+
+    inputs = [x.to(device) for x in _inputs(33, 2, 8, 5, torch.float64, dt_max=10.0)]
+    q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
+    if edge_rows:
+        table = ef.reshape(-1, E_DIM)
+        rows = torch.arange(table.shape[0], device=device).view(pos.shape)
+        args = (q, kvn, pos, dt, mask, tw, tb, wt, table, we, rows)
+    else:
+        args = (q, kvn, pos, dt, mask, tw, tb, wt, ef, we)
+    outs = []
+    with torch.no_grad():
+        want = reference.temporal_attention_factored(*args)
+        for mode in ("bmm", "blocks"):
+            monkeypatch.setenv("SVEN_FACTORED_PRODUCTS", mode)
+            outs.append(triton_factored.temporal_attention_factored(*args))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
+    # The kernel itself computes in float32.
+    torch.testing.assert_close(outs[1], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "name,value",
-    [("SVEN_FACTORED_WARPS", "3"), ("SVEN_FACTORED_CHUNK", "48"), ("SVEN_FACTORED_EAGER", "2")],
+    [
+        ("SVEN_FACTORED_WARPS", "3"),
+        ("SVEN_FACTORED_CHUNK", "48"),
+        ("SVEN_FACTORED_EAGER", "2"),
+        ("SVEN_FACTORED_PRODUCTS", "einsum"),
+    ],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
     from sven.kernels import triton_factored
@@ -411,3 +458,4 @@ def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, mon
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         triton_factored._factored_launch(172)
+        triton_factored._by_blocks()
