@@ -372,6 +372,17 @@ def test_triton_factored_reads_wide_edge_rows_in_chunks(
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def _with_edges(*inputs: torch.Tensor, edge_rows: bool) -> tuple:
+    """The factored attention's arguments from :func:`_inputs`'s ten; with ``edge_rows``
+    the edge features as rows of an (R K, d_e) table that each slot names."""
+    pos, ef = inputs[2], inputs[8]
+    if not edge_rows:
+        return inputs
+    table = ef.reshape(-1, ef.shape[-1])
+    rows = torch.arange(table.shape[0], device=ef.device).view(pos.shape)
+    return (*inputs[:8], table, inputs[9], rows)
+
+
 # The interpreter computes the masked slots' NaN encodings in numpy, which warns.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("edge_rows", [False, True])
@@ -386,12 +397,7 @@ def test_triton_factored_eager_reads_change_nothing(edge_rows: bool, device, mon
     ]
     dt = dt.masked_fill(~mask, float("nan"))
     dt[:, 0] = torch.where(mask[:, 0], dt[:, 0], float("inf"))
-    if edge_rows:
-        table = ef.reshape(-1, E_DIM)
-        rows = torch.arange(table.shape[0], device=device).view(pos.shape)
-        args = (q, kvn, pos, dt, mask, tw, tb, wt, table, we, rows)
-    else:
-        args = (q, kvn, pos, dt, mask, tw, tb, wt, ef, we)
+    args = _with_edges(q, kvn, pos, dt, mask, tw, tb, wt, ef, we, edge_rows=edge_rows)
     outs = []
     with torch.no_grad():
         for eager in ("0", "1"):
@@ -424,14 +430,10 @@ def test_triton_factored_products_by_blocks_equal_per_head(
     float64 operands to rounding), and close to the reference."""
     from sven.kernels import triton_factored
 
-    inputs = [x.to(device) for x in _inputs(33, 2, 8, 5, torch.float64, dt_max=10.0)]
-    q, kvn, pos, dt, mask, tw, tb, wt, ef, we = inputs
-    if edge_rows:
-        table = ef.reshape(-1, E_DIM)
-        rows = torch.arange(table.shape[0], device=device).view(pos.shape)
-        args = (q, kvn, pos, dt, mask, tw, tb, wt, table, we, rows)
-    else:
-        args = (q, kvn, pos, dt, mask, tw, tb, wt, ef, we)
+    args = _with_edges(
+        *[x.to(device) for x in _inputs(33, 2, 8, 5, torch.float64, dt_max=10.0)],
+        edge_rows=edge_rows,
+    )
     outs = []
     with torch.no_grad():
         want = reference.temporal_attention_factored(*args)
