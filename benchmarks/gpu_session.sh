@@ -46,6 +46,8 @@
 #               SVEN_COMPILE_AHEAD=0                                        [260]
 #   b600        batch 600 on the 10^7-event synthetic graph                  [300]
 #   scale       the host tier against the GPU tier at 10^7 nodes             [560]
+#   tiers       the captured step's kernels with state on the GPU and in pinned
+#               host memory, batch 600, 10^6 nodes (profile_step.py)         [90]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
 #   pair        Wikipedia batch-200 warm events/s, $SVEN_BEFORE against this [200]
 #   warmup      where the first step's seconds go on a warm Triton cache: the
@@ -118,6 +120,18 @@ phase_step() {
   done
   step 120 "$PY" benchmarks/profile_step.py --data "$STORES/cm" --out "$OUT/step/cm-tgn" \
     train.cuda_graph=on
+}
+
+phase_tiers() {
+  # The host tier's step beside the GPU tier's, batch 600, on 10^6 nodes: a 1.2 GB
+  # pinned table is as far from every cache as the 12 GB one of `scale`.
+  local g="$STORES/synth-1e6"
+  [ -f "$g/meta.json" ] || step 120 "$PY" -m sven data synth --events 10000000 \
+    --nodes 1000000 --seed 0 --out "$g"
+  for tier in gpu host; do
+    step 150 "$PY" benchmarks/profile_step.py --data "$g" --out "$OUT/tiers/$tier" \
+      --warmup 30 train.batch_size=600 state.device=$tier
+  done
 }
 
 phase_candidates() {
