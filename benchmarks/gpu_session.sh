@@ -35,9 +35,9 @@
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
 #               with other kernel choices ($SVEN_EVAL_AB: space-separated
-#               TAG:ENV=VALUE;ENV=VALUE items; default: the per-head products, the
-#               scorer's narrow tile, both, its wide tile on 8 warps, the scorer by
-#               GEMM)                                                        [130]
+#               TAG:ENV=VALUE;ENV=VALUE items; default: the cosine by polynomial,
+#               session 21's products and scorer tile, the scorer's wide tile on 8
+#               warps)                                                       [90]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -149,6 +149,9 @@ phase_candidates() {
   # The time encoding's cosine as libdevice's cosf alone (the default reduces it first).
   SVEN_TRITON_COS=libdevice step 120 "$PY" benchmarks/profile_step.py \
     --data "$STORES/wiki" --out "$OUT/candidates/cos-libdevice" train.cuda_graph=on
+  # ... and as a polynomial without cosf (an opt-in).
+  SVEN_TRITON_COS=poly step 120 "$PY" benchmarks/profile_step.py \
+    --data "$STORES/wiki" --out "$OUT/candidates/cos-poly" train.cuda_graph=on
   SVEN_KERNELS=auto$all step 300 "$PY" -m pytest -q -rf -p no:cacheprovider \
     tests/kernels/test_dedupe_kernel.py tests/kernels/test_adam_kernel.py \
     tests/integration/test_cuda_step.py
@@ -221,10 +224,9 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
 EOF
 }
 phase_evalab() {
-  local abs=("defaults:" "products-bmm:SVEN_FACTORED_PRODUCTS=bmm"
-    "decoder-narrow:SVEN_DECODER_TILE=16x32x32:4"
+  local abs=("defaults:" "cos-poly:SVEN_TRITON_COS=poly"
     "before:SVEN_FACTORED_PRODUCTS=bmm;SVEN_DECODER_TILE=16x32x32:4"
-    "decoder-w8:SVEN_DECODER_TILE=64x32x128:8" "decoder-gemm:SVEN_DECODER_WIDE=gemm")
+    "decoder-w8:SVEN_DECODER_TILE=64x32x128:8")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   eval_profiles "${abs[@]}"
 }

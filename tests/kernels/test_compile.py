@@ -132,7 +132,10 @@ print(json.dumps({"cases": len(cases), "failures": failures}))
 """
 
 
-def test_kernels_compile_for_sm90() -> None:
+@pytest.mark.parametrize("cos", ["reduced", "poly"])
+def test_kernels_compile_for_sm90(cos: str) -> None:
+    # Every kernel with each way of cos32 that a GPU run may ask for (SVEN_TRITON_COS
+    # is read at import: one process each).
     pytest.importorskip("triton")
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
@@ -140,6 +143,7 @@ def test_kernels_compile_for_sm90() -> None:
     except ImportError:
         pytest.skip("this triton has no ahead-of-time compile API")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SVEN_TRITON_COS"] = cos
     res = subprocess.run(
         [sys.executable, "-c", COMPILE_ALL], env=env, capture_output=True, text=True, timeout=600
     )

@@ -76,15 +76,55 @@ def test_cos32_beyond_its_range_is_the_cosine_unreduced(device: str) -> None:
     assert (got - want).abs().max().item() < 4e-7
 
 
-@pytest.mark.parametrize(
-    ("value", "reduced"),
-    [(None, True), ("libdevice", False), ("LibDevice ", False), ("reduced", True)],
-)
-def test_the_switch_is_read_from_the_environment_at_import(value, reduced) -> None:
+def _with_cos(value: str | None, code: str) -> subprocess.CompletedProcess:
+    """``code`` run in a fresh interpreter with ``SVEN_TRITON_COS=value`` (unset: None)."""
     env = {k: v for k, v in os.environ.items() if k != "SVEN_TRITON_COS"}
     if value is not None:
         env["SVEN_TRITON_COS"] = value
-    code = "from sven.kernels.triton_trig import REDUCED; print(REDUCED)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "reduced"),
+    [(None, True), ("libdevice", False), ("LibDevice ", False), ("reduced", True), ("poly", True)],
+)
+def test_the_switch_is_read_from_the_environment_at_import(value, reduced) -> None:
+    out = _with_cos(value, "from sven.kernels.triton_trig import REDUCED; print(REDUCED)")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == str(reduced)
+
+
+def test_an_unknown_way_is_refused_at_import() -> None:
+    out = _with_cos("fast", "import sven.kernels.triton_trig")
+    assert out.returncode != 0 and "SVEN_TRITON_COS must be one of" in out.stderr
+
+
+# The polynomial's checks in a process of their own: the way is fixed at import. On
+# CUDA where present (the fused multiply-adds there), else under the interpreter.
+_POLY_CHECK = """
+import os, torch
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+from tests.kernels import test_trig_kernel as t
+from sven.kernels import triton_trig
+assert triton_trig.MODE == "poly"
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+x = t._arguments(dev)
+far = torch.tensor([1.0e10, 3.3e12, -7.5e14], device=dev)
+huge = torch.tensor([1.0e30, -3.0e20], device=dev)
+errs = [(t._cos(v).double().cpu() - torch.cos(v.double().cpu())).abs().max().item()
+        for v in (x, far)]
+out = t._cos(huge).cpu()
+print(errs[0], errs[1], bool(torch.isfinite(out).all() and (out.abs() <= 1).all()))
+"""
+
+
+def test_cos32_by_polynomial_matches_the_cosine_of_its_float32_argument(device: str) -> None:
+    # SVEN_TRITON_COS=poly: within 4e-7 of the float64 cosine of the float32 argument
+    # over the time encoding's arguments and the edges, up to 1e15 too; past the range
+    # its quotient holds, finite and within [-1, 1].
+    out = _with_cos("poly", _POLY_CHECK)
+    assert out.returncode == 0, out.stderr[-3000:]
+    near, far, bounded = out.stdout.split()
+    assert float(near) < 4e-7 and float(far) < 4e-7, out.stdout
+    assert bounded == "True"
