@@ -167,15 +167,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     ap.add_argument("--once", action="store_true", help="one case, twice, untimed")
-    ap.add_argument("--case", default=None, help="the case --once runs (its name)")
+    ap.add_argument("--case", default=None, help="the one case to run (its name)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    named = {c.name: c for c in cases(args.quick)}
+    if args.case is not None and args.case not in named:
+        raise SystemExit(f"--case: no case {args.case!r}; cases: {', '.join(named)}")
     if args.once:
         from sven.kernels import triton_factored
 
-        named = {c.name: c for c in cases(args.quick)}
-        if args.case is not None and args.case not in named:
-            raise SystemExit(f"--case: no case {args.case!r}; cases: {', '.join(named)}")
         case = named[args.case] if args.case else cases(args.quick)[0]
         q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = inputs(case, device)
         with torch.no_grad():
@@ -187,7 +187,7 @@ def main() -> None:
             torch.cuda.synchronize()
         return
     rows = []
-    for c in cases(args.quick):
+    for c in [named[args.case]] if args.case else cases(args.quick):
         us = kernel_us(c, device, args.repeats)
         gb = least_bytes(c) / 1e9
         rows.append({**asdict(c), "us": round(us, 2), "least_gb": round(gb, 4),

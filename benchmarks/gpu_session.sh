@@ -247,11 +247,16 @@ phase_factored() {
       "$PY" benchmarks/bench_factored.py --once
     # The MRR store's case (no edges, queries per node) with where its instructions go:
     # the pipes (the cosine's float64 reduction), the schedulers' issue, the stalls.
-    step 200 ncu --clock-control none --kernel-name _factored_fwd_kernel --launch-skip 1 \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
-      --section SchedulerStats \
-      "$PY" benchmarks/bench_factored.py --once --case "no edges, per-node queries"
+    # Each way of the cosine (SVEN_TRITON_COS), with the instructions by opcode.
+    for cos in reduced poly; do
+      SVEN_TRITON_COS=$cos step 200 ncu --clock-control none --kernel-name _factored_fwd_kernel \
+        --launch-skip 1 --launch-count 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section InstructionStats --section SchedulerStats --print-details all \
+        "$PY" benchmarks/bench_factored.py --once --case "no edges, per-node queries"
+    done
+    SVEN_TRITON_COS=poly step 200 "$PY" benchmarks/bench_factored.py \
+      --out "$OUT/factored/cos-poly" --case "no edges, per-node queries"
   fi
 }
 
