@@ -35,9 +35,9 @@
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
 #               with other kernel choices ($SVEN_EVAL_AB: space-separated
-#               TAG:ENV=VALUE;ENV=VALUE items; default: the cosine by polynomial,
-#               session 21's products and scorer tile, the scorer's wide tile on 8
-#               warps)                                                       [90]
+#               TAG:ENV=VALUE;ENV=VALUE items; default: the factored kernel's heads
+#               one after another, with and without the cosine by polynomial, the
+#               polynomial alone, the scorer's wide tile on 8 warps)         [100]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -224,8 +224,8 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
 EOF
 }
 phase_evalab() {
-  local abs=("defaults:" "cos-poly:SVEN_TRITON_COS=poly"
-    "before:SVEN_FACTORED_PRODUCTS=bmm;SVEN_DECODER_TILE=16x32x32:4"
+  local abs=("defaults:" "heads:SVEN_FACTORED_HEADS=1"
+    "heads-poly:SVEN_FACTORED_HEADS=1;SVEN_TRITON_COS=poly" "cos-poly:SVEN_TRITON_COS=poly"
     "decoder-w8:SVEN_DECODER_TILE=64x32x128:8")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   eval_profiles "${abs[@]}"
@@ -247,17 +247,21 @@ phase_factored() {
       "$PY" benchmarks/bench_factored.py --once
     # The MRR store's case (no edges, queries per node) with where its instructions go:
     # the pipes (the cosine's float64 reduction), the schedulers' issue, the stalls.
-    # Each way of the cosine (SVEN_TRITON_COS), with the instructions by opcode.
-    for cos in reduced poly; do
-      SVEN_TRITON_COS=$cos step 200 ncu --clock-control none --kernel-name _factored_fwd_kernel \
-        --launch-skip 1 --launch-count 1 --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --section InstructionStats --section SchedulerStats --print-details all \
+    # Each kernel (SVEN_FACTORED_HEADS) and way of the cosine (SVEN_TRITON_COS), with
+    # the instructions by opcode (benchmarks/count_sass.py counts them without a GPU).
+    for way in 0:reduced 1:reduced 1:poly; do
+      SVEN_FACTORED_HEADS=${way%%:*} SVEN_TRITON_COS=${way#*:} step 200 ncu --clock-control none \
+        --kernel-name regex:_factored_ --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+        --print-details all \
         "$PY" benchmarks/bench_factored.py --once --case "no edges, per-node queries"
     done
-    SVEN_TRITON_COS=poly step 200 "$PY" benchmarks/bench_factored.py \
-      --out "$OUT/factored/cos-poly" --case "no edges, per-node queries"
   fi
+  # The heads-one-after-another kernel on every case, and with the polynomial cosine.
+  SVEN_FACTORED_HEADS=1 step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored/heads"
+  SVEN_FACTORED_HEADS=1 SVEN_TRITON_COS=poly step 200 "$PY" benchmarks/bench_factored.py \
+    --out "$OUT/factored/heads-poly" --case "no edges, per-node queries"
 }
 
 phase_ttr() {

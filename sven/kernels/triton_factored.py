@@ -19,6 +19,11 @@ attention-weighted slot features ft (R, H, T), fe (R, H, E), all contiguous. Edg
 features: ef (R, K, E), or with EDGE_ROWS the (events, E) table whose row er[r, k] each
 slot reads. With Q_ROWS, root r reads row qr[r] of the queries and their products (one
 row per node: roots of one node share it), else row r.
+
+``SVEN_FACTORED_HEADS=1`` (an opt-in until timed) runs :func:`_factored_heads_kernel`
+instead: the same program per root, its heads one after another on (slots, columns)
+tiles rather than all at once on (slots, heads, columns) ones; each slot's time
+encoding and each chunk of edge rows is still built or read once for all heads.
 """
 
 from __future__ import annotations
@@ -55,6 +60,37 @@ def _slot_feat(
 
 
 @triton.jit
+def _root_slots(
+    r, qr_ptr, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r, sp_k,
+    Q_ROWS: tl.constexpr, EAGER: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Root r's row of the queries, its slots (BLOCK_K,), their flags, which of them to
+    read, and their neighbours' rows (int64)."""
+    if Q_ROWS:
+        qi = tl.load(qr_ptr + r).to(tl.int64)
+    else:
+        qi = r
+    ok = tl.arange(0, BLOCK_K)
+    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
+    # EAGER: a slot's row and gap are read whatever its flag (a masked slot names a
+    # valid row, and its gap's encoding is zeroed), so they need not wait for it.
+    read = (ok < K) if EAGER else valid
+    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
+    return qi, ok, valid, read, nbr
+
+
+@triton.jit
+def _edge_at(r, ok, read, er_ptr, ser_r, ser_k, se_r, se_k, EDGE_ROWS: tl.constexpr):
+    """Where each slot of root r reads its edge row (BLOCK_K,): a row of the table
+    ``er`` names, or the slot's own."""
+    if EDGE_ROWS:
+        erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=read, other=0).to(tl.int64)
+        return erow * se_r
+    else:
+        return r * se_r + ok * se_k
+
+
+@triton.jit
 def _factored_fwd_kernel(
     q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
     qr_ptr, o_ptr, ft_ptr, fe_ptr,
@@ -67,23 +103,15 @@ def _factored_fwd_kernel(
 ):  # fmt: skip
     # One program per root, every head at once; operands: the module docstring.
     r = tl.program_id(0).to(tl.int64)
-    if Q_ROWS:
-        qi = tl.load(qr_ptr + r).to(tl.int64)
-    else:
-        qi = r
-    ok = tl.arange(0, BLOCK_K)
+    qi, ok, valid, read, nbr = _root_slots(r, qr_ptr, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r,
+                                           sp_k, Q_ROWS, EAGER, BLOCK_K)  # fmt: skip
     oh = tl.arange(0, BLOCK_H)
     od = tl.arange(0, BLOCK_D)
     hm = oh < H
     hdm = hm[:, None] & (od < D)[None, :]
     hd = oh[:, None] * D + od[None, :]
     qrow = r * H + oh
-    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
     tile = valid[:, None, None] & hdm[None, :, :]
-    # EAGER: a slot's row and gap are read whatever its flag (a masked slot names a
-    # valid row, and its gap's encoding is zeroed), so they need not wait for it.
-    read = (ok < K) if EAGER else valid
-    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
     row = kvn_ptr + nbr[:, None, None] * sn_u
     # Every gather whose address is known is issued here, before any arithmetic waits
     # on one: a program's loads are in flight together rather than one after another.
@@ -100,11 +128,7 @@ def _factored_fwd_kernel(
     s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
     if HAS_EDGE:
         oe = tl.arange(0, BLOCK_E)
-        if EDGE_ROWS:
-            erow = tl.load(er_ptr + r * ser_r + ok * ser_k, mask=read, other=0).to(tl.int64)
-            e_at = erow * se_r
-        else:
-            e_at = r * se_r + ok * se_k
+        e_at = _edge_at(r, ok, read, er_ptr, ser_r, ser_k, se_r, se_k, EDGE_ROWS)
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
@@ -131,6 +155,78 @@ def _factored_fwd_kernel(
                      mask=em)  # fmt: skip
 
 
+@triton.jit
+def _factored_heads_kernel(
+    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
+    qr_ptr, o_ptr, ft_ptr, fe_ptr,
+    K, H, D, OD, T, E, scale,
+    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
+    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, EAGER: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    # _factored_fwd_kernel's function and operands, its heads one after another on 2-D
+    # (slots, columns) tiles: the (slots, heads, columns) tiles' broadcasts and
+    # reductions take more instructions (benchmarks/count_sass.py counts them), and
+    # the wide batch's kernel is bound by issuing them.
+    r = tl.program_id(0).to(tl.int64)
+    qi, ok, valid, read, nbr = _root_slots(r, qr_ptr, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r,
+                                           sp_k, Q_ROWS, EAGER, BLOCK_K)  # fmt: skip
+    oh = tl.arange(0, BLOCK_H)
+    od = tl.arange(0, BLOCK_D)
+    ot = tl.arange(0, BLOCK_T)
+    dm, tm = od < D, ot < T
+    row = kvn_ptr + nbr[:, None] * sn_u
+    kd = valid[:, None] & dm[None, :]
+    ftime = _slot_feat(r, ok, valid, ot, tm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
+                       sdt_r, sdt_k, read, True)  # fmt: skip
+    # The scores, head h in column h.
+    s = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float32)
+    for h in tl.static_range(BLOCK_H):
+        # As a block: a bare comparison of a constant with an argument is not a mask.
+        hv = tl.full([1], h, tl.int32) < H
+        key = tl.load(row + (h * D + od)[None, :] * sn_c, mask=kd & hv, other=0.0)
+        q = tl.load(q_ptr + qi * sq_r + h * sq_h + od * sq_d, mask=dm & hv, other=0.0)
+        qt = tl.load(qt_ptr + qi * sqt_r + h * sqt_h + ot, mask=tm & hv, other=0.0)
+        sh = tl.sum(key.to(tl.float32) * q.to(tl.float32)[None, :], axis=1)
+        sh += tl.sum(ftime * qt.to(tl.float32)[None, :], axis=1)
+        s += tl.where(oh[None, :] == h, sh[:, None], 0.0)
+    if HAS_EDGE:
+        oe = tl.arange(0, BLOCK_E)
+        e_at = _edge_at(r, ok, read, er_ptr, ser_r, ser_k, se_r, se_k, EDGE_ROWS)
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            # A chunk of the slots' edge rows is read once for every head.
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, read, False)  # fmt: skip
+            for h in tl.static_range(BLOCK_H):
+                hv = tl.full([1], h, tl.int32) < H
+                qe = tl.load(qe_ptr + qi * sqe_r + h * sqe_h + ec, mask=(ec < E) & hv, other=0.0)
+                sh = tl.sum(fedge * qe.to(tl.float32)[None, :], axis=1)
+                s += tl.where(oh[None, :] == h, sh[:, None], 0.0)
+    p = _softmax_valid(s * scale, valid[:, None] & (oh < H)[None, :])
+    for h in tl.static_range(BLOCK_H):
+        hv = tl.full([1], h, tl.int32) < H
+        ph = tl.sum(tl.where(oh[None, :] == h, p, 0.0), axis=1)
+        val = tl.load(row + (OD + h * D + od)[None, :] * sn_c, mask=kd & hv, other=0.0)
+        out = tl.sum(ph[:, None] * val.to(tl.float32), axis=0)
+        tl.store(o_ptr + (r * H + h) * D + od, out.to(o_ptr.dtype.element_ty), mask=dm & hv)
+        wt = tl.sum(ph[:, None] * ftime, axis=0)
+        tl.store(ft_ptr + (r * H + h) * T + ot, wt.to(ft_ptr.dtype.element_ty), mask=tm & hv)
+    if HAS_EDGE:
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, read, False)  # fmt: skip
+            for h in tl.static_range(BLOCK_H):
+                ph = tl.sum(tl.where(oh[None, :] == h, p, 0.0), axis=1)
+                we = tl.sum(ph[:, None] * fedge, axis=0)
+                hv = tl.full([1], h, tl.int32) < H
+                tl.store(fe_ptr + (r * H + h) * E + ec, we.to(fe_ptr.dtype.element_ty),
+                         mask=(ec < E) & hv)  # fmt: skip
+
+
 #: Warps of a factored-attention program (one root, every head);
 #: ``SVEN_FACTORED_WARPS`` sets another count (read at each launch, for A/B runs).
 FACTORED_WARPS = 8
@@ -141,6 +237,10 @@ FACTORED_EDGE_CHUNK = 64
 #: (one dependent load fewer per root, a few masked bytes more); ``SVEN_FACTORED_EAGER``
 #: (0 or 1) sets the other choice, for A/B runs.
 FACTORED_EAGER = False
+#: Whether a program takes its heads one after another on 2-D tiles
+#: (:func:`_factored_heads_kernel`) rather than all at once on 3-D ones;
+#: ``SVEN_FACTORED_HEADS`` (0 or 1) sets the other choice, for A/B runs.
+FACTORED_HEADS = False
 #: How the queries and the weighted sums cross the slot projections: ``blocks`` (one
 #: GEMM each over block-diagonal weights) or ``bmm`` (a product per head);
 #: ``SVEN_FACTORED_PRODUCTS`` sets the other, for A/B runs.
@@ -164,6 +264,14 @@ def _factored_launch(e: int) -> dict[str, int | bool]:
     if eager not in ("0", "1"):
         raise ValueError(f"SVEN_FACTORED_EAGER must be 0 or 1, got {eager!r}")
     return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk), "EAGER": eager == "1"}
+
+
+def _factored_kernel() -> triton.JITFunction:
+    """The factored-attention kernel a launch runs (``SVEN_FACTORED_HEADS``)."""
+    heads = os.environ.get("SVEN_FACTORED_HEADS", "1" if FACTORED_HEADS else "0")
+    if heads not in ("0", "1"):
+        raise ValueError(f"SVEN_FACTORED_HEADS must be 0 or 1, got {heads!r}")
+    return _factored_heads_kernel if heads == "1" else _factored_fwd_kernel
 
 
 def _columns_dense(x: torch.Tensor) -> torch.Tensor:
@@ -288,7 +396,7 @@ def _launch(
     (r, k), (_, h, d), t = nbr_pos.shape, q.shape, time_w.shape[0]
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
-    _factored_fwd_kernel[(r,)](
+    _factored_kernel()[(r,)](
         q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
         rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
         k, h, d, h * d, t, e, 1.0 / (d**0.5),

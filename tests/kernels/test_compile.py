@@ -104,9 +104,10 @@ for decay in (False, True):
 from sven.kernels import triton_factored as tfa, triton_norm as tno
 # The factored evaluation attention with its slots' index read eagerly or after the
 # flags, edges in place, as table rows or none; the wide layer's output norm.
-for eager in (False, True):
+for fn, eager in ((tfa._factored_fwd_kernel, False), (tfa._factored_fwd_kernel, True),
+                  (tfa._factored_heads_kernel, False)):
     for edge, rows in ((False, False), (True, True), (True, False)):
-        cases.append((tfa._factored_fwd_kernel, "fp32",
+        cases.append((fn, "fp32",
                       {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": eager,
                        "BLOCK_K": 16, "BLOCK_H": 2, "BLOCK_D": 64, "BLOCK_T": 128,
                        "BLOCK_E": 64}, {"er_ptr": "*i64", "qr_ptr": "*i64"}))
@@ -149,5 +150,5 @@ def test_kernels_compile_for_sm90(cos: str) -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 108
+    assert report["cases"] == 111
     assert report["failures"] == []

@@ -144,7 +144,8 @@ def test_layer_rejects_an_unknown_form() -> None:
 
 # The factored forward as one Triton kernel (evaluation on CUDA), against the reference;
 # on CPU under Triton's interpreter (small shapes), on CUDA the whole grid.
-TRITON_SMALL = [(7, 2, 8, 5, True), (7, 1, 50, 16, False), (1, 2, 8, 1, False)]
+# Three heads: a padded head in the programs' blocks.
+TRITON_SMALL = [(7, 2, 8, 5, True), (7, 1, 50, 16, False), (1, 2, 8, 1, False), (5, 3, 8, 5, True)]
 TRITON_GRID = list(itertools.product((1, 33, 517), (1, 2), (8, 50), (1, 10, 16), (True, False)))
 
 
@@ -167,14 +168,26 @@ def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
     return x.double() if x is not None and x.is_floating_point() else x
 
 
+# Both kernels: every head at once on 3-D tiles, or one after another on 2-D ones.
+HEADS = pytest.mark.parametrize("heads", ["0", "1"])
+
+
+@HEADS
 @pytest.mark.parametrize("r,h,d,k,edge", TRITON_SMALL)
-def test_triton_factored_small(r: int, h: int, d: int, k: int, edge: bool, device) -> None:
+def test_triton_factored_small(
+    r: int, h: int, d: int, k: int, edge: bool, heads: str, device, monkeypatch
+) -> None:
+    monkeypatch.setenv("SVEN_FACTORED_HEADS", heads)
     _triton_vs_reference(r, h, d, k, edge, device)
 
 
 @pytest.mark.gpu
+@HEADS
 @pytest.mark.parametrize("r,h,d,k,edge", TRITON_GRID)
-def test_triton_factored_grid(r: int, h: int, d: int, k: int, edge: bool, cuda) -> None:
+def test_triton_factored_grid(
+    r: int, h: int, d: int, k: int, edge: bool, heads: str, cuda, monkeypatch
+) -> None:
+    monkeypatch.setenv("SVEN_FACTORED_HEADS", heads)
     _triton_vs_reference(r, h, d, k, edge, cuda)
 
 
@@ -452,6 +465,7 @@ def test_triton_factored_products_by_blocks_equal_per_head(
         ("SVEN_FACTORED_CHUNK", "48"),
         ("SVEN_FACTORED_EAGER", "2"),
         ("SVEN_FACTORED_PRODUCTS", "einsum"),
+        ("SVEN_FACTORED_HEADS", "2"),
     ],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
@@ -461,3 +475,4 @@ def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, mon
     with pytest.raises(ValueError, match=name):
         triton_factored._factored_launch(172)
         triton_factored._by_blocks()
+        triton_factored._factored_kernel()
