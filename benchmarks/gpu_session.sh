@@ -28,7 +28,8 @@
 #   candidates  the opt-in kernels (SVEN_KERNELS=auto,NAME=triton) one by one
 #               and together, each profiled beside the defaults              [200]
 #   pyg         Sven against PyG's TGN, 3 epochs, Wikipedia and CollegeMsg  [300]
-#   mrr         100 MRR negatives against one, 2 epochs each, and the
+#   mrr         100 MRR negatives against one, 2 epochs each (and $SVEN_MRR_AB:
+#               TAG:ENV=VALUE;ENV=VALUE items, a 100-negative run each), and the
 #               evaluation profile at 100 (its costliest kernels)           [160]
 #   mrrab       the evaluation profile at 100 MRR negatives for each factored-attention
 #               launch setting (SVEN_FACTORED_WARPS:SVEN_FACTORED_CHUNK pairs in
@@ -171,6 +172,15 @@ phase_mrr() {
     train.patience=0 --quiet)
   step 150 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/one"
   step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100" eval.mrr_negatives=100
+  # $SVEN_MRR_AB: TAG:ENV=VALUE;ENV=VALUE items, each a 100-negative run of its own
+  # against the same one-negative run (the ratio a candidate default would give).
+  local ab envs
+  [ -n "${SVEN_MRR_AB:-}" ] && for ab in $SVEN_MRR_AB; do
+    envs=${ab#*:}
+    # shellcheck disable=SC2086  # the ;-separated settings become env's arguments
+    step 200 env ${envs//;/ } "$PY" -m sven train "${common[@]}" \
+      "out=$OUT/mrr/mrr100-${ab%%:*}" eval.mrr_negatives=100
+  done
   "$PY" - "$OUT/mrr" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
 import json, sys
 from pathlib import Path
@@ -182,7 +192,7 @@ def val_rate(run):
 
 d = Path(sys.argv[1])
 one = val_rate(d / "one")
-for run in ("mrr100",):
+for run in sorted(p.name for p in d.glob("mrr100*")):
     if not (d / run / "summary.json").exists():
         continue
     mrr = val_rate(d / run)
