@@ -82,6 +82,15 @@ step() {
   return 0
 }
 
+# step, under the settings of a TAG:ENV=VALUE;ENV=VALUE item (TAG: for none):
+# ab_step LIMIT ITEM CMD...
+ab_step() {
+  local limit=$1 envs=${2#*:}
+  shift 2
+  # shellcheck disable=SC2086  # the ;-separated settings become env's arguments
+  step "$limit" env ${envs//;/ } "$@"
+}
+
 need_stores() {
   [ -f "$STORES/wiki/meta.json" ] || phase_setup
 }
@@ -174,12 +183,10 @@ phase_mrr() {
   step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100" eval.mrr_negatives=100
   # $SVEN_MRR_AB: TAG:ENV=VALUE;ENV=VALUE items, each a 100-negative run of its own
   # against the same one-negative run (the ratio a candidate default would give).
-  local ab envs
+  local ab
   [ -n "${SVEN_MRR_AB:-}" ] && for ab in $SVEN_MRR_AB; do
-    envs=${ab#*:}
-    # shellcheck disable=SC2086  # the ;-separated settings become env's arguments
-    step 200 env ${envs//;/ } "$PY" -m sven train "${common[@]}" \
-      "out=$OUT/mrr/mrr100-${ab%%:*}" eval.mrr_negatives=100
+    ab_step 200 "$ab" "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100-${ab%%:*}" \
+      eval.mrr_negatives=100
   done
   "$PY" - "$OUT/mrr" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
 import json, sys
@@ -210,11 +217,9 @@ EOF
 # for the defaults).
 eval_profiles() {
   need_stores
-  local ab envs
+  local ab
   for ab in "$@"; do
-    envs=${ab#*:}
-    # shellcheck disable=SC2086  # the ;-separated settings become env's arguments
-    step 150 env ${envs//;/ } "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
+    ab_step 150 "$ab" "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" \
       --out "$OUT/$phase" --tag "${ab%%:*}" --train-batches 20 --profile-batches 5 \
       eval.mrr_negatives=100 > /dev/null
   done
