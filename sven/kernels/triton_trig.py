@@ -50,10 +50,17 @@ _POLY = tl.constexpr(MODE == "poly")
 
 
 @triton.jit
+def _turns(xd):
+    """The nearest whole number of turns (2 pi) to the float64 block ``xd``."""
+    # The constants as float64 tensors: a bare Python float would enter as float32.
+    return tl.floor(xd * tl.full([], 0.15915494309189535, tl.float64) + 0.5)
+
+
+@triton.jit
 def _cos_poly(x):
     """cos(x) of a float32 block without libdevice (``SVEN_TRITON_COS=poly``)."""
     xd = x.to(tl.float64)
-    k = tl.floor(xd * tl.full([], 0.15915494309189535, tl.float64) + 0.5)
+    k = _turns(xd)
     # 2 pi = hi + lo: the second product takes back the first constant's error, so the
     # remainder holds for any quotient a float64 counts exactly.
     r = tl.fma(-k, tl.full([], 6.283185307179586, tl.float64), xd)
@@ -80,8 +87,7 @@ def cos32(x):
         return _cos_poly(x)
     elif _REDUCED:
         xd = x.to(tl.float64)
-        # The constants as float64 tensors: a bare Python float would enter as float32.
-        k = tl.floor(xd * tl.full([], 0.15915494309189535, tl.float64) + 0.5)
+        k = _turns(xd)
         r = xd - k * tl.full([], 6.283185307179586, tl.float64)
         r = tl.where(tl.abs(xd) < 1.0e10, r, xd)
         return tl.cos(r.to(tl.float32))
