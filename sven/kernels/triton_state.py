@@ -14,6 +14,11 @@ Keys are distinct, so each node has one winner; a loser reads either the winner'
 or the -1 it left, never its own, so the reset needs no third kernel. Losers write
 nothing (the reference sends them to the scratch row, whose content is meaningless).
 The reference, the CPU path and the oracle, is the ``MemoryState`` code itself.
+
+With a :class:`~sven.models.readahead.WriteLog` the first kernel also takes the
+commit's number (its first program bumps the counter) and the second stamps each
+winner's row with it; the gather, given rows read ahead, reads again only the rows
+stamped since (``REFRESH``).
 """
 
 from __future__ import annotations
@@ -30,13 +35,23 @@ _ROWS = 32
 @triton.jit
 def _gather_kernel(
     nodes_ptr, mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr,
-    o_mem, o_lu, o_mail, o_mts, o_mv, U,
+    o_mem, o_lu, o_mail, o_mts, o_mv, U, stamp_ptr, since_ptr, wipe_ptr,
     D_MEM: tl.constexpr, D_MAIL: tl.constexpr, M: tl.constexpr,
     B_MEM: tl.constexpr, B_MAIL: tl.constexpr, B_M: tl.constexpr, ROWS: tl.constexpr,
+    REFRESH: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = rows < U
     n = tl.load(nodes_ptr + rows, mask=rm, other=0).to(tl.int64)
+    if REFRESH:
+        # Rows read ahead: only those written since their read (or all, after a
+        # wholesale change) are read again (sven.models.readahead).
+        since = tl.load(since_ptr)
+        s = tl.load(stamp_ptr + n, mask=rm, other=-1)
+        # The wipe as a block: a scalar comparison in the mask is refused by the
+        # interpreter.
+        w = tl.load(wipe_ptr) + tl.zeros_like(s)
+        rm = rm & ((s >= since) | (w >= since))
     r64 = rows.to(tl.int64)
     c = tl.arange(0, B_MEM)
     m2 = rm[:, None] & (c < D_MEM)[None, :]
@@ -59,13 +74,22 @@ def _block(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def gather_rows(tables: tuple[torch.Tensor, ...], nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def gather_rows(
+    tables: tuple[torch.Tensor, ...],
+    nodes: torch.Tensor,
+    outs: tuple[torch.Tensor, ...] | None = None,
+    refresh: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
     """The five state tables' rows at ``nodes``, as ``tuple(t[nodes] for t in tables)``.
 
     Args:
         tables: memory (N1, d_mem), last_update (N1,) float64, mail (N1, M, d_mail),
             mail_ts (N1, M) float64, mail_valid (N1, M) bool; contiguous.
         nodes: (U,) int64 row ids in [0, N1).
+        outs: The five (U, ...) contiguous tensors to write, or None (new ones).
+        refresh: (stamp (N1,), since (1,), wipe (1,)) int64 of a
+            :class:`~sven.models.readahead.WriteLog`: ``outs`` hold rows read ahead at
+            ``since``, and only the stale ones (``WriteLog.stale``) are read again.
 
     Returns:
         The five (U, ...) tensors, in the same order.
@@ -73,33 +97,43 @@ def gather_rows(tables: tuple[torch.Tensor, ...], nodes: torch.Tensor) -> tuple[
     mem, lu, mail, mts, mv = tables
     u = nodes.shape[0]
     m, d_mail = mail.shape[1], mail.shape[2]
-    outs = tuple(t.new_empty((u, *t.shape[1:])) for t in tables)
+    if outs is None:
+        outs = tuple(t.new_empty((u, *t.shape[1:])) for t in tables)
+    # Unused pointers get a real tensor of the right kind: the kernel never reads them.
+    stamp, since, wipe = refresh if refresh is not None else (nodes, nodes, nodes)
     if u:
         _gather_kernel[(triton.cdiv(u, _ROWS),)](
             nodes, mem, lu, mail, mts, mv.view(torch.int8), outs[0], outs[1], outs[2],
-            outs[3], outs[4].view(torch.int8), u, mem.shape[1], d_mail, m,
-            _block(mem.shape[1]), _block(m * d_mail), _block(m), ROWS=_ROWS,
+            outs[3], outs[4].view(torch.int8), u, stamp, since, wipe, mem.shape[1], d_mail,
+            m, _block(mem.shape[1]), _block(m * d_mail), _block(m), ROWS=_ROWS,
+            REFRESH=refresh is not None,
         )  # fmt: skip
     return outs
 
 
 @triton.jit
-def _amax_kernel(nodes_ptr, key_ptr, best_ptr, P, BLOCK: tl.constexpr):
+def _amax_kernel(nodes_ptr, key_ptr, best_ptr, counter_ptr, P, BLOCK: tl.constexpr,
+                 BUMP: tl.constexpr):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < P
     n = tl.load(nodes_ptr + offs, mask=m, other=0)
     k = tl.load(key_ptr + offs, mask=m, other=-1)
     tl.atomic_max(best_ptr + n, k, mask=m & (k >= 0))
+    if BUMP:
+        # The commit's number, taken before the write kernel runs (WriteLog.next).
+        if tl.program_id(0) == 0:
+            tl.atomic_add(counter_ptr, 1)
 
 
 @triton.jit
 def _write_kernel(
     nodes_ptr, key_ptr, best_ptr, P,
     src_mem, src_lu, src_mail, src_mts,
-    mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr,
+    mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr, stamp_ptr, counter_ptr,
     D_MEM: tl.constexpr, D_MAIL: tl.constexpr, M: tl.constexpr,
     B_MEM: tl.constexpr, B_MAIL: tl.constexpr,
     WRITE_MEM: tl.constexpr, WRITE_MAIL: tl.constexpr, ROWS: tl.constexpr,
+    STAMP: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = rows < P
@@ -140,6 +174,8 @@ def _write_kernel(
     # thread that needs ``win`` (one per column group of a row), and a read after the
     # reset would drop the winner's remaining columns. A loser in another program reads
     # either the winner's key or -1, neither its own (keys are >= 0 and distinct).
+    if STAMP:
+        tl.store(stamp_ptr + n, tl.load(counter_ptr) + tl.zeros([ROWS], tl.int64), mask=win)
     tl.debug_barrier()
     tl.store(best_ptr + n, tl.full([ROWS], -1, tl.int64), mask=win)
 
@@ -153,6 +189,9 @@ def commit_rows(
     last_update: torch.Tensor | None,
     mail: torch.Tensor | None,
     mail_ts: torch.Tensor | None,
+    *,
+    log: tuple[torch.Tensor, torch.Tensor] | None = None,
+    new_number: bool = True,
 ) -> None:
     """Writes each node's winning candidate (largest key) into the state tables.
 
@@ -167,6 +206,11 @@ def commit_rows(
             memory written).
         mail: (P, d_mail) and mail_ts (P,): the mail to put at the front of the
             winners' queues, or None (no mail written).
+        log: (stamp (N1,), counter (1,)) int64 of the state's
+            :class:`~sven.models.readahead.WriteLog`, or None: the commit takes its
+            number and stamps its winners' rows with it.
+        new_number: Whether this call takes a new number (False: a commit's second
+            set of winners, stamped with the first's number).
     """
     p = nodes.shape[0]
     if p == 0:
@@ -174,7 +218,10 @@ def commit_rows(
     t_mem, t_lu, t_mail, t_mts, t_mv = tables
     m, d_mail = t_mail.shape[1], t_mail.shape[2]
     block = 1024
-    _amax_kernel[(triton.cdiv(p, block),)](nodes, key, best, p, BLOCK=block)
+    stamp, counter = log if log is not None else (best, best)
+    _amax_kernel[(triton.cdiv(p, block),)](
+        nodes, key, best, counter, p, BLOCK=block, BUMP=log is not None and new_number
+    )
     write_mem, write_mail = memory is not None, mail is not None
     # Unused pointers get a real tensor of the right kind: the kernel never reads them.
     src_mem = memory.contiguous().to(t_mem.dtype) if write_mem else t_mem
@@ -183,7 +230,7 @@ def commit_rows(
     src_mts = mail_ts.to(torch.float64).contiguous() if write_mail else t_mts
     _write_kernel[(triton.cdiv(p, _ROWS),)](
         nodes, key, best, p, src_mem, src_lu, src_mail, src_mts,
-        t_mem, t_lu, t_mail, t_mts, t_mv.view(torch.int8),
+        t_mem, t_lu, t_mail, t_mts, t_mv.view(torch.int8), stamp, counter,
         t_mem.shape[1], d_mail, m, _block(t_mem.shape[1]), _block(d_mail),
-        WRITE_MEM=write_mem, WRITE_MAIL=write_mail, ROWS=_ROWS,
+        WRITE_MEM=write_mem, WRITE_MAIL=write_mail, ROWS=_ROWS, STAMP=log is not None,
     )  # fmt: skip

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from sven import kernels
+from sven.models.readahead import WriteLog
 from sven.models.storage import Storage
 
 
@@ -60,6 +61,20 @@ class MemoryRows:
     mail_ts: torch.Tensor
     mail_valid: torch.Tensor
     node_feat: torch.Tensor | None = None
+
+
+@dataclass
+class EarlyRows:
+    """A batch's node-state rows read before its step (:mod:`sven.models.readahead`).
+
+    Attributes:
+        rows: The rows as read (U rows each), refreshed in place by the step that
+            uses them (:meth:`MemoryState.refresh`).
+        since: (1,) int64 the write counter's value just before the read.
+    """
+
+    rows: MemoryRows
+    since: torch.Tensor
 
 
 @dataclass
@@ -197,6 +212,9 @@ class MemoryState:
             self.full[name] = view
             if host is not None:
                 self.host[name] = host
+        #: The record of writes that rows read ahead are checked against
+        #: (:mod:`sven.models.readahead`), once :meth:`track_writes` is called.
+        self.log: WriteLog | None = None
         self.reset()
         # The winners' per-node maximum key, -1 everywhere between calls: kept rather
         # than refilled per call, which on a large graph was a memset of N + 1 words
@@ -214,6 +232,7 @@ class MemoryState:
             # Assignment writes in place: the buffers keep their addresses, which a
             # captured CUDA graph has recorded.
             self.full[name][: self.num_nodes].copy_(value)
+            self.invalidate()
 
         return property(get, put, doc=f"(N, ...) view of the ``{name}`` buffer.")
 
@@ -234,6 +253,7 @@ class MemoryState:
         for t in self.full.values():
             t.zero_()
         self.full["last_update"].fill_(self.time_origin)
+        self.invalidate()
 
     def detach(self) -> None:
         """Kept for API symmetry: the state is stored detached (commits detach)."""
@@ -267,6 +287,50 @@ class MemoryState:
             return MemoryRows(*gather_rows(tables, nodes))
         return MemoryRows(*(t[nodes] for t in tables))
 
+    def track_writes(self) -> None:
+        """Starts the record of writes that makes rows read ahead exact
+        (:meth:`read_ahead`); every commit stamps its rows from now on."""
+        if self.storage.staged:
+            raise ValueError("rows staged through the host (state.device=disk) are not read ahead")
+        if self.log is None:
+            self.log = WriteLog(self.num_nodes + 1, self.storage.host_device)
+
+    def invalidate(self) -> None:
+        """Marks the state as replaced wholesale: rows read ahead before now are all read
+        again at their use. Whoever writes the tables other than through :meth:`commit`,
+        :meth:`commit_dense`, :meth:`reset`, :meth:`load_state_dict` or the attributes
+        calls it."""
+        if self.log is not None:
+            self.log.invalidate()
+
+    def read_ahead(self, nodes: torch.Tensor) -> EarlyRows:
+        """Reads the rows of ``nodes`` (U,) before their step (on a side stream, while
+        other steps may still write them); :meth:`refresh` makes them exact at the
+        step. Needs :meth:`track_writes`."""
+        if self.log is None:
+            raise RuntimeError("read_ahead needs track_writes() first")
+        # The counter before the rows, in stream order (sven.models.readahead says why).
+        since = self.log.counter.clone()
+        return EarlyRows(self.gather(nodes), since)
+
+    def refresh(self, early: EarlyRows, nodes: torch.Tensor) -> MemoryRows:
+        """The rows of ``nodes`` (U,) as :meth:`gather` reads them now, from rows read
+        ahead by :meth:`read_ahead`: the rows written since are read again, in place."""
+        log, rows = self.log, early.rows
+        if log is None:
+            raise RuntimeError("refresh needs track_writes() first")
+        tables = tuple(self.full[name] for name in self._FIELDS)
+        outs = tuple(getattr(rows, name) for name in self._FIELDS)
+        if kernels.backend_for(nodes, "state_gather") == "triton":
+            from sven.kernels.triton_state import gather_rows
+
+            gather_rows(tables, nodes, outs, (log.stamp, early.since, log.wipe))
+            return rows
+        stale = log.stale(nodes, early.since)
+        for out, t in zip(outs, tables):
+            out.copy_(torch.where(stale.view(-1, *[1] * (out.dim() - 1)), t[nodes], out))
+        return rows
+
     def winners(self, nodes: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """Where each candidate writes: its node if its key is the node's largest, else N.
 
@@ -294,6 +358,9 @@ class MemoryState:
             self._commit_triton(update)
             return
         f = self.full
+        # The commit's number before its writes (sven.models.readahead).
+        log = self.log
+        number = log.next() if log is not None else None
         tgt = self.winners(update.nodes, update.key)
         f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
         f["last_update"].index_copy_(0, tgt, update.last_update.to(torch.float64))
@@ -301,6 +368,10 @@ class MemoryState:
         if update.mail_nodes is not update.nodes or update.mail_key is not update.key:
             # Other receivers than the memory's writers (APAN's neighbours).
             n = self.winners(update.mail_nodes, update.mail_key)
+        if log is not None and number is not None:
+            # Losers go to the scratch row: stamping it too is harmless.
+            log.mark(tgt, number)
+            log.mark(n, number)
         if self.mailbox_size > 1:
             # Shift the queue of each receiver by one slot (the oldest falls out).
             for name in ("mail", "mail_ts", "mail_valid"):
@@ -317,13 +388,25 @@ class MemoryState:
         same = update.mail_nodes is update.nodes and update.mail_key is update.key
         mem = (update.memory.detach(), update.last_update)
         mail = (update.mail.detach(), update.mail_ts)
+        log = (self.log.stamp, self.log.counter) if self.log is not None else None
         if same:
-            commit_rows(tables, self._best, update.nodes, update.key, *mem, *mail)
+            commit_rows(tables, self._best, update.nodes, update.key, *mem, *mail, log=log)
             return
         # Other receivers than the memory's writers (APAN's neighbours): their own
         # winners.
-        commit_rows(tables, self._best, update.nodes, update.key, *mem, None, None)
-        commit_rows(tables, self._best, update.mail_nodes, update.mail_key, None, None, *mail)
+        commit_rows(tables, self._best, update.nodes, update.key, *mem, None, None, log=log)
+        # One commit, one number: the second set of winners takes the first's.
+        commit_rows(
+            tables,
+            self._best,
+            update.mail_nodes,
+            update.mail_key,
+            None,
+            None,
+            *mail,
+            log=log,
+            new_number=False,
+        )
 
     def commit(self, update: MemoryUpdate) -> None:
         """Writes a batch's update: memory rows, then one new mail per mail node.
@@ -331,6 +414,10 @@ class MemoryState:
         With M > 1 the mailbox is a queue: the new mail enters slot 0 and the oldest
         falls out of slot M-1.
         """
+        if self.log is not None:
+            number = self.log.next()
+            self.log.mark(update.nodes, number)
+            self.log.mark(update.mail_nodes, number)
         self.memory[update.nodes] = update.memory.detach().to(self.dtype)
         self.last_update[update.nodes] = update.last_update
         n = update.mail_nodes
@@ -368,6 +455,7 @@ class MemoryState:
                 )
             cur = self.host.get(name, self.full[name])[: self.num_nodes]
             cur.copy_(new.to(cur.device))
+        self.invalidate()
 
 
 class TimeEncoding(nn.Module):

@@ -143,3 +143,86 @@ def test_commit_wide_rows_many_writers_per_node(device, use_kernel, m):
         )
         up.mail_key = up.key
         _commit_both(ref, tri, up, use_kernel)
+
+
+_FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
+
+
+@pytest.mark.parametrize("receivers", ["writers", "others"])
+def test_commit_stamps_like_the_reference(device, use_kernel, receivers):
+    """With a write log the kernel commit takes the same numbers as the reference and
+    stamps every winner's row: the rows either stamps as written since a number are
+    the same (the reference also stamps the scratch row, for its losers)."""
+    n = 41
+    ref = _state(device, n, 2, torch.float32, seed=2)
+    tri = _copy(ref)
+    for st in (ref, tri):
+        st.track_writes()
+    for step in range(3):
+        up = _update(device, n, 200, seed=10 + step, dtype=torch.float64)
+        if receivers == "others":
+            other = _update(device, n, 200, seed=50 + step, dtype=torch.float64)
+            up.mail_nodes, up.mail_key = other.nodes, other.key
+        _commit_both(ref, tri, up, use_kernel)
+        assert torch.equal(ref.log.counter, tri.log.counter)
+        written = tri.log.stamp[:n] == tri.log.counter
+        assert torch.equal(written, ref.log.stamp[:n] == ref.log.counter)
+        # Exactly the nodes with a winning candidate (a key >= 0) among the receivers.
+        real = up.key >= 0
+        want = torch.zeros(n + 1, dtype=torch.bool, device=device)
+        want[up.nodes[real]] = True
+        want[up.mail_nodes[up.mail_key >= 0]] = True
+        assert torch.equal(written, want[:n])
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_refresh_reads_again_only_the_rows_written_since(device, use_kernel, m):
+    """Rows read ahead, then a commit: the refresh gives what a gather gives now, and
+    leaves alone the rows no commit wrote since the one before the read (poisoned here,
+    to see which are read again)."""
+    n = 37
+    st = _state(device, n, m, torch.float32, seed=4)
+    st.track_writes()
+    nodes = torch.tensor([0, 36, 37, 5, 5, 12, 1, 30] * 5, device=device)
+    for j, backend in enumerate(("reference", "triton")):
+        use_kernel("state_gather", backend, state_commit=backend)
+        # Read ahead after a commit that wrote nodes 30 and 2, then another commit
+        # writes nodes 5 and 12.
+        for seed, written in ((1, [30, 2]), (2, [5, 12])):
+            up = _update(device, n, 2, seed=seed + 10 * j, dtype=torch.float64)
+            up.nodes = up.mail_nodes = torch.tensor(written, device=device)
+            up.key = up.mail_key = torch.tensor([3, 9], device=device)
+            if seed == 2:
+                early = st.read_ahead(nodes)
+            st.commit_dense(up)
+        # Read again: the rows written since the read, and those of the commit whose
+        # number the read carries (it may have been writing still; here it was done).
+        since = (nodes == 5) | (nodes == 12)
+        stale = since | (nodes == 30)
+        want = st.gather(nodes)
+        # As read, the rows of nodes 5 and 12 are the old ones.
+        assert not torch.equal(early.rows.memory[since], want.memory[since])
+        # The rows nobody wrote since, poisoned: a refresh that read them again would
+        # put the state's values back.
+        for name in _FIELDS:
+            t = getattr(early.rows, name)
+            t[~stale] = True if t.dtype == torch.bool else -7.0
+        got = st.refresh(early, nodes)
+        for name in _FIELDS:
+            g, w = getattr(got, name), getattr(want, name)
+            assert torch.equal(g[stale], w[stale]), (backend, name)
+            assert (g[~stale] == (True if g.dtype == torch.bool else -7.0)).all(), (backend, name)
+
+
+def test_refresh_after_a_reset_reads_every_row(device, use_kernel):
+    """A wholesale change (here a reset) after the read: every row is read again."""
+    st = _state(device, 20, 1, torch.float32, seed=6)
+    st.track_writes()
+    nodes = torch.arange(21, device=device)
+    for backend in ("reference", "triton"):
+        use_kernel("state_gather", backend)
+        early = st.read_ahead(nodes)
+        st.reset()
+        got = st.refresh(early, nodes)
+        assert torch.equal(got.memory, torch.zeros_like(got.memory)), backend
+        assert torch.equal(got.last_update, torch.full_like(got.last_update, 1.5)), backend

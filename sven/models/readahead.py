@@ -1,0 +1,78 @@
+"""Rows read ahead of their step, and the record of writes that keeps them exact.
+
+With node state in pinned host memory (``state.device=host`` on CUDA) a step's row
+gather crosses the host link on the step's path. The prefetch ring already builds the
+batch of step i + D during step i, on a side stream; reading that batch's rows there
+too takes the gather off the step's path, but rows read so early miss whatever steps
+i..i + D - 1 write after the read. A :class:`WriteLog` makes them exact:
+
+* each commit takes a new number from a counter, bumped before it writes, and stamps
+  every row it writes with it;
+* rows read ahead (:class:`~sven.models.memory.EarlyRows`) carry the counter's value
+  read just before them (``since``);
+* the step that uses them reads again, in place, the rows whose stamp is at least
+  ``since`` (all of them when the state was replaced wholesale since: a reset, a load),
+  before anything reads them.
+
+A row stamped below ``since`` was last written by a commit that bumped the counter
+before ``since`` was read, and commits run one after another on the step's stream: that
+commit ended before the next one's bump, so before the read too. A row written after
+the read carries that later commit's number, at least ``since``. Re-reading a row that
+did not change (a commit that ended between ``since`` and the read) costs a little
+time and nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["WriteLog"]
+
+
+class WriteLog:
+    """Which node-state rows each commit wrote, by number.
+
+    Args:
+        rows: N + 1 (the state's rows, the scratch row included).
+        device: Where the stamps live: beside the step's kernels (GPU memory also
+            when the state is in host memory: the check reads one stamp a row).
+
+    Attributes:
+        stamp: (N + 1,) int64 the number of the last commit that wrote each row, -1
+            for none.
+        counter: (1,) int64 the number of the last commit (or wholesale change).
+        wipe: (1,) int64 the number of the last wholesale change: rows read at or
+            before it are all read again.
+    """
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.stamp = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        # A state never logged counts as changed wholesale: rows read before the log
+        # existed (none, in practice) are read again.
+        self.wipe = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What a step changes here (a captured graph's warm-up puts them back)."""
+        return [self.stamp, self.counter, self.wipe]
+
+    def invalidate(self) -> None:
+        """Every row read ahead until now is read again at its use (the state was
+        replaced wholesale: a reset, a load, an assignment)."""
+        self.counter.add_(1)
+        self.wipe.copy_(self.counter)
+
+    def next(self) -> torch.Tensor:
+        """Bumps the counter for a commit about to write; returns it, (1,)."""
+        self.counter.add_(1)
+        return self.counter
+
+    def mark(self, rows: torch.Tensor, number: torch.Tensor) -> None:
+        """Stamps ``rows`` (R,) int64 with ``number`` (1,), the commit's (reference path;
+        the Triton commit stamps its winners itself)."""
+        self.stamp.index_copy_(0, rows, number.expand(rows.shape[0]))
+
+    def stale(self, nodes: torch.Tensor, since: torch.Tensor) -> torch.Tensor:
+        """(U,) bool: which of the rows of ``nodes`` (U,) read at ``since`` (1,) must be
+        read again."""
+        return (self.stamp[nodes] >= since) | (self.wipe >= since)
