@@ -48,7 +48,8 @@
 #   b600        batch 600 on the 10^7-event synthetic graph                  [300]
 #   scale       the host tier against the GPU tier at 10^7 nodes             [560]
 #   tiers       the captured step's kernels with state on the GPU and in pinned
-#               host memory, batch 600, 10^6 nodes (profile_step.py)         [90]
+#               host memory (rows read ahead, and read at the step:
+#               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes (profile_step.py)  [130]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
 #   pair        Wikipedia batch-200 warm events/s, $SVEN_BEFORE against this [200]
 #   warmup      where the first step's seconds go on a warm Triton cache: the
@@ -138,9 +139,12 @@ phase_tiers() {
   local g="$STORES/synth-1e6"
   [ -f "$g/meta.json" ] || step 120 "$PY" -m sven data synth --events 10000000 \
     --nodes 1000000 --seed 0 --out "$g"
-  for tier in gpu host; do
-    step 150 "$PY" benchmarks/profile_step.py --data "$g" --out "$OUT/tiers/$tier" \
-      --warmup 30 train.batch_size=600 state.device=$tier
+  # The host tier with its rows read ahead (the default) and read at the step.
+  for arm in gpu host host-at-step; do
+    local tier=${arm%%-*} ahead=1
+    [ "$arm" = host-at-step ] && ahead=0
+    SVEN_READ_AHEAD=$ahead step 150 "$PY" benchmarks/profile_step.py --data "$g" \
+      --out "$OUT/tiers/$arm" --warmup 30 train.batch_size=600 state.device=$tier
   done
 }
 

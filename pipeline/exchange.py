@@ -35,7 +35,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sven.models.memory import DenseUpdate, MemoryRows, MemoryState, winner_rows
+from sven.models.memory import (
+    DenseUpdate,
+    EarlyRows,
+    MemoryRows,
+    MemoryState,
+    winner_rows,
+)
 from sven.pipeline.batch import Batch
 from sven.pipeline.dedupe import dedupe_fixed
 from sven.pipeline.exchange_api import (
@@ -272,9 +278,15 @@ class FixedExchange(Exchange):
         naive = (occurrences * remote).sum()
         return FetchPlan(nodes, mine, ok, dest, req, naive, excess)
 
-    def fetch(self, batch: Batch | FetchPlan | torch.Tensor, mode: str = "train") -> MemoryRows:
+    def fetch(
+        self,
+        batch: Batch | FetchPlan | torch.Tensor,
+        mode: str = "train",
+        early: EarlyRows | None = None,
+    ) -> MemoryRows:
         """The rows of a batch's nodes: local ones from the shard, remote ones from their
-        owners, each node once; slots no real event reads get zero rows.
+        owners, each node once; slots no real event reads get zero rows (``early`` is
+        always None here: :meth:`read_ahead` reads nothing ahead across ranks).
 
         Every rank must call it for the same batch (it serves the others' requests from
         its shard as it is now). With staleness 1 the previous batch's write-back is

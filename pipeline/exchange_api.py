@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sven.models.memory import DenseUpdate, MemoryRows, MemoryState
+from sven.models.memory import DenseUpdate, EarlyRows, MemoryRows, MemoryState
 from sven.pipeline.batch import Batch
 from sven.pipeline.wire import Capacities, CommCounter
 
@@ -83,9 +83,22 @@ class Exchange:
         names the nodes (:meth:`~sven.pipeline.exchange.FixedExchange.plan` across ranks)."""
         return FetchPlan(nodes, *([None] * 6))
 
-    def fetch(self, batch: Batch | FetchPlan | torch.Tensor, mode: str = "train") -> MemoryRows:
-        """The rows of a batch's nodes (U slots), the scratch row for padding slots."""
+    def fetch(
+        self,
+        batch: Batch | FetchPlan | torch.Tensor,
+        mode: str = "train",
+        early: EarlyRows | None = None,
+    ) -> MemoryRows:
+        """The rows of a batch's nodes (U slots), the scratch row for padding slots
+        (``early``: the same rows read ahead by :meth:`read_ahead`, made exact here)."""
         raise NotImplementedError
+
+    def read_ahead(self, nodes: Tensor) -> EarlyRows | None:
+        """The rows of ``nodes`` (U,) read before their step (a prefetched batch's, on
+        the ring's side stream), or None where this exchange reads them at the step
+        (across ranks; or with the state beside the compute, where the read is
+        cheap)."""
+        return None
 
     def push(self, update: DenseUpdate, mode: str = "train") -> None:
         """Writes a batch's write-back to the node state (each node's latest event)."""
@@ -144,10 +157,27 @@ class LocalExchange(Exchange):
         """Kept for the record: one process has no peer to size buffers for."""
         self.capacities[mode] = caps
 
-    def fetch(self, batch: Batch | FetchPlan | torch.Tensor, mode: str = "train") -> MemoryRows:
+    def fetch(
+        self,
+        batch: Batch | FetchPlan | torch.Tensor,
+        mode: str = "train",
+        early: EarlyRows | None = None,
+    ) -> MemoryRows:
         """The rows of ``batch.nodes`` (or of the (U,) ids given), the scratch row for
-        padding slots."""
-        return self.shard.gather(batch if isinstance(batch, torch.Tensor) else batch.nodes)
+        padding slots; from ``early`` (rows read ahead), refreshed, where given."""
+        nodes = batch if isinstance(batch, torch.Tensor) else batch.nodes
+        if early is not None:
+            return self.shard.refresh(early, nodes)
+        return self.shard.gather(nodes)
+
+    def read_ahead(self, nodes: Tensor) -> EarlyRows | None:
+        """The rows of ``nodes`` read now, where the state tracks its writes
+        (:meth:`MemoryState.track_writes`); else None."""
+        return self.shard.read_ahead(nodes) if self.shard.log is not None else None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The state's record of writes, where it keeps one."""
+        return self.shard.log.tensors() if self.shard.log is not None else []
 
     def push(self, update: DenseUpdate, mode: str = "train") -> None:
         """Commits the batch's write-back (fixed shapes: :meth:`MemoryState.commit_dense`)."""

@@ -300,16 +300,24 @@ class BatchSource:
         micro: int = 1,
         group: Any = None,
         lap: Lap | None = None,
+        read_ahead: bool = False,
     ) -> StepInput:
         """A share's micro-batches and the plan of its rows; ``lap`` ends the
-        ``sample`` and ``id_exchange`` stages (eager runs)."""
+        ``sample`` and ``id_exchange`` stages (eager runs); ``read_ahead``: its rows
+        are read now too, where the exchange reads rows ahead (a batch built ahead of
+        its step by the prefetch ring)."""
         lap = lap or _no_lap
         # Only training differentiates through its batches' row gathers.
         batches = self.select_share(
             inp, num_neg, neg_table, micro, self.slots.get(mode), for_grad=mode == "train"
         )
         lap("sample")
-        return self._rows(batches, mode, group, lap)
+        item = self._rows(batches, mode, group, lap)
+        if read_ahead:
+            src = item.source
+            nodes = src if isinstance(src, torch.Tensor) else src.nodes
+            item.early = self.exchange.read_ahead(nodes)
+        return item
 
     def _local_rows(self, batches: list[Batch], mode: str, group: Any, lap: Lap) -> StepInput:
         """One process: rows are read in place, a whole share's from its batch; a share

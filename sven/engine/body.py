@@ -25,7 +25,7 @@ from sven import kernels
 from sven.distributed.grads import Gradients, LocalGrads
 from sven.models import MemoryModel, MemoryState
 from sven.models.base import ModelOutput
-from sven.models.memory import DenseUpdate, MemoryRows
+from sven.models.memory import DenseUpdate, EarlyRows, MemoryRows
 from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 from sven.pipeline.exchange_api import Exchange, FetchPlan, LocalExchange
@@ -89,11 +89,15 @@ class StepInput:
             is fetched as it is).
         at: Per micro-batch, (U_j,) positions of its nodes among the planned nodes, or
             None when there is one micro-batch.
+        early: The rows of the planned nodes read ahead (the prefetch ring's, with
+            node state in host memory: :mod:`sven.models.readahead`), or None: the
+            step reads them.
     """
 
     micro: list[Batch]
     plan: FetchPlan | torch.Tensor | None = None
     at: list[torch.Tensor] | None = None
+    early: EarlyRows | None = None
 
     @property
     def source(self) -> Batch | FetchPlan | torch.Tensor:
@@ -178,7 +182,7 @@ def train_step(
     # A bare call (tests, scripts) trains on one process; the step passes its own.
     grads = grads if grads is not None else LocalGrads(optimizer)
     grads.zero()
-    fetched = ex.fetch(inp.source, "train")
+    fetched = ex.fetch(inp.source, "train", inp.early)
     lap("row_fetch")
     loss_sum: torch.Tensor | float = 0.0
     dense: list[DenseUpdate] = []
@@ -211,11 +215,12 @@ def _read_compute_write(
     source: Batch | FetchPlan | torch.Tensor | None,
     mode: str,
     compute: Callable[[Batch, MemoryRows], tuple[T, DenseUpdate]],
+    early: EarlyRows | None = None,
 ) -> T:
-    """Reads a batch's rows, computes, and commits the write-back before returning (the
-    synchronous commit of evaluation and encoding)."""
+    """Reads a batch's rows (or refreshes those read ahead), computes, and commits the
+    write-back before returning (the synchronous commit of evaluation and encoding)."""
     ex = _exchange(exchange)
-    rows = ex.fetch(batch if source is None else source, mode)
+    rows = ex.fetch(batch if source is None else source, mode, early)
     result, dense = compute(_with_rows(batch, rows), rows)
     ex.push(dense, mode)
     ex.wait()
@@ -230,6 +235,7 @@ def eval_step(
     *,
     plan: FetchPlan | torch.Tensor | None = None,
     mode: str = "eval",
+    early: EarlyRows | None = None,
 ) -> ModelOutput:
     """Scores a batch without gradients and writes its memory update (synchronously).
 
@@ -240,6 +246,7 @@ def eval_step(
         batch: The batch.
         plan: Its rows' plan, made beforehand (:class:`StepInput`), or None.
         mode: Whose exchange capacities (an evaluation width's).
+        early: Its rows read ahead (:class:`StepInput`), or None.
 
     Returns:
         The model output (logits of every slot, padded ones included).
@@ -250,7 +257,7 @@ def eval_step(
         out = model(b, rows)
         return out, out.dense
 
-    return _read_compute_write(exchange, batch, plan, mode, compute)
+    return _read_compute_write(exchange, batch, plan, mode, compute, early)
 
 
 @torch.no_grad()
@@ -271,7 +278,7 @@ def encode_step(
     Returns:
         (R, embed_dim) the roots' embeddings (:meth:`MemoryModel.encode`).
     """
-    return _read_compute_write(exchange, item.micro[0], item.plan, mode, model.encode)
+    return _read_compute_write(exchange, item.micro[0], item.plan, mode, model.encode, item.early)
 
 
 def _fields(obj: object) -> list[Any]:

@@ -288,7 +288,11 @@ class Evaluation:
     # --------------------------------------------------------------- step
     def _build(self, inp: BatchInputs, neg_table: torch.Tensor, group: Any = None) -> StepInput:
         w = neg_table.shape[1]
-        return self.source.build(inp, w, f"eval{w}", neg_table, group=group)
+        # Built ahead of its step with a ring: the exchange reads its rows now where it
+        # tracks writes.
+        return self.source.build(
+            inp, w, f"eval{w}", neg_table, group=group, read_ahead=self.depth > 0
+        )
 
     def _step_fn(
         self, k: int, neg_table: torch.Tensor, scores_out: torch.Tensor, rg: Inline | Ring
@@ -306,7 +310,9 @@ class Evaluation:
             with determinism(self.device):
                 item = rg.take(k, lambda: self._build(inp, neg_table, group))
                 batch = item.micro[0]
-                out = eval_step(self.model, self.exchange, batch, plan=item.plan, mode=mode)
+                out = eval_step(
+                    self.model, self.exchange, batch, plan=item.plan, mode=mode, early=item.early
+                )
                 scores = torch.cat([out.pos[:, None], out.neg], 1).to(scores_out.dtype)
                 rows = batch.index - self.inp["split_lo"]
                 if batch.valid is not None:
@@ -353,6 +359,8 @@ class Evaluation:
             stream,
             lambda: self._build(self.ahead, wd.neg, self.plan_group),
         )
+        # Rows read by the fill are read again at their steps (as the training ring's).
+        self.exchange.shard.invalidate()
         bar = self.progress(split, hi - lo)
         for i in range(len(range(lo, hi, b))):
             g_lo, g_hi = bounds(i)

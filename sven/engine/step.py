@@ -184,6 +184,14 @@ class Step:
         self.optimizer, self.memory, self.exchange = optimizer, memory, exchange
         self.grads, self.plan_group, self.timeline = grads, plan_group, timeline
         self.device = dev
+        #: Whether batches built ahead read their rows too (:func:`reads_ahead`).
+        self.read_ahead = reads_ahead(spec.depth, memory, exchange)
+        if self.read_ahead:
+            memory.track_writes()
+            log(
+                "sven: node state in pinned host memory: a batch's rows are read on the "
+                "prefetch stream, a step ahead, and refreshed where written since"
+            )
         self.model: Any = _compiled(model, tc.compile, dev, log)
         self.shares = Shares(data, spec)
         # The current batch's inputs (with its prediction count) and those of the
@@ -266,6 +274,9 @@ class Step:
             micro=self.micro_batches,
             group=group,
             lap=lap,
+            # Built ahead of its step: the exchange reads its rows now where it tracks
+            # writes.
+            read_ahead=self.depth > 0,
         )
 
     def _train_fn(self, k: int) -> Callable[[], None]:
@@ -308,6 +319,9 @@ class Step:
             epoch,
             lambda: self._build_train(self.ahead, self.plan_group),
         )
+        # Rows read by the fill are read again at their steps: whatever wrote the state
+        # outside a commit before them (a load) is seen.
+        self.memory.invalidate()
 
     def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
@@ -417,3 +431,15 @@ class Step:
             empty = torch.zeros(0, model.embed_dim, dtype=self.memory.dtype, device=self.device)
             return torch.zeros(0, dtype=torch.int64, device=self.device), empty
         return torch.cat(idx_all), torch.cat(h_all)
+
+
+def reads_ahead(depth: int, memory: MemoryState, exchange: Exchange) -> bool:
+    """Whether a step's rows are read with its batch, on the prefetch ring's side
+    stream (:mod:`sven.models.readahead`): with node state in pinned host memory, where
+    the read crosses the host link, on one process, with a ring (depth >= 1).
+    ``SVEN_READ_AHEAD=0`` turns it off (the A/B of ``benchmarks/gpu_session.sh``)."""
+    import os
+
+    if os.environ.get("SVEN_READ_AHEAD", "1") == "0":
+        return False
+    return bool(depth) and memory.storage.pinned and not exchange.distributed

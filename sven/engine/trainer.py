@@ -498,6 +498,8 @@ class Trainer:
         # straight into the node state's own tensors (no second copy of it).
         self.data.load_state_dict(_data_state(snap.state), where)
         snap.node_state = cks.load_node_state(ck, step, self.memory.state_dict(), self.owned)
+        # Written into the tables directly: rows read ahead before now are read again.
+        self.memory.invalidate()
         self.load_state_dict(snap, where)
         return snap.state
 
@@ -622,6 +624,7 @@ class Trainer:
             state = {**state, "memory_phase": None}
         elif state.get("memory_phase") == "val_end":
             load_node_state(p, self.memory.state_dict(), self.owned, self.num_nodes)
+            self.memory.invalidate()
         res: dict[str, Any] = {}
         if state.get("memory_phase") != "val_end":
             self.memory.reset()

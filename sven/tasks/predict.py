@@ -358,6 +358,7 @@ class Predictor:
                 with torch.no_grad():
                     for k, v in rows_saved.items():
                         tr.memory.full[k].index_copy_(0, nodes, v)
+                    tr.memory.invalidate()
 
     @torch.no_grad()
     def _warm_up(self, src: QuerySource, node: np.ndarray) -> None:
