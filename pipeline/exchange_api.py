@@ -147,6 +147,9 @@ class LocalExchange(Exchange):
         self.counter = CommCounter(memory.device)
         self.overflow = torch.zeros(2, dtype=torch.int64, device=memory.device)
         self.capacities = {}
+        self._side: torch.cuda.Stream | None = None
+        self._push_done: torch.cuda.Stream | None = None
+        self._pushed: DenseUpdate | None = None
 
     def owners(self) -> torch.Tensor:
         """Every vertex on rank 0; the padding id on rank 1."""
@@ -180,8 +183,34 @@ class LocalExchange(Exchange):
         return self.shard.log.tensors() if self.shard.log is not None else []
 
     def push(self, update: DenseUpdate, mode: str = "train") -> None:
-        """Commits the batch's write-back (fixed shapes: :meth:`MemoryState.commit_dense`)."""
-        self.shard.commit_dense(update)
+        """Commits the batch's write-back (fixed shapes: :meth:`MemoryState.commit_dense`).
+
+        Where rows are read ahead (pinned host state: its writes cross the host link
+        too) the commit runs on a side stream, beside whatever the caller does next
+        (the backward, the optimizer), until :meth:`wait`. A row read ahead meanwhile
+        is refreshed at its step.
+        """
+        if self.shard.log is None or not update.key.is_cuda:
+            self.shard.commit_dense(update)
+            return
+        cur = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream(cur.device)
+        self._side.wait_stream(cur)
+        with torch.cuda.stream(self._side):
+            self.shard.commit_dense(update)
+        self._push_done = self._side
+        # Held until the join: memory the step's stream frees (a micro-batches'
+        # concatenation) could otherwise be given to the backward while the side stream
+        # still reads it.
+        self._pushed = update
+
+    def wait(self) -> None:
+        """Joins a write-back running beside the step."""
+        if self._push_done is not None:
+            torch.cuda.current_stream().wait_stream(self._push_done)
+            self._push_done = None
+            self._pushed = None
 
 
 @dataclass
