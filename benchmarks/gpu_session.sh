@@ -36,9 +36,8 @@
 #               $SVEN_FACTORED_AB, default "8:256 8:64 4:64 4:32 2:64")          [130]
 #   evalab      the evaluation profile at 100 MRR negatives with the defaults and
 #               with other kernel choices ($SVEN_EVAL_AB: space-separated
-#               TAG:ENV=VALUE;ENV=VALUE items; default: the factored kernel's heads
-#               one after another, with and without the cosine by polynomial, the
-#               polynomial alone, the scorer's wide tile on 8 warps)         [100]
+#               TAG:ENV=VALUE;ENV=VALUE items; default: the cosine by polynomial,
+#               the scorer's wide tile on 4 warps, the default before 8)     [60]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), and
 #               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
@@ -144,7 +143,7 @@ phase_tiers() {
     local tier=${arm%%-*} ahead=1
     [ "$arm" = host-at-step ] && ahead=0
     SVEN_READ_AHEAD=$ahead step 150 "$PY" benchmarks/profile_step.py --data "$g" \
-      --out "$OUT/tiers/$arm" --warmup 30 train.batch_size=600 state.device=$tier
+      --out "$OUT/tiers/$arm" --warmup 30 --trace train.batch_size=600 state.device=$tier
   done
 }
 
@@ -243,9 +242,8 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
 EOF
 }
 phase_evalab() {
-  local abs=("defaults:" "heads:SVEN_FACTORED_HEADS=1"
-    "heads-poly:SVEN_FACTORED_HEADS=1;SVEN_TRITON_COS=poly" "cos-poly:SVEN_TRITON_COS=poly"
-    "decoder-w8:SVEN_DECODER_TILE=64x32x128:8")
+  local abs=("defaults:" "cos-poly:SVEN_TRITON_COS=poly"
+    "decoder-w4:SVEN_DECODER_TILE=64x32x128:4")
   [ -n "${SVEN_EVAL_AB:-}" ] && read -r -a abs <<< "$SVEN_EVAL_AB"
   eval_profiles "${abs[@]}"
 }

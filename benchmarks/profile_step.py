@@ -94,6 +94,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--tag", default="step")
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="also write the profiled steps' timeline (trace_TAG.json.gz, Chrome's format; "
+        "benchmarks/trace_streams.py reads it)",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
     out = Path(args.out)
@@ -133,6 +139,8 @@ def main() -> None:
     }
     (out / f"profile_{args.tag}.json").write_text(json.dumps(record, indent=2))
     (out / f"profile_{args.tag}.txt").write_text(table)
+    if args.trace:
+        prof.export_chrome_trace(str(out / f"trace_{args.tag}.json.gz"))
     print(json.dumps({k: v for k, v in record.items() if k != "top"}))
     print(f"kernels per step: {launches:.0f}")
     for t in record["top"][:25]:

@@ -45,9 +45,10 @@ _BLOCK_O = 32
 WIDE_PAIRS = 4096
 #: The forward's (BLOCK_M, BLOCK_K, BLOCK_O, warps) over a wide batch: 16-row blocks
 #: reload the candidates' rows once per 32 outputs and the weights once per 16 rows;
-#: 64 rows by every output (D2 up to 128) read each once per program.
-#: ``SVEN_DECODER_TILE=MxKxO:W`` sets another for every batch size, for A/B runs.
-WIDE_TILE = (64, 32, 128, 4)
+#: 64 rows by every output (D2 up to 128) read each once per program, on 8 warps (a
+#: 64 x 128 tile on 4 warps holds 64 accumulators a thread; docs/performance.md has
+#: the A/B). ``SVEN_DECODER_TILE=MxKxO:W`` sets another for every batch size.
+WIDE_TILE = (64, 32, 128, 8)
 
 
 def _forward_tile(m: int) -> tuple[int, int, int, int]:

@@ -309,8 +309,8 @@ class MemoryState:
         step. Needs :meth:`track_writes`."""
         if self.log is None:
             raise RuntimeError("read_ahead needs track_writes() first")
-        # The counter before the rows, in stream order (sven.models.readahead says why).
-        since = self.log.counter.clone()
+        # Read before the rows, in stream order (sven.models.readahead says why).
+        since = self.log.since()
         return EarlyRows(self.gather(nodes), since)
 
     def refresh(self, early: EarlyRows, nodes: torch.Tensor) -> MemoryRows:
@@ -351,6 +351,13 @@ class MemoryState:
         The same result as ``commit(update.compact())``: each node gets the memory and
         the mail of its candidate with the largest key.
         """
+        self._write_dense(update)
+        if self.log is not None:
+            # After the writes, in stream order (sven.models.readahead).
+            self.log.finish()
+
+    def _write_dense(self, update: DenseUpdate) -> None:
+        """:meth:`commit_dense`'s writes (and stamps)."""
         if self.storage.staged:
             # The write-back goes to the host, where the rows live.
             update = DenseUpdate(*(t.detach().cpu() for t in vars(update).values()))
@@ -414,12 +421,19 @@ class MemoryState:
         With M > 1 the mailbox is a queue: the new mail enters slot 0 and the oldest
         falls out of slot M-1.
         """
-        if self.log is not None:
-            number = self.log.next()
-            self.log.mark(update.nodes, number)
-            self.log.mark(update.mail_nodes, number)
+        log = self.log
+        if log is not None:
+            number = log.next()
+            log.mark(update.nodes, number)
+            log.mark(update.mail_nodes, number)
         self.memory[update.nodes] = update.memory.detach().to(self.dtype)
         self.last_update[update.nodes] = update.last_update
+        self._write_mail(update)
+        if log is not None:
+            log.finish()
+
+    def _write_mail(self, update: MemoryUpdate) -> None:
+        """:meth:`commit`'s mail: one new mail at the front of each receiver's queue."""
         n = update.mail_nodes
         if n.numel() == 0:
             return

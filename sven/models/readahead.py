@@ -6,20 +6,18 @@ batch of step i + D during step i, on a side stream; reading that batch's rows t
 too takes the gather off the step's path, but rows read so early miss whatever steps
 i..i + D - 1 write after the read. A :class:`WriteLog` makes them exact:
 
-* each commit takes a new number from a counter, bumped before it writes, and stamps
-  every row it writes with it;
-* rows read ahead (:class:`~sven.models.memory.EarlyRows`) carry the counter's value
-  read just before them (``since``);
+* each commit takes a new number from a counter, bumped before it writes, stamps
+  every row it writes with it, and once written sets ``done`` to it;
+* rows read ahead (:class:`~sven.models.memory.EarlyRows`) carry ``done + 1`` read
+  just before them (``since``);
 * the step that uses them reads again, in place, the rows whose stamp is at least
   ``since`` (all of them when the state was replaced wholesale since: a reset, a load),
   before anything reads them.
 
-A row stamped below ``since`` was last written by a commit that bumped the counter
-before ``since`` was read, and commits run one after another on the step's stream: that
-commit ended before the next one's bump, so before the read too. A row written after
-the read carries that later commit's number, at least ``since``. Re-reading a row that
-did not change (a commit that ended between ``since`` and the read) costs a little
-time and nothing else.
+Commits run one after another (each joined before the next starts). A row stamped
+below ``since`` was last written by a commit that had finished before ``since`` was
+read, so before the rows were read. A row written after the read, or by a commit
+still writing while it was read, carries a number above ``done``: at least ``since``.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ class WriteLog:
         stamp: (N + 1,) int64 the number of the last commit that wrote each row, -1
             for none.
         counter: (1,) int64 the number of the last commit (or wholesale change).
+        done: (1,) int64 the number of the last commit whose writes are over.
         wipe: (1,) int64 the number of the last wholesale change: rows read at or
             before it are all read again.
     """
@@ -48,24 +47,33 @@ class WriteLog:
     def __init__(self, rows: int, device: torch.device) -> None:
         self.stamp = torch.full((rows,), -1, dtype=torch.int64, device=device)
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
-        # A state never logged counts as changed wholesale: rows read before the log
-        # existed (none, in practice) are read again.
+        self.done = torch.zeros(1, dtype=torch.int64, device=device)
         self.wipe = torch.zeros(1, dtype=torch.int64, device=device)
 
     def tensors(self) -> list[torch.Tensor]:
         """What a step changes here (a captured graph's warm-up puts them back)."""
-        return [self.stamp, self.counter, self.wipe]
+        return [self.stamp, self.counter, self.done, self.wipe]
 
     def invalidate(self) -> None:
         """Every row read ahead until now is read again at its use (the state was
         replaced wholesale: a reset, a load, an assignment)."""
         self.counter.add_(1)
         self.wipe.copy_(self.counter)
+        self.done.copy_(self.counter)
 
     def next(self) -> torch.Tensor:
         """Bumps the counter for a commit about to write; returns it, (1,)."""
         self.counter.add_(1)
         return self.counter
+
+    def finish(self) -> None:
+        """Marks the commit that took the last number as written (after its writes, in
+        stream order)."""
+        self.done.copy_(self.counter)
+
+    def since(self) -> torch.Tensor:
+        """(1,) what rows read now carry: the first number whose writes they may miss."""
+        return self.done + 1
 
     def mark(self, rows: torch.Tensor, number: torch.Tensor) -> None:
         """Stamps ``rows`` (R,) int64 with ``number`` (1,), the commit's (reference path;

@@ -178,8 +178,8 @@ def test_commit_stamps_like_the_reference(device, use_kernel, receivers):
 @pytest.mark.parametrize("m", [1, 3])
 def test_refresh_reads_again_only_the_rows_written_since(device, use_kernel, m):
     """Rows read ahead, then a commit: the refresh gives what a gather gives now, and
-    leaves alone the rows no commit wrote since the one before the read (poisoned here,
-    to see which are read again)."""
+    leaves alone the rows no commit wrote since (poisoned here, to see which are read
+    again)."""
     n = 37
     st = _state(device, n, m, torch.float32, seed=4)
     st.track_writes()
@@ -195,10 +195,9 @@ def test_refresh_reads_again_only_the_rows_written_since(device, use_kernel, m):
             if seed == 2:
                 early = st.read_ahead(nodes)
             st.commit_dense(up)
-        # Read again: the rows written since the read, and those of the commit whose
-        # number the read carries (it may have been writing still; here it was done).
-        since = (nodes == 5) | (nodes == 12)
-        stale = since | (nodes == 30)
+        # Read again: the rows written since the read, not those of the commit over
+        # before it (node 30's).
+        since = stale = (nodes == 5) | (nodes == 12)
         want = st.gather(nodes)
         # As read, the rows of nodes 5 and 12 are the old ones.
         assert not torch.equal(early.rows.memory[since], want.memory[since])
