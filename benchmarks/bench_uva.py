@@ -37,13 +37,13 @@ def _thp() -> dict[str, str]:
 
 
 def _time(fn, reps: int) -> float:
-    """Median milliseconds of ``fn()`` on the current stream."""
-    fn()
+    """Median milliseconds of ``fn(i)`` on the current stream, for i in 0..reps."""
+    fn(reps)
     times = []
-    for _ in range(reps):
+    for i in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        fn(i)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
@@ -51,13 +51,15 @@ def _time(fn, reps: int) -> float:
 
 
 def case(view: torch.Tensor, rows: int, reps: int, seed: int) -> dict[str, float]:
-    """Gather and scatter ``rows`` random rows of the CUDA view of a pinned table."""
+    """Gather and scatter ``rows`` random rows of the CUDA view of a pinned table, other
+    rows each time (as a step's: the same rows again would find their pages'
+    translations cached)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    idx = torch.randint(0, view.shape[0], (rows,), device="cuda", generator=g)
-    buf = view.index_select(0, idx)
+    idx = torch.randint(0, view.shape[0], (reps + 1, rows), device="cuda", generator=g)
+    buf = view.index_select(0, idx[0])
     nbytes = rows * view.shape[1] * view.element_size()
-    gather = _time(lambda: torch.index_select(view, 0, idx, out=buf), reps)
-    scatter = _time(lambda: view.index_copy_(0, idx, buf), reps)
+    gather = _time(lambda i: torch.index_select(view, 0, idx[i], out=buf), reps)
+    scatter = _time(lambda i: view.index_copy_(0, idx[i], buf), reps)
     return {
         "gather_ms": gather,
         "gather_gb_s": nbytes / gather / 1e6,

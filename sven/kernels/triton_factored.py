@@ -21,9 +21,10 @@ slot reads. With Q_ROWS, root r reads row qr[r] of the queries and their product
 row per node: roots of one node share it), else row r.
 
 ``SVEN_FACTORED_HEADS=1`` (an opt-in: timed slower, docs/performance.md) runs
-:func:`_factored_heads_kernel` instead: the same program per root, its heads one after another on (slots, columns)
-tiles rather than all at once on (slots, heads, columns) ones; each slot's time
-encoding and each chunk of edge rows is still built or read once for all heads.
+:func:`_factored_heads_kernel` instead: the same program per root, its heads one after
+another on (slots, columns) tiles rather than all at once on (slots, heads, columns)
+ones; each slot's time encoding and each chunk of edge rows is still built or read
+once for all heads.
 """
 
 from __future__ import annotations
