@@ -55,3 +55,31 @@ def test_a_ring_without_read_ahead_reads_at_the_step(store, tmp_path, monkeypatc
     assert not tr.step.read_ahead and tr.memory.log is None
     assert all(item.early is None for item in tr.step.ring.slots)
     assert torch.is_tensor(tr.memory.full["memory"])
+
+
+def test_a_run_resumed_mid_epoch_reads_ahead_from_the_loaded_state(tmp_path, ahead) -> None:
+    """Interrupted after a checkpoint mid-epoch and resumed: the node state is loaded
+    into the tables directly (no commit), then the ring is filled; the resumed run ends
+    as the uninterrupted one, rows read ahead in both."""
+    import sven
+    from tests.conftest import Interrupted, die_at, write_tiny_store
+    from tests.unit.test_components import _overrides as _tiny
+
+    store = write_tiny_store(tmp_path / "store", events=800, nodes=40, seed=3, t_max=10_000)
+
+    def over(out) -> list[str]:
+        return _tiny(
+            str(store), out, "train.epochs=2", "model.dropout=0.0", "state.device=host",
+            "pipeline.prefetch=1", "train.checkpoint_every=4",
+        )  # fmt: skip
+
+    whole = sven.Trainer(None, over(tmp_path / "a"))
+    want = whole.fit()
+    assert whole.step.read_ahead
+    tr = sven.Trainer(None, over(tmp_path / "b"))
+    tr.add_hook("before_step", die_at(6))
+    with pytest.raises(Interrupted):
+        tr.fit()
+    again = sven.Trainer(None, [*over(tmp_path / "b"), "train.resume=true"]).fit()
+    for key in ("val_ap", "val_auc", "test_ap", "test_auc"):
+        assert again[key] == want[key], key
