@@ -49,6 +49,8 @@
 #   tiers       the captured step's kernels with state on the GPU and in pinned
 #               host memory (rows read ahead, and read at the step:
 #               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes (profile_step.py)  [130]
+#   uva         row gathers over pinned host memory, 1.2 against 12 GB tables
+#               (bench_uva.py)                                               [60]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
 #   pair        Wikipedia batch-200 warm events/s, $SVEN_BEFORE against this [200]
 #   warmup      where the first step's seconds go on a warm Triton cache: the
@@ -145,6 +147,13 @@ phase_tiers() {
     SVEN_READ_AHEAD=$ahead step 150 "$PY" benchmarks/profile_step.py --data "$g" \
       --out "$OUT/tiers/$arm" --warmup 30 --trace train.batch_size=600 state.device=$tier
   done
+}
+
+phase_uva() {
+  # Row gathers and scatters over pinned host memory, 10^6 against 10^7 rows of a
+  # state row's size, new rows each repetition, pinned as the host tier pins and by
+  # cudaHostAlloc: whether the host tier's loss at 10^7 nodes is the table's size.
+  step 150 "$PY" benchmarks/bench_uva.py --sizes 1e6 1e7 --out "$OUT/uva.json"
 }
 
 phase_candidates() {
@@ -351,7 +360,7 @@ phase_pack() {
   # results (logs, JSON, text; no checkpoints or stores), and nothing else.
   local pattern='kernels per step|"events_per_s"|paired by repeat|ratio|passed|failed|'
   pattern+='phase [a-z0-9]+: [0-9]+ s|warm_train_events_per_s|beyond_floor|events/s|exit [0-9]|'
-  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_|GB/s|'
+  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_|GB/s|gather_ms|'
   pattern+='Achieved Occupancy|Registers Per Thread|Memory Throughput|DRAM Throughput|Duration'
   for f in "$OUT"/*.log; do
     [ -f "$f" ] || continue
