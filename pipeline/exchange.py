@@ -148,8 +148,6 @@ class FixedExchange(Exchange):
         self._splits: dict[str, _Splits] = {}
         self.capacities: dict[str, Capacities] = {}
         self._held: DenseUpdate | None = None
-        self._side: Any = None
-        self._push_done: Any = None
 
     def owners(self) -> torch.Tensor:
         """(N + 1,) int64 owner rank of every vertex, then P for the padding id N."""
@@ -366,22 +364,10 @@ class FixedExchange(Exchange):
         all-reduce, the optimizer); :meth:`wait` joins it. The write-back reads only
         detached values of the forward, never the parameters.
         """
-        cur = torch.cuda.current_stream() if update.key.is_cuda else None
-        if cur is not None and self.world_size > 1:
-            if self._side is None:
-                self._side = torch.cuda.Stream()
-            self._side.wait_stream(cur)
-            with torch.cuda.stream(self._side):
-                self._push(update, mode)
-            self._push_done = self._side
+        if update.key.is_cuda and self.world_size > 1:
+            self._push_beside(lambda: self._push(update, mode), update)
         else:
             self._push(update, mode)
-
-    def wait(self) -> None:
-        """Joins the write-back: afterwards the shard holds it (staleness 0)."""
-        if self._push_done is not None:
-            torch.cuda.current_stream().wait_stream(self._push_done)
-            self._push_done = None
 
     def _push(self, update: DenseUpdate, mode: str) -> None:
         if self.world_size == 1:

@@ -7,6 +7,7 @@ other :class:`Exchange`; a run builds one of the two and its step never asks whi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -104,8 +105,32 @@ class Exchange:
         """Writes a batch's write-back to the node state (each node's latest event)."""
         raise NotImplementedError
 
+    # A write-back running beside the step (:meth:`_push_beside`), until :meth:`wait`.
+    _side: torch.cuda.Stream | None = None
+    _push_done: torch.cuda.Stream | None = None
+    _pushed: DenseUpdate | None = None
+
+    def _push_beside(self, commit: Callable[[], None], update: DenseUpdate) -> None:
+        """Runs ``commit`` on a side stream that starts after the work queued so far,
+        beside whatever the caller does next, until :meth:`wait` joins it."""
+        cur = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream(cur.device)
+        self._side.wait_stream(cur)
+        with torch.cuda.stream(self._side):
+            commit()
+        self._push_done = self._side
+        # Held until the join: memory the step's stream frees (a micro-batches'
+        # concatenation) could otherwise be given to the backward while the side stream
+        # still reads it.
+        self._pushed = update
+
     def wait(self) -> None:
-        """Joins a write-back in flight."""
+        """Joins a write-back running beside the step, if any."""
+        if self._push_done is not None:
+            torch.cuda.current_stream().wait_stream(self._push_done)
+            self._push_done = None
+            self._pushed = None
 
     def check(self) -> None:
         """Raises if a batch needed more than a capacity."""
@@ -147,9 +172,6 @@ class LocalExchange(Exchange):
         self.counter = CommCounter(memory.device)
         self.overflow = torch.zeros(2, dtype=torch.int64, device=memory.device)
         self.capacities = {}
-        self._side: torch.cuda.Stream | None = None
-        self._push_done: torch.cuda.Stream | None = None
-        self._pushed: DenseUpdate | None = None
 
     def owners(self) -> torch.Tensor:
         """Every vertex on rank 0; the padding id on rank 1."""
@@ -193,24 +215,7 @@ class LocalExchange(Exchange):
         if self.shard.log is None or not update.key.is_cuda:
             self.shard.commit_dense(update)
             return
-        cur = torch.cuda.current_stream()
-        if self._side is None:
-            self._side = torch.cuda.Stream(cur.device)
-        self._side.wait_stream(cur)
-        with torch.cuda.stream(self._side):
-            self.shard.commit_dense(update)
-        self._push_done = self._side
-        # Held until the join: memory the step's stream frees (a micro-batches'
-        # concatenation) could otherwise be given to the backward while the side stream
-        # still reads it.
-        self._pushed = update
-
-    def wait(self) -> None:
-        """Joins a write-back running beside the step."""
-        if self._push_done is not None:
-            torch.cuda.current_stream().wait_stream(self._push_done)
-            self._push_done = None
-            self._pushed = None
+        self._push_beside(lambda: self.shard.commit_dense(update), update)
 
 
 @dataclass

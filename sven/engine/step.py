@@ -32,6 +32,7 @@ Staleness 0 gives the synchronous result for every D and m.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -438,8 +439,6 @@ def reads_ahead(depth: int, memory: MemoryState, exchange: Exchange) -> bool:
     stream (:mod:`sven.models.readahead`): with node state in pinned host memory, where
     the read crosses the host link, on one process, with a ring (depth >= 1).
     ``SVEN_READ_AHEAD=0`` turns it off (the A/B of ``benchmarks/gpu_session.sh``)."""
-    import os
-
     if os.environ.get("SVEN_READ_AHEAD", "1") == "0":
         return False
     return bool(depth) and memory.storage.pinned and not exchange.distributed

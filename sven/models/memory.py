@@ -70,7 +70,8 @@ class EarlyRows:
     Attributes:
         rows: The rows as read (U rows each), refreshed in place by the step that
             uses them (:meth:`MemoryState.refresh`).
-        since: (1,) int64 the write counter's value just before the read.
+        since: (1,) int64 the first commit number whose writes the read may miss
+            (:meth:`~sven.models.readahead.WriteLog.since`, taken just before it).
     """
 
     rows: MemoryRows
@@ -365,20 +366,19 @@ class MemoryState:
             self._commit_triton(update)
             return
         f = self.full
-        # The commit's number before its writes (sven.models.readahead).
-        log = self.log
-        number = log.next() if log is not None else None
         tgt = self.winners(update.nodes, update.key)
-        f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
-        f["last_update"].index_copy_(0, tgt, update.last_update.to(torch.float64))
         n = tgt
         if update.mail_nodes is not update.nodes or update.mail_key is not update.key:
             # Other receivers than the memory's writers (APAN's neighbours).
             n = self.winners(update.mail_nodes, update.mail_key)
-        if log is not None and number is not None:
-            # Losers go to the scratch row: stamping it too is harmless.
-            log.mark(tgt, number)
-            log.mark(n, number)
+        if self.log is not None:
+            # The commit's number and stamps before its writes (sven.models.readahead);
+            # losers go to the scratch row: stamping it too is harmless.
+            number = self.log.next()
+            self.log.mark(tgt, number)
+            self.log.mark(n, number)
+        f["memory"].index_copy_(0, tgt, update.memory.detach().to(self.dtype))
+        f["last_update"].index_copy_(0, tgt, update.last_update.to(torch.float64))
         if self.mailbox_size > 1:
             # Shift the queue of each receiver by one slot (the oldest falls out).
             for name in ("mail", "mail_ts", "mail_valid"):
