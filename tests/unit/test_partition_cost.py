@@ -128,6 +128,24 @@ def test_apan_writes_neighbours_without_reading_them():
     np.testing.assert_array_equal(rep.received_writes, [2, 2])
 
 
+def test_apan_mails_a_neighbour_sampled_twice_once():
+    # Event e2 (0 -> 2, rank 0): the sampler hands each root the list [1, 1, 3] with its
+    # last slot masked, so the sources' and destinations' lists repeat node 1.
+    def twice(nodes, times, keys):
+        nbr = torch.tensor([[1, 1, 3]]).expand(nodes.shape[0], 3)
+        return nbr, torch.tensor([[True, True, False]]).expand(nodes.shape[0], 3)
+
+    tch = touches(
+        SRC, DST, T, np.array([2]), candidates=torch.tensor([3]), sampler=twice, k=3,
+        num_neg=1, seed=0, epoch=0, access=Access.of("apan"),
+    )  # fmt: skip
+    # Roots 0, 2 (written) and 3 (negative, not sampled); node 1 is in four valid slots,
+    # two per positive root, and is written once per root.
+    np.testing.assert_array_equal(tch.node, [0, 2, 3, 1, 1, 1, 1])
+    np.testing.assert_array_equal(tch.read, [True, True, True, False, False, False, False])
+    np.testing.assert_array_equal(tch.write, [True, True, False, True, False, True, False])
+
+
 def test_jodie_samples_nothing_whatever_k():
     np.testing.assert_array_equal(
         _cost(access=Access.of("jodie")).remote_reads, _cost(k=0).remote_reads
@@ -323,6 +341,7 @@ def test_partitions_with_batch_sizes_of_their_own_match_separate_replays():
 def test_touches_are_what_the_batch_builder_reads_and_writes(model: str):
     # The replay and make_batch share the root layout: the same roots, the same
     # sampled roots and keys (uniform draws), the same written nodes.
+    from sven.models.apan import first_occurrences
     from sven.pipeline.batch import make_batch
     from sven.pipeline.negatives import sample_negatives
     from sven.pipeline.sampler import TCSR, TemporalSampler
@@ -358,7 +377,9 @@ def test_touches_are_what_the_batch_builder_reads_and_writes(model: str):
     if block is not None and access.read_neighbors:
         read.append(block.nbr[block.mask])
     if block is not None and access.deliver_to_neighbors:
-        written.append(block.nbr[: 2 * b][block.mask[: 2 * b]])
+        # The model mails a node once per root, however often that root sampled it.
+        first = first_occurrences(block.nbr[: 2 * b], block.mask[: 2 * b])
+        written.append(block.nbr[: 2 * b][first])
     np.testing.assert_array_equal(np.sort(tch.node[tch.read]), np.sort(torch.cat(read).numpy()))
     np.testing.assert_array_equal(np.sort(tch.node[tch.write]), np.sort(torch.cat(written).numpy()))
     assert (block is None) == (model == "jodie")
