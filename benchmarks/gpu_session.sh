@@ -48,7 +48,8 @@
 #   scale       the host tier against the GPU tier at 10^7 nodes             [560]
 #   tiers       the captured step's kernels with state on the GPU and in pinned
 #               host memory (rows read ahead, and read at the step:
-#               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes (profile_step.py)  [130]
+#               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
+#               $SVEN_TIERS_ARMS picks arms) (profile_step.py)               [130]
 #   uva         row gathers over pinned host memory, 1.2 against 12 GB tables
 #               (bench_uva.py)                                               [60]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
@@ -135,17 +136,21 @@ phase_step() {
 }
 
 phase_tiers() {
-  # The host tier's step beside the GPU tier's, batch 600, on 10^6 nodes: a 1.2 GB
-  # pinned table is as far from every cache as the 12 GB one of `scale`.
-  local g="$STORES/synth-1e6"
-  [ -f "$g/meta.json" ] || step 120 "$PY" -m sven data synth --events 10000000 \
-    --nodes 1000000 --seed 0 --out "$g"
+  # The host tier's step beside the GPU tier's, batch 600, on 10^6 nodes (a 1.2 GB
+  # pinned table is already far from every cache) or $SVEN_TIERS_NODES (1e7: the
+  # 12 GB table of `scale`, to see which kernels grow with the table).
+  local nodes=${SVEN_TIERS_NODES:-1e6}
+  local g="$STORES/synth-$nodes" n
+  n=$("$PY" -c "print(int(float('$nodes')))")
+  [ -f "$g/meta.json" ] || step 240 "$PY" -m sven data synth --events 10000000 \
+    --nodes "$n" --seed 0 --out "$g"
   # The host tier with its rows read ahead (the default) and read at the step.
-  for arm in gpu host host-at-step; do
+  for arm in ${SVEN_TIERS_ARMS:-gpu host host-at-step}; do
     local tier=${arm%%-*} ahead=1
     [ "$arm" = host-at-step ] && ahead=0
-    SVEN_READ_AHEAD=$ahead step 150 "$PY" benchmarks/profile_step.py --data "$g" \
-      --out "$OUT/tiers/$arm" --warmup 30 --trace train.batch_size=600 state.device=$tier
+    SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$g" \
+      --out "$OUT/tiers/$nodes-$arm" --warmup 30 --trace train.batch_size=600 \
+      state.device=$tier
   done
 }
 
