@@ -49,7 +49,8 @@
 #   tiers       the captured step's kernels with state on the GPU and in pinned
 #               host memory (rows read ahead, and read at the step:
 #               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
-#               $SVEN_TIERS_ARMS picks arms) (profile_step.py)               [130]
+#               $SVEN_TIERS_ARMS picks arms; $SVEN_TIERS_RELABEL=1 also on
+#               the ids by activity) (profile_step.py)                       [130]
 #   uva         row gathers over pinned host memory, 1.2 against 12 GB tables
 #               (bench_uva.py)                                               [60]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
@@ -144,13 +145,22 @@ phase_tiers() {
   n=$("$PY" -c "print(int(float('$nodes')))")
   [ -f "$g/meta.json" ] || step 240 "$PY" -m sven data synth --events 10000000 \
     --nodes "$n" --seed 0 --out "$g"
+  local stores=("$g")
+  # $SVEN_TIERS_RELABEL=1: the same arms on a copy with the ids by activity (the hot
+  # rows on few pages), to see whether the host tier pays for where its rows lie.
+  if [ "${SVEN_TIERS_RELABEL:-0}" = 1 ]; then
+    [ -f "$g-act/meta.json" ] || step 240 "$PY" benchmarks/relabel_store.py "$g" "$g-act"
+    stores+=("$g-act")
+  fi
   # The host tier with its rows read ahead (the default) and read at the step.
-  for arm in ${SVEN_TIERS_ARMS:-gpu host host-at-step}; do
-    local tier=${arm%%-*} ahead=1
-    [ "$arm" = host-at-step ] && ahead=0
-    SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$g" \
-      --out "$OUT/tiers/$nodes-$arm" --warmup 30 --trace train.batch_size=600 \
-      state.device=$tier
+  for store in "${stores[@]}"; do
+    for arm in ${SVEN_TIERS_ARMS:-gpu host host-at-step}; do
+      local tier=${arm%%-*} ahead=1
+      [ "$arm" = host-at-step ] && ahead=0
+      SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
+        --out "$OUT/tiers/$(basename "$store")-$arm" --warmup 30 --trace \
+        train.batch_size=600 state.device=$tier
+    done
   done
 }
 
