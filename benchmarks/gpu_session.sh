@@ -160,6 +160,10 @@ phase_tiers() {
       SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
         --out "$OUT/tiers/$(basename "$store")-$arm" --warmup 30 --trace \
         train.batch_size=600 state.device=$tier
+      # The timeline is too large to bring back: its per-stream view goes to the log.
+      for tr in "$OUT/tiers/$(basename "$store")-$arm"/trace_*.json.gz; do
+        [ -f "$tr" ] && step 60 "$PY" benchmarks/trace_streams.py "$tr" --steps 20
+      done
     done
   done
 }
