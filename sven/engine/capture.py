@@ -11,6 +11,7 @@ deterministic by construction), on without its fill of new tensors on CPU.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ CUDA_SIDE_WORK = threading.Lock()
 __all__ = [
     "StepGraph",
     "determinism",
+    "no_collection",
     "no_uninitialized_fill",
     "torch_determinism_off",
     "undone",
@@ -179,7 +181,7 @@ class StepGraph:
             torch.cuda.synchronize()
             self.warmup_s = time.perf_counter() - t0
             graph = torch.cuda.CUDAGraph()
-            with CUDA_SIDE_WORK, torch.cuda.graph(graph):
+            with CUDA_SIDE_WORK, no_collection(), torch.cuda.graph(graph):
                 self.fn()
             torch.cuda.synchronize()
             self.capture_s = time.perf_counter() - t0 - self.warmup_s
@@ -209,6 +211,26 @@ class StepGraph:
         with undone(self.state, self.optimizer):
             for _ in range(self.warmup):
                 self.fn()
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """No garbage collection inside the block: the garbage is collected on entry, and
+    automatic collection is off until the exit (as it was before, after).
+
+    Collecting during a capture frees whatever sat in reference cycles: another
+    trainer's captured graph or pinned tables, whose release is a CUDA call that a
+    capture forbids (the process aborted, once, in the GPU suite). torch (from 2.9)
+    no longer collects before a capture itself.
+    """
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextlib.contextmanager

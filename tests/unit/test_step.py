@@ -4,13 +4,15 @@ prefetch ring's in-place copies, the step graph and the compiled model."""
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
 
 from sven.engine.batches import copy_tree, tree_tensors
 from sven.engine.body import StepInput, masked_bce, train_step
-from sven.engine.capture import StepGraph
+from sven.engine.capture import StepGraph, no_collection
 from sven.models import MODELS, MemoryState, build_model
 from sven.models.base import ModelOutput
 from sven.pipeline.negatives import register_compiled_ops
@@ -192,6 +194,75 @@ def test_step_graph_off_runs_eagerly_and_validates_mode() -> None:
         StepGraph(lambda: None, mode="maybe", device=torch.device("cpu"), state=list)
     with pytest.raises(ValueError, match="CUDA"):
         StepGraph(lambda: None, mode="on", device=torch.device("cpu"), state=list)
+
+
+class _Cycle:
+    def __init__(self, payload: object = None) -> None:
+        self.me = self
+        self.payload = payload
+
+
+def test_no_collection_collects_on_entry_and_holds_collection_off_inside() -> None:
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        stale = _Cycle()
+        gone = weakref.ref(stale)
+        del stale
+        with no_collection():
+            # The cycle made before the block is gone on entry; none made inside is
+            # collected automatically, however many allocations follow.
+            assert gone() is None and not gc.isenabled()
+            made = _Cycle()
+            inside = weakref.ref(made)
+            del made
+            junk = [_Cycle() for _ in range(5 * gc.get_threshold()[0])]
+            del junk
+            assert inside() is not None
+        assert gc.isenabled()
+        gc.collect()
+        assert inside() is None
+        # Collection that was off before stays off after.
+        gc.disable()
+        with no_collection():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.gpu
+def test_capture_with_a_stale_graph_in_a_cycle_and_garbage_made_inside() -> None:
+    # A graph of an earlier run left in a reference cycle; the step captured now makes
+    # enough cyclic garbage for automatic collection to fire inside the capture, which
+    # would destroy the stale graph there (a CUDA call a capture forbids).
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.ones(4, device="cuda")
+    old = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(old):
+        x.add_(1)
+    was = gc.isenabled()
+    gc.disable()
+    _Cycle(old)
+    del old
+    gc.enable()
+
+    def step() -> None:
+        junk = [_Cycle() for _ in range(5 * gc.get_threshold()[0])]
+        del junk
+        x.mul_(2)
+
+    try:
+        sg = StepGraph(step, mode="on", device=torch.device("cuda"), state=lambda: [x], warmup=1)
+        sg()
+        sg()
+        torch.cuda.synchronize()
+    finally:
+        (gc.enable if was else gc.disable)()
+    # The stale graph never replayed; the warm-up's doubling is undone; the two
+    # replays double twice.
+    assert sg.captured and x.tolist() == [4.0] * 4
 
 
 @pytest.mark.slow
