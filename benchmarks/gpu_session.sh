@@ -50,7 +50,8 @@
 #               host memory (rows read ahead, and read at the step:
 #               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
 #               $SVEN_TIERS_ARMS picks arms; $SVEN_TIERS_RELABEL=1 also on
-#               the ids by activity) (profile_step.py)                       [130]
+#               the ids by activity; $SVEN_TIERS_TAG names a repeat, e.g. one
+#               per SVEN_AHEAD_PROGRAMS) (profile_step.py)                   [130]
 #   uva         row gathers over pinned host memory, 1.2 against 12 GB tables
 #               (bench_uva.py)                                               [60]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
@@ -145,7 +146,7 @@ phase_tiers() {
   n=$("$PY" -c "print(int(float('$nodes')))")
   [ -f "$g/meta.json" ] || step 240 "$PY" -m sven data synth --events 10000000 \
     --nodes "$n" --seed 0 --out "$g"
-  local stores=("$g")
+  local stores=("$g") tag=${SVEN_TIERS_TAG:+-$SVEN_TIERS_TAG}
   # $SVEN_TIERS_RELABEL=1: the same arms on a copy with the ids by activity (the hot
   # rows on few pages), to see whether the host tier pays for where its rows lie.
   if [ "${SVEN_TIERS_RELABEL:-0}" = 1 ]; then
@@ -158,10 +159,10 @@ phase_tiers() {
       local tier=${arm%%-*} ahead=1
       [ "$arm" = host-at-step ] && ahead=0
       SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
-        --out "$OUT/tiers/$(basename "$store")-$arm" --warmup 30 --trace \
+        --out "$OUT/tiers/$(basename "$store")-$arm$tag" --warmup 30 --trace \
         train.batch_size=600 state.device=$tier
       # The timeline is too large to bring back: its per-stream view goes to the log.
-      for tr in "$OUT/tiers/$(basename "$store")-$arm"/trace_*.json.gz; do
+      for tr in "$OUT/tiers/$(basename "$store")-$arm$tag"/trace_*.json.gz; do
         [ -f "$tr" ] && step 60 "$PY" benchmarks/trace_streams.py "$tr" --steps 20
       done
     done

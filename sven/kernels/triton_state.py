@@ -40,34 +40,38 @@ def _gather_kernel(
     B_MEM: tl.constexpr, B_MAIL: tl.constexpr, B_M: tl.constexpr, ROWS: tl.constexpr,
     REFRESH: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    rm = rows < U
-    n = tl.load(nodes_ptr + rows, mask=rm, other=0).to(tl.int64)
-    if REFRESH:
-        # Rows read ahead: only those written since their read (or all, after a
-        # wholesale change) are read again (sven.models.readahead).
-        since = tl.load(since_ptr)
-        s = tl.load(stamp_ptr + n, mask=rm, other=-1)
-        # The wipe as a block: a scalar comparison in the mask is refused by the
-        # interpreter.
-        w = tl.load(wipe_ptr) + tl.zeros_like(s)
-        rm = rm & ((s >= since) | (w >= since))
-    r64 = rows.to(tl.int64)
-    c = tl.arange(0, B_MEM)
-    m2 = rm[:, None] & (c < D_MEM)[None, :]
-    x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=m2)
-    tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=m2)
-    tl.store(o_lu + r64, tl.load(lu_ptr + n, mask=rm), mask=rm)
-    c = tl.arange(0, B_MAIL)
-    m2 = rm[:, None] & (c < M * D_MAIL)[None, :]
-    x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=m2)
-    tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=m2)
-    c = tl.arange(0, B_M)
-    m2 = rm[:, None] & (c < M)[None, :]
-    src = n[:, None] * M + c[None, :]
-    dst = r64[:, None] * M + c[None, :]
-    tl.store(o_mts + dst, tl.load(mts_ptr + src, mask=m2), mask=m2)
-    tl.store(o_mv + dst, tl.load(mv_ptr + src, mask=m2), mask=m2)
+    # Programs walk blocks pid, pid + P, ...: one block each at the full grid; a grid
+    # capped below that (rows read ahead, beside the step) loops, so that a gather
+    # bound by the host link holds a few SMs rather than all of them.
+    for start in range(tl.program_id(0) * ROWS, U, tl.num_programs(0) * ROWS):
+        rows = start + tl.arange(0, ROWS)
+        rm = rows < U
+        n = tl.load(nodes_ptr + rows, mask=rm, other=0).to(tl.int64)
+        if REFRESH:
+            # Rows read ahead: only those written since their read (or all, after a
+            # wholesale change) are read again (sven.models.readahead).
+            since = tl.load(since_ptr)
+            s = tl.load(stamp_ptr + n, mask=rm, other=-1)
+            # The wipe as a block: a scalar comparison in the mask is refused by the
+            # interpreter.
+            w = tl.load(wipe_ptr) + tl.zeros_like(s)
+            rm = rm & ((s >= since) | (w >= since))
+        r64 = rows.to(tl.int64)
+        c = tl.arange(0, B_MEM)
+        m2 = rm[:, None] & (c < D_MEM)[None, :]
+        x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=m2)
+        tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=m2)
+        tl.store(o_lu + r64, tl.load(lu_ptr + n, mask=rm), mask=rm)
+        c = tl.arange(0, B_MAIL)
+        m2 = rm[:, None] & (c < M * D_MAIL)[None, :]
+        x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=m2)
+        tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=m2)
+        c = tl.arange(0, B_M)
+        m2 = rm[:, None] & (c < M)[None, :]
+        src = n[:, None] * M + c[None, :]
+        dst = r64[:, None] * M + c[None, :]
+        tl.store(o_mts + dst, tl.load(mts_ptr + src, mask=m2), mask=m2)
+        tl.store(o_mv + dst, tl.load(mv_ptr + src, mask=m2), mask=m2)
 
 
 def _block(n: int) -> int:
@@ -79,6 +83,7 @@ def gather_rows(
     nodes: torch.Tensor,
     outs: tuple[torch.Tensor, ...] | None = None,
     refresh: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    programs: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     """The five state tables' rows at ``nodes``, as ``tuple(t[nodes] for t in tables)``.
 
@@ -90,6 +95,8 @@ def gather_rows(
         refresh: (stamp (N1,), since (1,), wipe (1,)) int64 of a
             :class:`~sven.models.readahead.WriteLog`: ``outs`` hold rows read ahead at
             ``since``, and only the stale ones (``WriteLog.stale``) are read again.
+        programs: At most this many programs, each looping over blocks of rows (0: one
+            program per block).
 
     Returns:
         The five (U, ...) tensors, in the same order.
@@ -102,7 +109,8 @@ def gather_rows(
     # Unused pointers get a real tensor of the right kind: the kernel never reads them.
     stamp, since, wipe = refresh if refresh is not None else (nodes, nodes, nodes)
     if u:
-        _gather_kernel[(triton.cdiv(u, _ROWS),)](
+        blocks = triton.cdiv(u, _ROWS)
+        _gather_kernel[(min(blocks, programs) if programs > 0 else blocks,)](
             nodes, mem, lu, mail, mts, mv.view(torch.int8), outs[0], outs[1], outs[2],
             outs[3], outs[4].view(torch.int8), u, stamp, since, wipe, mem.shape[1], d_mail,
             m, _block(mem.shape[1]), _block(m * d_mail), _block(m), ROWS=_ROWS,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from sven import kernels
-from sven.models.readahead import WriteLog
+from sven.models.readahead import WriteLog, ahead_programs
 from sven.models.storage import Storage
 
 
@@ -273,9 +273,10 @@ class MemoryState:
         """Index of the scratch row (N)."""
         return self.num_nodes
 
-    def gather(self, nodes: torch.Tensor) -> MemoryRows:
+    def gather(self, nodes: torch.Tensor, programs: int = 0) -> MemoryRows:
         """Reads the rows of ``nodes`` (U,) as a :class:`MemoryRows` (N: the scratch row),
-        on the compute device."""
+        on the compute device; the Triton gather with at most ``programs`` programs
+        (0: one per block of rows)."""
         if self.storage.staged:
             # Rows in files: indexed on the host, then copied over (a host sync).
             idx = nodes.cpu()
@@ -285,7 +286,7 @@ class MemoryState:
             from sven.kernels.triton_state import gather_rows
 
             # One kernel for the five tables' rows.
-            return MemoryRows(*gather_rows(tables, nodes))
+            return MemoryRows(*gather_rows(tables, nodes, programs=programs))
         return MemoryRows(*(t[nodes] for t in tables))
 
     def track_writes(self) -> None:
@@ -312,7 +313,7 @@ class MemoryState:
             raise RuntimeError("read_ahead needs track_writes() first")
         # Read before the rows, in stream order (sven.models.readahead says why).
         since = self.log.since()
-        return EarlyRows(self.gather(nodes), since)
+        return EarlyRows(self.gather(nodes, programs=ahead_programs()), since)
 
     def refresh(self, early: EarlyRows, nodes: torch.Tensor) -> MemoryRows:
         """The rows of ``nodes`` (U,) as :meth:`gather` reads them now, from rows read

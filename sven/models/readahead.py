@@ -22,9 +22,31 @@ still writing while it was read, carries a number above ``done``: at least ``sin
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["WriteLog"]
+__all__ = ["AHEAD_PROGRAMS", "WriteLog", "ahead_programs"]
+
+#: The most programs the read-ahead gather runs (0: one per block of rows, as the
+#: step's own gather). Rows read ahead cross the host link beside the step: a full
+#: grid of programs waiting on the link holds every SM, and the step's kernels beside
+#: it ran up to 3x slower at 10^7 nodes (docs/scale.md). ``SVEN_AHEAD_PROGRAMS`` sets
+#: another count (read at each read-ahead, for A/B runs).
+AHEAD_PROGRAMS = 0
+
+
+def ahead_programs() -> int:
+    """The read-ahead gather's program cap (``SVEN_AHEAD_PROGRAMS``, else
+    :data:`AHEAD_PROGRAMS`).
+
+    Raises:
+        ValueError: On a value that is not a whole number of at least 0.
+    """
+    raw = os.environ.get("SVEN_AHEAD_PROGRAMS", str(AHEAD_PROGRAMS)).strip()
+    if not raw.isdigit():
+        raise ValueError(f"SVEN_AHEAD_PROGRAMS must be a whole number >= 0, got {raw!r}")
+    return int(raw)
 
 
 class WriteLog:

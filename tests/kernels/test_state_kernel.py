@@ -76,6 +76,32 @@ def test_gather_equals_indexing(device, use_kernel, m, dtype):
         assert getattr(got, name).dtype == getattr(want, name).dtype
 
 
+@pytest.mark.parametrize("programs", [1, 2, 3, 9, 100])
+def test_gather_on_a_capped_grid_reads_every_row(device, use_kernel, programs):
+    # 72 rows are 3 blocks of 32: fewer programs loop over them (1, 2: one program
+    # takes two or three blocks), more than the blocks run one each.
+    st = _state(device, 37, 3, torch.float32, seed=8)
+    nodes = torch.tensor([0, 36, 37, 5, 5, 12, 37, 1] * 9, device=device)
+    want = tuple(t[nodes] for t in (st.full[name] for name in _FIELDS))
+    use_kernel("state_gather", "triton")
+    got = st.gather(nodes, programs=programs)
+    for name, w in zip(_FIELDS, want):
+        assert torch.equal(getattr(got, name), w), (programs, name)
+
+
+def test_read_ahead_takes_its_program_cap_from_the_environment(monkeypatch):
+    from sven.models.readahead import ahead_programs
+
+    monkeypatch.delenv("SVEN_AHEAD_PROGRAMS", raising=False)
+    assert ahead_programs() == 0
+    monkeypatch.setenv("SVEN_AHEAD_PROGRAMS", "24")
+    assert ahead_programs() == 24
+    for bad in ("-1", "many", "2.5"):
+        monkeypatch.setenv("SVEN_AHEAD_PROGRAMS", bad)
+        with pytest.raises(ValueError, match="SVEN_AHEAD_PROGRAMS"):
+            ahead_programs()
+
+
 def test_commit_hand_built(device, use_kernel):
     """Node 2 has two candidates (keys 5 and 7): the later one's rows land; key -1 writes
     nothing; every node's maximum is back at -1."""
