@@ -31,8 +31,8 @@ __all__ = ["AHEAD_PROGRAMS", "WriteLog", "ahead_programs"]
 #: The most programs the read-ahead gather runs (0: one per block of rows, as the
 #: step's own gather). Rows read ahead cross the host link beside the step: a full
 #: grid of programs waiting on the link holds every SM, and the step's kernels beside
-#: it ran up to 3x slower at 10^7 nodes (docs/scale.md). ``SVEN_AHEAD_PROGRAMS`` sets
-#: another count (read at each read-ahead, for A/B runs).
+#: it slow down (docs/scale.md). ``SVEN_AHEAD_PROGRAMS`` sets another count (read at
+#: each read-ahead, for A/B runs).
 AHEAD_PROGRAMS = 0
 
 
