@@ -158,11 +158,11 @@ phase_tiers() {
     for arm in ${SVEN_TIERS_ARMS:-gpu host host-at-step}; do
       local tier=${arm%%-*} ahead=1
       [ "$arm" = host-at-step ] && ahead=0
+      local dir="$OUT/tiers/$(basename "$store")-$arm$tag"
       SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
-        --out "$OUT/tiers/$(basename "$store")-$arm$tag" --warmup 30 --trace \
-        train.batch_size=600 state.device=$tier
+        --out "$dir" --warmup 30 --trace train.batch_size=600 state.device=$tier
       # The timeline is too large to bring back: its per-stream view goes to the log.
-      for tr in "$OUT/tiers/$(basename "$store")-$arm$tag"/trace_*.json.gz; do
+      for tr in "$dir"/trace_*.json.gz; do
         [ -f "$tr" ] && step 60 "$PY" benchmarks/trace_streams.py "$tr" --steps 20
       done
     done

@@ -189,9 +189,12 @@ def touches(
     )
     nbr, mask = nbr_t.numpy(), mask_t.numpy()
     if access.deliver_to_neighbors:
-        # A node in two slots of one root's list gets that root's mail once (the
-        # model keeps the first: ``apan.first_occurrences``), so it is one write.
-        slot_wr = (root_wr[order][:, None] & _first_in_row(nbr, mask))[mask]
+        from sven.models.apan import first_occurrences
+
+        # A node in two slots of one root's list gets that root's mail once: the
+        # model's own choice of slot, so that the replay writes what it writes.
+        first = first_occurrences(nbr_t, mask_t).numpy()
+        slot_wr = (root_wr[order][:, None] & first)[mask]
     else:
         slot_wr = np.zeros(int(mask.sum()), dtype=bool)
     slot_rd = np.full(slot_wr.shape[0], access.read_neighbors)
@@ -202,18 +205,3 @@ def touches(
         np.concatenate((root_rd, slot_rd)),
         np.concatenate((root_wr, slot_wr)),
     )
-
-
-def _first_in_row(nbr: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(R, k) bool: ``mask`` without the repeats of a node within a row (the earliest
-    valid slot of each node in a row stays)."""
-    rows = np.broadcast_to(np.arange(nbr.shape[0], dtype=np.int64)[:, None], nbr.shape)
-    flat = np.flatnonzero(mask)
-    key = rows.reshape(-1)[flat] * (int(nbr.max(initial=0)) + 1) + nbr.reshape(-1)[flat]
-    # A stable sort keeps equal keys in slot order, so each run starts at its first slot.
-    order = np.argsort(key, kind="stable")
-    repeat = np.zeros(flat.shape[0], dtype=bool)
-    repeat[order[1:]] = key[order[1:]] == key[order[:-1]]
-    out = np.zeros(nbr.size, dtype=bool)
-    out[flat[~repeat]] = True
-    return out.reshape(nbr.shape)
