@@ -9,13 +9,13 @@ torch's profiler, median of ``--repeats`` calls) for each case of a set that lea
 part out or changes one size at a time, so that differences place the time without
 hardware counters: no edge features, a narrow time encoding, one neighbour slot, a
 tenth of the roots, and each launch setting (``SVEN_FACTORED_WARPS`` and
-``SVEN_FACTORED_CHUNK``). Beside each time: the bytes
+``SVEN_FACTORED_CHUNK``; ``SVEN_FACTORED_KERNEL`` picks the kernel). Beside each time: the bytes
 the kernel must move at least (its inputs read once, its outputs written once) and the
 rate that makes.
 
 ``--once`` runs one case (``--case NAME``, default the first) once after a warm-up
 call, for a profiler that attaches to one launch (Nsight Compute: ``ncu
---clock-control none --kernel-name _factored_fwd_kernel --launch-skip 1 --launch-count
+--clock-control none --kernel-name regex:_factored_ --launch-skip 1 --launch-count
 1 python3 benchmarks/bench_factored.py --once``).
 
 Usage:
@@ -73,7 +73,7 @@ def cases(quick: bool) -> list[Case]:
     # row per node as the wide evaluation passes them, and its warp counts.
     bare = replace(base, edge_dim=0)
     out.append(replace(bare, name="no edges, per-node queries", per_node=True))
-    for warps in (4, 16):
+    for warps in (2, 4, 16):
         out.append(replace(bare, name=f"no edges, per-node, {warps} warps", per_node=True,
                            warps=warps))  # fmt: skip
     return out
@@ -155,7 +155,7 @@ def kernel_us(c: Case, device: torch.device, repeats: int) -> float:
     times = [
         e.device_time
         for e in prof.events()
-        if e.name.startswith("_factored_fwd_kernel") and e.device_time > 0
+        if e.name.startswith("_factored_") and e.device_time > 0
     ]
     return statistics.median(times) if times else float("nan")
 
@@ -168,7 +168,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     ap.add_argument("--once", action="store_true", help="one case, twice, untimed")
     ap.add_argument("--case", default=None, help="the one case to run (its name)")
+    ap.add_argument(
+        "--matmul-precision",
+        default="high",
+        help="as train.matmul_precision (high: TF32 products, the default)",
+    )
     args = ap.parse_args()
+    torch.set_float32_matmul_precision(args.matmul_precision)
     device = torch.device(args.device)
     named = {c.name: c for c in cases(args.quick)}
     if args.case is not None and args.case not in named:
@@ -198,8 +204,9 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+        kernel = os.environ.get("SVEN_FACTORED_KERNEL", "tiles")
         (out / "bench_factored.json").write_text(
-            json.dumps({"device": name, "cases": rows}, indent=2)
+            json.dumps({"device": name, "kernel": kernel, "cases": rows}, indent=2)
         )
 
 

@@ -39,8 +39,9 @@
 #               TAG:ENV=VALUE;ENV=VALUE items; default: the cosine by polynomial,
 #               the scorer's wide tile on 4 warps, the default before 8)     [60]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
-#               part left out or one size changed per case (bench_factored.py), and
-#               Nsight Compute's view of one launch (occupancy, stalls, memory) [90]
+#               part left out or one size changed per case (bench_factored.py), for
+#               each kernel (SVEN_FACTORED_KERNEL), and Nsight Compute's view of one
+#               launch of each on the MRR case (occupancy, stalls, issue)     [90]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
 #               and on a warm cache, and on an empty one with
 #               SVEN_COMPILE_AHEAD=0                                        [260]
@@ -286,28 +287,19 @@ phase_mrrab() {
 
 phase_factored() {
   step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored"
+  SVEN_FACTORED_KERNEL=dot step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored/dot"
   if command -v ncu >/dev/null; then
-    step 200 ncu --clock-control none --kernel-name _factored_fwd_kernel --launch-skip 1 \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis \
-      "$PY" benchmarks/bench_factored.py --once
-    # The MRR store's case (no edges, queries per node) with where its instructions go:
-    # the pipes (the cosine's float64 reduction), the schedulers' issue, the stalls.
-    # Each kernel (SVEN_FACTORED_HEADS) and way of the cosine (SVEN_TRITON_COS), with
-    # the instructions by opcode (benchmarks/count_sass.py counts them without a GPU).
-    for way in 0:reduced 1:reduced 1:poly; do
-      SVEN_FACTORED_HEADS=${way%%:*} SVEN_TRITON_COS=${way#*:} step 200 ncu --clock-control none \
+    # The MRR store's case (no edges, queries per node) under each kernel
+    # (SVEN_FACTORED_KERNEL): the pipes, the schedulers' issue, the stalls, the
+    # instructions by opcode (benchmarks/count_sass.py counts them without a GPU).
+    for kernel in tiles dot; do
+      SVEN_FACTORED_KERNEL=$kernel step 200 ncu --clock-control none \
         --kernel-name regex:_factored_ --launch-skip 1 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \
         --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
-        --print-details all \
         "$PY" benchmarks/bench_factored.py --once --case "no edges, per-node queries"
     done
   fi
-  # The heads-one-after-another kernel on every case, and with the polynomial cosine.
-  SVEN_FACTORED_HEADS=1 step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored/heads"
-  SVEN_FACTORED_HEADS=1 SVEN_TRITON_COS=poly step 200 "$PY" benchmarks/bench_factored.py \
-    --out "$OUT/factored/heads-poly" --case "no edges, per-node queries"
 }
 
 phase_ttr() {

@@ -20,11 +20,11 @@ features: ef (R, K, E), or with EDGE_ROWS the (events, E) table whose row er[r, 
 slot reads. With Q_ROWS, root r reads row qr[r] of the queries and their products (one
 row per node: roots of one node share it), else row r.
 
-``SVEN_FACTORED_HEADS=1`` (an opt-in: timed slower, docs/performance.md) runs
-:func:`_factored_heads_kernel` instead: the same program per root, its heads one after
-another on (slots, columns) tiles rather than all at once on (slots, heads, columns)
-ones; each slot's time encoding and each chunk of edge rows is still built or read
-once for all heads.
+``SVEN_FACTORED_KERNEL=dot`` (an opt-in until timed faster) runs
+:func:`_factored_dot_kernel` instead: the same program per root, its sums over slots
+and columns as matrix products (``tl.dot``, on TF32 tensor cores where cuBLAS's
+setting allows them) on (slots, heads) tiles rather than broadcasts and reductions on
+(slots, heads, columns) ones.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sven.kernels.precision import tf32_dots
 from sven.kernels.triton_attention import _mask_u8, _pow2, _softmax_valid
 from sven.kernels.triton_trig import cos32
 
@@ -157,75 +158,84 @@ def _factored_fwd_kernel(
 
 
 @triton.jit
-def _factored_heads_kernel(
+def _mm(a, b, TF32: tl.constexpr):
+    """a @ b in float32, on TF32 tensor cores where ``TF32``."""
+    if TF32:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _factored_dot_kernel(
     q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
     qr_ptr, o_ptr, ft_ptr, fe_ptr,
-    K, H, D, OD, T, E, scale,
+    K, H: tl.constexpr, D: tl.constexpr, OD: tl.constexpr, T, E, scale,
     sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
     ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
     HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, EAGER: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_O: tl.constexpr, TF32: tl.constexpr, ROW_VEC: tl.constexpr,
 ):  # fmt: skip
-    # _factored_fwd_kernel's function and operands, its heads one after another on 2-D
-    # (slots, columns) tiles: the (slots, heads, columns) tiles' broadcasts and
-    # reductions take more instructions (benchmarks/count_sass.py counts them), and
-    # the wide batch's kernel is bound by issuing them.
+    # _factored_fwd_kernel's function and operands, its sums over slots and columns as
+    # matrix products (tl.dot) on (slots, heads) tiles: the wide batch's kernel is bound
+    # by issuing instructions, and the 3-D tiles' broadcasts and cross-thread
+    # reductions are most of them. Heads are padded to BLOCK_H >= 16 (a product's
+    # smallest side); a node row's keys (and values) are one (slots, H D) tile, and the
+    # query a block-diagonal (H D, heads) operand, so one product scores every head.
+    # H and D are constants of the compile: a column's head is then a multiply and a
+    # shift, not an integer division.
     r = tl.program_id(0).to(tl.int64)
     qi, ok, valid, read, nbr = _root_slots(r, qr_ptr, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r,
                                            sp_k, Q_ROWS, EAGER, BLOCK_K)  # fmt: skip
     oh = tl.arange(0, BLOCK_H)
-    od = tl.arange(0, BLOCK_D)
+    hm = oh < H
+    oc = tl.arange(0, BLOCK_O)
+    cm = oc < OD
+    ch = oc // D
+    tile = valid[:, None] & cm[None, :]
+    # Rows start at multiples of ROW_VEC elements (checked at the launch): the gathers
+    # are then vector loads, a quarter of the load and address instructions.
+    row = kvn_ptr + tl.multiple_of(nbr * sn_u, ROW_VEC)[:, None]
+    key = tl.load(row + oc[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    val = tl.load(row + (OD + oc)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    qf = tl.load(q_ptr + qi * sq_r + ch * sq_h + (oc - ch * D) * sq_d, mask=cm, other=0.0)
+    qbd = tl.where(ch[:, None] == oh[None, :], qf.to(tl.float32)[:, None], 0.0)
+    s = _mm(key, qbd, TF32)
     ot = tl.arange(0, BLOCK_T)
-    dm, tm = od < D, ot < T
-    row = kvn_ptr + nbr[:, None] * sn_u
-    kd = valid[:, None] & dm[None, :]
+    tm = ot < T
     ftime = _slot_feat(r, ok, valid, ot, tm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
                        sdt_r, sdt_k, read, True)  # fmt: skip
-    # The scores, head h in column h.
-    s = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float32)
-    for h in tl.static_range(BLOCK_H):
-        # As a block: a bare comparison of a constant with an argument is not a mask.
-        hv = tl.full([1], h, tl.int32) < H
-        key = tl.load(row + (h * D + od)[None, :] * sn_c, mask=kd & hv, other=0.0)
-        q = tl.load(q_ptr + qi * sq_r + h * sq_h + od * sq_d, mask=dm & hv, other=0.0)
-        qt = tl.load(qt_ptr + qi * sqt_r + h * sqt_h + ot, mask=tm & hv, other=0.0)
-        sh = tl.sum(key.to(tl.float32) * q.to(tl.float32)[None, :], axis=1)
-        sh += tl.sum(ftime * qt.to(tl.float32)[None, :], axis=1)
-        s += tl.where(oh[None, :] == h, sh[:, None], 0.0)
+    qt_at = qt_ptr + qi * sqt_r + oh[None, :] * sqt_h + ot[:, None]
+    qt = tl.load(qt_at, mask=tm[:, None] & hm[None, :], other=0.0)
+    s += _mm(ftime, qt.to(tl.float32), TF32)
     if HAS_EDGE:
         oe = tl.arange(0, BLOCK_E)
         e_at = _edge_at(r, ok, read, er_ptr, ser_r, ser_k, se_r, se_k, EDGE_ROWS)
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
-            # A chunk of the slots' edge rows is read once for every head.
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
                                se_c, 0, 0, read, False)  # fmt: skip
-            for h in tl.static_range(BLOCK_H):
-                hv = tl.full([1], h, tl.int32) < H
-                qe = tl.load(qe_ptr + qi * sqe_r + h * sqe_h + ec, mask=(ec < E) & hv, other=0.0)
-                sh = tl.sum(fedge * qe.to(tl.float32)[None, :], axis=1)
-                s += tl.where(oh[None, :] == h, sh[:, None], 0.0)
-    p = _softmax_valid(s * scale, valid[:, None] & (oh < H)[None, :])
-    for h in tl.static_range(BLOCK_H):
-        hv = tl.full([1], h, tl.int32) < H
-        ph = tl.sum(tl.where(oh[None, :] == h, p, 0.0), axis=1)
-        val = tl.load(row + (OD + h * D + od)[None, :] * sn_c, mask=kd & hv, other=0.0)
-        out = tl.sum(ph[:, None] * val.to(tl.float32), axis=0)
-        tl.store(o_ptr + (r * H + h) * D + od, out.to(o_ptr.dtype.element_ty), mask=dm & hv)
-        wt = tl.sum(ph[:, None] * ftime, axis=0)
-        tl.store(ft_ptr + (r * H + h) * T + ot, wt.to(ft_ptr.dtype.element_ty), mask=tm & hv)
+            qe_at = qe_ptr + qi * sqe_r + oh[None, :] * sqe_h + ec[:, None]
+            qe = tl.load(qe_at, mask=(ec < E)[:, None] & hm[None, :], other=0.0)
+            s += _mm(fedge, qe.to(tl.float32), TF32)
+    p = _softmax_valid(s * scale, valid[:, None] & hm[None, :])
+    pt = tl.trans(p)
+    # Every head's weights against every column; column c keeps its own head's row.
+    ov = _mm(pt, val, TF32)
+    out = tl.sum(tl.where(ch[None, :] == oh[:, None], ov, 0.0), axis=0)
+    tl.store(o_ptr + r * OD + oc, out.to(o_ptr.dtype.element_ty), mask=cm)
+    wt = _mm(pt, ftime, TF32)
+    ft_at = ft_ptr + (r * H + oh[:, None]) * T + ot[None, :]
+    tl.store(ft_at, wt.to(ft_ptr.dtype.element_ty), mask=hm[:, None] & tm[None, :])
     if HAS_EDGE:
         for e0 in range(0, E, BLOCK_E):
             ec = e0 + oe
             fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
                                se_c, 0, 0, read, False)  # fmt: skip
-            for h in tl.static_range(BLOCK_H):
-                ph = tl.sum(tl.where(oh[None, :] == h, p, 0.0), axis=1)
-                we = tl.sum(ph[:, None] * fedge, axis=0)
-                hv = tl.full([1], h, tl.int32) < H
-                tl.store(fe_ptr + (r * H + h) * E + ec, we.to(fe_ptr.dtype.element_ty),
-                         mask=(ec < E) & hv)  # fmt: skip
+            we = _mm(pt, fedge, TF32)
+            fe_at = fe_ptr + (r * H + oh[:, None]) * E + ec[None, :]
+            tl.store(fe_at, we.to(fe_ptr.dtype.element_ty), mask=hm[:, None] & (ec < E)[None, :])
 
 
 #: Warps of a factored-attention program (one root, every head);
@@ -238,10 +248,9 @@ FACTORED_EDGE_CHUNK = 64
 #: (one dependent load fewer per root, a few masked bytes more); ``SVEN_FACTORED_EAGER``
 #: (0 or 1) sets the other choice, for A/B runs.
 FACTORED_EAGER = False
-#: Whether a program takes its heads one after another on 2-D tiles
-#: (:func:`_factored_heads_kernel`) rather than all at once on 3-D ones;
-#: ``SVEN_FACTORED_HEADS`` (0 or 1) sets the other choice, for A/B runs.
-FACTORED_HEADS = False
+#: The factored-attention kernel: ``tiles`` (:func:`_factored_fwd_kernel`) or ``dot``
+#: (:func:`_factored_dot_kernel`); ``SVEN_FACTORED_KERNEL`` sets the other, for A/B runs.
+FACTORED_KERNEL = "tiles"
 #: How the queries and the weighted sums cross the slot projections: ``blocks`` (one
 #: GEMM each over block-diagonal weights) or ``bmm`` (a product per head);
 #: ``SVEN_FACTORED_PRODUCTS`` sets the other, for A/B runs.
@@ -267,12 +276,31 @@ def _factored_launch(e: int) -> dict[str, int | bool]:
     return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk), "EAGER": eager == "1"}
 
 
-def _factored_kernel() -> triton.JITFunction:
-    """The factored-attention kernel a launch runs (``SVEN_FACTORED_HEADS``)."""
-    heads = os.environ.get("SVEN_FACTORED_HEADS", "1" if FACTORED_HEADS else "0")
-    if heads not in ("0", "1"):
-        raise ValueError(f"SVEN_FACTORED_HEADS must be 0 or 1, got {heads!r}")
-    return _factored_heads_kernel if heads == "1" else _factored_fwd_kernel
+def _factored_kernel(
+    q: torch.Tensor, kv_node: torch.Tensor, h: int, o: int
+) -> tuple[triton.JITFunction, dict]:
+    """The factored-attention kernel a launch runs (``SVEN_FACTORED_KERNEL``) and its own
+    constants, for H = ``h`` heads of O = ``o`` columns, queries ``q`` and node rows
+    ``kv_node``."""
+    kind = os.environ.get("SVEN_FACTORED_KERNEL", FACTORED_KERNEL)
+    if kind not in ("tiles", "dot"):
+        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles or dot, got {kind!r}")
+    if kind == "tiles":
+        return _factored_fwd_kernel, {"BLOCK_H": _pow2(h)}
+    # A product's sides are at least 16.
+    blocks = {"BLOCK_H": _pow2(h, 16), "BLOCK_O": _pow2(o, 16)}
+    return _factored_dot_kernel, {**blocks, "TF32": tf32_dots(q), "ROW_VEC": _row_vec(kv_node, o)}
+
+
+def _row_vec(kv_node: torch.Tensor, o: int) -> int:
+    """The elements (4, 2 or 1) that every key and value slice of ``kv_node`` (U, 2 O)
+    starts at a multiple of, in elements and in 16-byte-aligned addresses where 4."""
+    bytes_ = kv_node.element_size()
+    for vec in (4, 2):
+        aligned = kv_node.data_ptr() % (vec * bytes_) == 0
+        if aligned and kv_node.stride(1) == 1 and kv_node.stride(0) % vec == 0 and o % vec == 0:
+            return vec
+    return 1
 
 
 def _columns_dense(x: torch.Tensor) -> torch.Tensor:
@@ -391,21 +419,22 @@ def _launch(
     edge_rows: torch.Tensor | None, q_rows: torch.Tensor | None, out: torch.Tensor,
     ft: torch.Tensor, fe: torch.Tensor, e: int,
 ) -> None:  # fmt: skip
-    """Runs :func:`_factored_fwd_kernel` over R = ``nbr_pos.shape[0]`` > 0 roots into
-    ``out`` (R, H, D), ``ft`` (R, H, T), ``fe`` (R, H, E); operands as
+    """Runs the factored kernel (:func:`_factored_kernel`) over R = ``nbr_pos.shape[0]``
+    > 0 roots into ``out`` (R, H, D), ``ft`` (R, H, T), ``fe`` (R, H, E); operands as
     :func:`_edge_operands` returns them, ``e`` the edge columns (0 without edges)."""
     (r, k), (_, h, d), t = nbr_pos.shape, q.shape, time_w.shape[0]
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
-    _factored_kernel()[(r,)](
+    kernel, blocks = _factored_kernel(q, kv_node, h, h * d)
+    kernel[(r,)](
         q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
         rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
         k, h, d, h * d, t, e, 1.0 / (d**0.5),
         *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
         *sr, *qt.stride()[:2], *qe.stride()[:2],
         HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,
-        BLOCK_K=_pow2(k, 16), BLOCK_H=_pow2(h), BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
-        **_factored_launch(e),
+        BLOCK_K=_pow2(k, 16), BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
+        **blocks, **_factored_launch(e),
     )  # fmt: skip
 
 

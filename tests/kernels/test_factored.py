@@ -149,7 +149,9 @@ TRITON_SMALL = [(7, 2, 8, 5, True), (7, 1, 50, 16, False), (1, 2, 8, 1, False), 
 TRITON_GRID = list(itertools.product((1, 33, 517), (1, 2), (8, 50), (1, 10, 16), (True, False)))
 
 
-def _triton_vs_reference(r: int, h: int, d: int, k: int, edge: bool, device: str) -> None:
+def _triton_vs_reference(
+    r: int, h: int, d: int, k: int, edge: bool, device: str, tol: float = 1e-5
+) -> None:
     from sven.kernels import triton_factored
 
     inputs = [x.to(device) for x in _inputs(r, h, d, k, torch.float32, dt_max=10.0)]
@@ -159,7 +161,7 @@ def _triton_vs_reference(r: int, h: int, d: int, k: int, edge: bool, device: str
     with torch.no_grad():
         got = triton_factored.temporal_attention_factored(*args)
     assert got.dtype == torch.float32 and got.shape == (r, h * d)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     # Roots without a valid slot give zero rows, not NaN.
     assert (got[~mask.any(dim=1)] == 0).all()
 
@@ -168,27 +170,37 @@ def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
     return x.double() if x is not None and x.is_floating_point() else x
 
 
-# Both kernels: every head at once on 3-D tiles, or one after another on 2-D ones.
-HEADS = pytest.mark.parametrize("heads", ["0", "1"])
+# Both kernels: every head at once on 3-D tiles, or the sums as products on 2-D ones.
+KERNEL = pytest.mark.parametrize("kernel", ["tiles", "dot"])
 
 
-@HEADS
+@KERNEL
 @pytest.mark.parametrize("r,h,d,k,edge", TRITON_SMALL)
 def test_triton_factored_small(
-    r: int, h: int, d: int, k: int, edge: bool, heads: str, device, monkeypatch
+    r: int, h: int, d: int, k: int, edge: bool, kernel: str, device, monkeypatch
 ) -> None:
-    monkeypatch.setenv("SVEN_FACTORED_HEADS", heads)
+    monkeypatch.setenv("SVEN_FACTORED_KERNEL", kernel)
     _triton_vs_reference(r, h, d, k, edge, device)
 
 
 @pytest.mark.gpu
-@HEADS
+@KERNEL
 @pytest.mark.parametrize("r,h,d,k,edge", TRITON_GRID)
 def test_triton_factored_grid(
-    r: int, h: int, d: int, k: int, edge: bool, heads: str, cuda, monkeypatch
+    r: int, h: int, d: int, k: int, edge: bool, kernel: str, cuda, monkeypatch
 ) -> None:
-    monkeypatch.setenv("SVEN_FACTORED_HEADS", heads)
+    monkeypatch.setenv("SVEN_FACTORED_KERNEL", kernel)
     _triton_vs_reference(r, h, d, k, edge, cuda)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("edge", [True, False])
+def test_triton_factored_dot_on_tf32_is_close(edge: bool, cuda, monkeypatch) -> None:
+    # Under train.matmul_precision=high (the default) the products run on TF32 tensor
+    # cores: inputs keep 10 of float32's 23 mantissa bits, so the tolerance is TF32's.
+    monkeypatch.setenv("SVEN_FACTORED_KERNEL", "dot")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    _triton_vs_reference(517, 2, 50, 10, edge, cuda, tol=1e-2)
 
 
 def test_triton_factored_with_a_gradient_is_the_reference(device) -> None:
@@ -465,7 +477,7 @@ def test_triton_factored_products_by_blocks_equal_per_head(
         ("SVEN_FACTORED_CHUNK", "48"),
         ("SVEN_FACTORED_EAGER", "2"),
         ("SVEN_FACTORED_PRODUCTS", "einsum"),
-        ("SVEN_FACTORED_HEADS", "2"),
+        ("SVEN_FACTORED_KERNEL", "heads"),
     ],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
@@ -475,4 +487,19 @@ def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, mon
     with pytest.raises(ValueError, match=name):
         triton_factored._factored_launch(172)
         triton_factored._by_blocks()
-        triton_factored._factored_kernel()
+        triton_factored._factored_kernel(torch.zeros(1), torch.zeros(3, 200), 2, 100)
+
+
+def test_row_vec_is_the_alignment_every_key_and_value_slice_shares() -> None:
+    from sven.kernels.triton_factored import _row_vec
+
+    # Rows of 200, slices at 0 and 100: every slice starts at a multiple of 4 elements.
+    assert _row_vec(torch.zeros(4, 200), 100) == 4
+    # Rows of 202 elements (slices at 0 and 101 of each): multiples of 2 only, and with
+    # slices at 0 and 99 of rows of 202, none.
+    assert _row_vec(torch.zeros(4, 202), 100) == 2
+    assert _row_vec(torch.zeros(4, 202)[:, :198], 99) == 1
+    # A view one element in: no slice is aligned.
+    assert _row_vec(torch.zeros(4, 208)[:, 1:201], 100) == 1
+    # Columns not contiguous: no vector loads.
+    assert _row_vec(torch.zeros(200, 4).t(), 100) == 1
