@@ -104,13 +104,21 @@ for decay in (False, True):
 from sven.kernels import triton_factored as tfa, triton_norm as tno
 # The factored evaluation attention with its slots' index read eagerly or after the
 # flags, edges in place, as table rows or none; the wide layer's output norm.
-for fn, eager in ((tfa._factored_fwd_kernel, False), (tfa._factored_fwd_kernel, True),
-                  (tfa._factored_heads_kernel, False)):
+for eager in (False, True):
     for edge, rows in ((False, False), (True, True), (True, False)):
-        cases.append((fn, "fp32",
+        cases.append((tfa._factored_fwd_kernel, "fp32",
                       {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": eager,
                        "BLOCK_K": 16, "BLOCK_H": 2, "BLOCK_D": 64, "BLOCK_T": 128,
                        "BLOCK_E": 64}, {"er_ptr": "*i64", "qr_ptr": "*i64"}))
+# The kernel of matrix products: heads padded to a product's side, TF32 products and
+# IEEE ones, rows aligned to 4 floats and unaligned.
+for (edge, rows), tf32, vec in (((False, False), True, 4), ((True, True), False, 1),
+                                ((True, False), True, 2)):
+    cases.append((tfa._factored_dot_kernel, "fp32",
+                  {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": False,
+                   "BLOCK_K": 16, "BLOCK_H": 16, "BLOCK_D": 64, "BLOCK_T": 128, "BLOCK_E": 64,
+                   "BLOCK_O": 128, "TF32": tf32, "H": 2, "D": 50, "OD": 100, "ROW_VEC": vec},
+                  {"er_ptr": "*i64", "qr_ptr": "*i64"}))
 cases.append((tno._relu_norm_kernel, "fp32", {"BLOCK_R": 16, "BLOCK_C": 128},
               {"rows_ptr": "*i64"}))
 failures = []

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("args", [["--kernel", "heads"], ["--kernel", "fwd", "--edges"]])
+@pytest.mark.parametrize("args", [["--kernel", "dot"], ["--kernel", "fwd", "--edges"]])
 def test_it_counts_a_kernels_instructions_by_opcode(args: list[str]) -> None:
     pytest.importorskip("triton")
     try:
