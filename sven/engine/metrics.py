@@ -139,16 +139,16 @@ def batched_link_metrics(
     full = n // b
     aps: list[torch.Tensor] = []
     aucs: list[torch.Tensor] = []
+    parts = []
     if full:
-        p = pos[: full * b].reshape(full, b)
-        q = neg[: full * b].reshape(full, -1)
-        aps.append(_rows_ap_terms(p, q))
-        aucs.append(_rows_auc(p, q))
+        parts.append((pos[: full * b].reshape(full, b), neg[: full * b].reshape(full, -1)))
     if full * b < n:
-        p = pos[full * b :].reshape(1, -1)
-        q = neg[full * b :].reshape(1, -1)
-        aps.append(_rows_ap_terms(p, q))
-        aucs.append(_rows_auc(p, q))
+        parts.append((pos[full * b :].reshape(1, -1), neg[full * b :].reshape(1, -1)))
+    for p, q in parts:
+        # One row sort serves both metrics (the sort is most of their device time).
+        s, y = _rows_sorted(p, q)
+        aps.append(_rows_ap_terms(s, y))
+        aucs.append(_rows_auc(s, y, p.shape[1]))
     ap = []
     for terms, counts in aps:
         ap.extend(float(t.sum()) for t in terms.cpu().split(counts.cpu().tolist()))
@@ -168,10 +168,10 @@ def _rows_sorted(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.
     return s, torch.gather(y, 1, order)
 
 
-def _rows_ap_terms(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows_ap_terms(s: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The terms ``d_recall * precision`` of each row's thresholds, rows concatenated
-    (T,), and the count of each row's thresholds (R,)."""
-    s, y = _rows_sorted(p, q)
+    (T,), and the count of each row's thresholds (R,), from the rows sorted by
+    :func:`_rows_sorted` (scores ``s`` and labels ``y``, both (R, L))."""
     rows, width = s.shape
     tp = torch.cumsum(y, 1)
     fp = torch.arange(1, width + 1, dtype=torch.float64, device=s.device) - tp
@@ -191,9 +191,10 @@ def _rows_ap_terms(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torc
     return terms[last], last.sum(1)
 
 
-def _rows_auc(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """(R,) AUC of each row (:func:`roc_auc`: tied scores get their mean rank)."""
-    s, y = _rows_sorted(p, q)
+def _rows_auc(s: torch.Tensor, y: torch.Tensor, n_pos: int) -> torch.Tensor:
+    """(R,) AUC of each row (:func:`roc_auc`: tied scores get their mean rank), from
+    the rows sorted by :func:`_rows_sorted` (both (R, L)), each with ``n_pos``
+    positives."""
     rows, width = s.shape
     # Run boundaries of equal scores in descending order: rank (ascending, 1-based) of
     # descending position j is width - j, so a run [a, e] has mean rank width - (a+e)/2.
@@ -205,7 +206,6 @@ def _rows_auc(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     start = torch.cummax(torch.where(new, idx, 0), 1).values
     stop = torch.where(end, idx, width).flip(1).cummin(1).values.flip(1)
     ranks = width - (start + stop).to(torch.float64) / 2
-    n_pos = p.shape[1]
     n_neg = width - n_pos
     u = (ranks * y).sum(1) - n_pos * (n_pos + 1) / 2
     return u / (n_pos * n_neg)
