@@ -95,10 +95,14 @@ def mrr(
         else valid.to(device=neg.device, dtype=torch.bool)
     )
     finite = torch.isfinite(pos).all() & (torch.isfinite(neg) | ~keep).all()
-    if not bool(finite):
+    above = ((neg > pos) & keep).sum(1)
+    ties = ((neg == pos) & keep).sum(1)
+    # The counts and the finiteness come to the host in one copy (each copy waits for
+    # the device).
+    host = torch.cat([above, ties, finite.to(above.dtype)[None]]).cpu()
+    if not bool(host[-1]):
         return float("nan")
-    above = ((neg > pos) & keep).sum(1).cpu()
-    ties = ((neg == pos) & keep).sum(1).cpu()
+    above, ties = host[:-1].view(2, -1)
     rank = 1 + above + 0.5 * ties
     return float((1.0 / rank).mean())
 

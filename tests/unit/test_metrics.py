@@ -30,3 +30,14 @@ def test_mrr_exact() -> None:
     neg = torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 5.0]])
     # ranks: 1, and 1 + 2 (above) + 0.5 (tie) = 3.5
     assert mrr(pos, neg) == pytest.approx((1 + 1 / 3.5) / 2)
+
+
+def test_mrr_filters_negatives_and_a_non_finite_counted_score_is_nan() -> None:
+    pos = torch.tensor([3.0, 1.0])
+    neg = torch.tensor([[4.0, 3.0, float("nan")], [2.0, 1.0, 5.0]])
+    valid = torch.tensor([[False, True, False], [True, False, True]])
+    # Row 0 counts only the tie (rank 1.5; its NaN is filtered out); row 1 has two
+    # above (rank 3).
+    assert mrr(pos, neg, valid) == pytest.approx((1 / 1.5 + 1 / 3) / 2)
+    assert np.isnan(mrr(pos, neg))
+    assert np.isnan(mrr(torch.tensor([float("inf"), 1.0]), neg, valid))
