@@ -153,12 +153,18 @@ def batched_link_metrics(
         s, y = _rows_sorted(p, q)
         aps.append(_rows_ap_terms(s, y))
         aucs.append(_rows_auc(s, y, p.shape[1]))
-    ap = []
-    for terms, counts in aps:
-        ap.extend(float(t.sum()) for t in terms.cpu().split(counts.cpu().tolist()))
+    # Everything comes to the host in one copy (each copy waits for the device): the
+    # AP terms, each row's count of them (whole numbers, exact in float64), the AUCs.
+    terms = [t for t, _ in aps]
+    counts = [c.to(torch.float64) for _, c in aps]
+    host = torch.cat([*terms, *counts, *aucs]).cpu()
+    n_terms = sum(t.numel() for t in terms)
+    rows = sum(c.numel() for c in counts)
+    sizes = host[n_terms : n_terms + rows].to(torch.int64).tolist()
+    ap = [float(t.sum()) for t in host[:n_terms].split(sizes)]
     import numpy as np
 
-    auc = torch.cat(aucs).cpu().tolist()
+    auc = host[n_terms + rows :].tolist()
     return float(np.mean(ap)), float(np.mean(auc))
 
 
