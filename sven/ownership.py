@@ -345,13 +345,28 @@ def make_partial(target: str | os.PathLike[str]) -> Path:
     """
     t = _abs(target)
     tmp = t.parent / f".{t.name}{PARTIAL}{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
-    new = tmp / f"{MARKER}.new"
-    fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "target": str(t)}).encode(), 0)
-    os.rename(new, tmp / MARKER)
-    _partials[tmp] = fd
+    # Known to this process before it exists: an exception raised at any line from here
+    # on (SIGTERM's included, stop_on_sigterm) finds the folder and removes it.
+    _partials[tmp] = -1
+    try:
+        tmp.mkdir()
+    except FileExistsError:
+        # Another's folder of the same name: never removed here.
+        _partials.pop(tmp, None)
+        raise
+    except BaseException:
+        discard_partial(tmp)
+        raise
+    try:
+        new = tmp / f"{MARKER}.new"
+        fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        _partials[tmp] = fd
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "target": str(t)}).encode(), 0)
+        os.rename(new, tmp / MARKER)
+    except BaseException:
+        discard_partial(tmp)
+        raise
     return tmp
 
 
@@ -476,8 +491,16 @@ def stop_on_sigterm(target: str | os.PathLike[str]) -> Iterator[None]:
             f"stopped by SIGTERM; nothing was written at {target} (its partial output is removed)"
         )
 
+    before = set(_partials)
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         yield
+    except BaseException:
+        # The partial folders the block made and neither published nor removed: the
+        # signal may have cut a line that no writer's cleanup covers (inside a
+        # constructor after its folder was made, between a call and its ``try``).
+        for tmp in [p for p in _partials if p not in before]:
+            discard_partial(tmp)
+        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)

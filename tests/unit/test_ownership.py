@@ -17,6 +17,7 @@ from sven.ownership import (
     lock_path,
     make_partial,
     publish_partial,
+    stop_on_sigterm,
     sweep_partials,
 )
 
@@ -139,3 +140,42 @@ def test_foreign_paths_walk_every_depth_the_manifest_describes(tmp_path) -> None
         "checkpoints/step-3",
         "plots/paper.pdf",
     ]
+
+
+def test_sigterm_after_a_partial_is_made_removes_it_whatever_line_it_cut(tmp_path) -> None:
+    # The signal lands after the folder exists but before any writer's cleanup block
+    # holds it (a constructor's later lines, the gap before a ``try``): the block's own
+    # exit removes it.
+    import os
+    import signal
+
+    from sven.errors import Terminated
+
+    with pytest.raises(Terminated):
+        with stop_on_sigterm(tmp_path / "a"):
+            make_partial(tmp_path / "a")
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs at the next bytecode check
+                pass
+    assert list(tmp_path.iterdir()) == []
+    # A partial made before the block is not the block's to remove.
+    kept = make_partial(tmp_path / "b")
+    with pytest.raises(Terminated):
+        with stop_on_sigterm(tmp_path / "c"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+    assert list(tmp_path.iterdir()) == [kept]
+    discard_partial(kept)
+
+
+def test_a_partial_interrupted_while_being_made_is_removed(tmp_path, monkeypatch) -> None:
+    import fcntl
+
+    def cut(fd: int, op: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fcntl, "flock", cut)
+    with pytest.raises(KeyboardInterrupt):
+        make_partial(tmp_path / "a")
+    assert list(tmp_path.iterdir()) == []
