@@ -17,8 +17,8 @@ def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
     s = scores.detach().to(torch.float64).flatten()
     y = labels.detach().to(torch.float64).flatten()
     n_pos = y.sum()
-    if n_pos == 0 or not bool(torch.isfinite(s).all()):
-        return float("nan")
+    # Checked on the host with the terms (one copy: each copy waits for the device).
+    finite = torch.isfinite(s).all().to(torch.float64)
     order = torch.argsort(s, descending=True, stable=True)
     s, y = s[order], y[order]
     tp = torch.cumsum(y, 0)
@@ -30,9 +30,12 @@ def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
     precision = tp / (tp + fp)
     recall = tp / n_pos
     d_recall = torch.diff(recall, prepend=recall.new_zeros(1))
+    host = torch.cat([d_recall * precision, n_pos[None], finite[None]]).cpu()
+    if host[-2] == 0 or not host[-1]:
+        return float("nan")
     # Summed on the host whatever the device: the sum's order decides its last bits,
     # and so scores on a GPU get the AP that the same scores get on the CPU.
-    return float((d_recall * precision).cpu().sum())
+    return float(host[:-2].sum())
 
 
 def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

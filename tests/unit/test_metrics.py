@@ -41,3 +41,12 @@ def test_mrr_filters_negatives_and_a_non_finite_counted_score_is_nan() -> None:
     assert mrr(pos, neg, valid) == pytest.approx((1 / 1.5 + 1 / 3) / 2)
     assert np.isnan(mrr(pos, neg))
     assert np.isnan(mrr(torch.tensor([float("inf"), 1.0]), neg, valid))
+
+
+def test_ap_without_positives_or_with_a_non_finite_score_is_nan() -> None:
+    s = torch.tensor([0.3, 0.1, 0.2])
+    assert np.isnan(average_precision(s, torch.zeros(3)))
+    assert np.isnan(average_precision(s[:0], torch.zeros(0)))
+    assert np.isnan(average_precision(torch.tensor([0.3, float("inf"), 0.2]), torch.ones(3)))
+    # One positive ranked second of three: AP = precision at its threshold = 1/2.
+    assert average_precision(s, torch.tensor([0.0, 0.0, 1.0])) == 0.5
