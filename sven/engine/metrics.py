@@ -12,12 +12,19 @@ from __future__ import annotations
 import torch
 
 
+def _to_host(*parts: torch.Tensor) -> list[torch.Tensor]:
+    """The 1-D ``parts`` (one dtype) on the host, brought in one copy: each copy waits
+    for the device, so a metric that needs several results waits once."""
+    host = torch.cat(parts).cpu()
+    return list(host.split([p.numel() for p in parts]))
+
+
 def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Average precision of binary ``labels`` (N,) ranked by ``scores`` (N,)."""
     s = scores.detach().to(torch.float64).flatten()
     y = labels.detach().to(torch.float64).flatten()
     n_pos = y.sum()
-    # Checked on the host with the terms (one copy: each copy waits for the device).
+    # Checked on the host, where the terms go anyway.
     finite = torch.isfinite(s).all().to(torch.float64)
     order = torch.argsort(s, descending=True, stable=True)
     s, y = s[order], y[order]
@@ -30,12 +37,12 @@ def average_precision(scores: torch.Tensor, labels: torch.Tensor) -> float:
     precision = tp / (tp + fp)
     recall = tp / n_pos
     d_recall = torch.diff(recall, prepend=recall.new_zeros(1))
-    host = torch.cat([d_recall * precision, n_pos[None], finite[None]]).cpu()
-    if host[-2] == 0 or not host[-1]:
+    terms, n_pos, finite = _to_host(d_recall * precision, n_pos[None], finite[None])
+    if n_pos.item() == 0 or not finite.item():
         return float("nan")
     # Summed on the host whatever the device: the sum's order decides its last bits,
     # and so scores on a GPU get the AP that the same scores get on the CPU.
-    return float(host[:-2].sum())
+    return float(terms.sum())
 
 
 def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -100,12 +107,9 @@ def mrr(
     finite = torch.isfinite(pos).all() & (torch.isfinite(neg) | ~keep).all()
     above = ((neg > pos) & keep).sum(1)
     ties = ((neg == pos) & keep).sum(1)
-    # The counts and the finiteness come to the host in one copy (each copy waits for
-    # the device).
-    host = torch.cat([above, ties, finite.to(above.dtype)[None]]).cpu()
-    if not bool(host[-1]):
+    above, ties, finite = _to_host(above, ties, finite.to(above.dtype)[None])
+    if not finite.item():
         return float("nan")
-    above, ties = host[:-1].view(2, -1)
     rank = 1 + above + 0.5 * ties
     return float((1.0 / rank).mean())
 
@@ -144,7 +148,8 @@ def batched_link_metrics(
     neg = neg.reshape(n, -1)
     b = int(batch_size)
     full = n // b
-    aps: list[torch.Tensor] = []
+    terms: list[torch.Tensor] = []
+    counts: list[torch.Tensor] = []
     aucs: list[torch.Tensor] = []
     parts = []
     if full:
@@ -154,20 +159,18 @@ def batched_link_metrics(
     for p, q in parts:
         # One row sort serves both metrics (the sort is most of their device time).
         s, y = _rows_sorted(p, q)
-        aps.append(_rows_ap_terms(s, y))
+        t, c = _rows_ap_terms(s, y)
+        terms.append(t)
+        # Whole numbers, exact in float64: one dtype for the one copy.
+        counts.append(c.to(torch.float64))
         aucs.append(_rows_auc(s, y, p.shape[1]))
-    # Everything comes to the host in one copy (each copy waits for the device): the
-    # AP terms, each row's count of them (whole numbers, exact in float64), the AUCs.
-    terms = [t for t, _ in aps]
-    counts = [c.to(torch.float64) for _, c in aps]
-    host = torch.cat([*terms, *counts, *aucs]).cpu()
-    n_terms = sum(t.numel() for t in terms)
-    rows = sum(c.numel() for c in counts)
-    sizes = host[n_terms : n_terms + rows].to(torch.int64).tolist()
-    ap = [float(t.sum()) for t in host[:n_terms].split(sizes)]
+    host = _to_host(*terms, *counts, *aucs)
+    k = len(terms)
+    sizes = torch.cat(host[k : 2 * k]).to(torch.int64).tolist()
+    ap = [float(t.sum()) for t in torch.cat(host[:k]).split(sizes)]
     import numpy as np
 
-    auc = host[n_terms + rows :].tolist()
+    auc = torch.cat(host[2 * k :]).tolist()
     return float(np.mean(ap)), float(np.mean(auc))
 
 
