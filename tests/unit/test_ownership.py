@@ -146,7 +146,6 @@ def test_sigterm_after_a_partial_is_made_removes_it_whatever_line_it_cut(tmp_pat
     # The signal lands after the folder exists but before any writer's cleanup block
     # holds it (a constructor's later lines, the gap before a ``try``): the block's own
     # exit removes it.
-    import os
     import signal
 
     from sven.errors import Terminated
@@ -154,17 +153,14 @@ def test_sigterm_after_a_partial_is_made_removes_it_whatever_line_it_cut(tmp_pat
     with pytest.raises(Terminated):
         with stop_on_sigterm(tmp_path / "a"):
             make_partial(tmp_path / "a")
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):  # the handler runs at the next bytecode check
-                pass
+            # Delivered to this thread, its handler run before the call returns.
+            signal.raise_signal(signal.SIGTERM)
     assert list(tmp_path.iterdir()) == []
     # A partial made before the block is not the block's to remove.
     kept = make_partial(tmp_path / "b")
     with pytest.raises(Terminated):
         with stop_on_sigterm(tmp_path / "c"):
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
-                pass
+            signal.raise_signal(signal.SIGTERM)
     assert list(tmp_path.iterdir()) == [kept]
     discard_partial(kept)
 
