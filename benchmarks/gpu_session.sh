@@ -268,7 +268,9 @@ for f in sorted(Path(sys.argv[1]).glob("profile_eval_*.json")):
         top = ", ".join(f"{k['name'][:40]} {k['us_per_batch']:.1f}" for k in r["top_kernels"][:8])
         print(f"{d['tag']} {split}: factored kernel {fac:.1f} us/batch, GPU "
               f"{r['step']['gpu_us']:.1f} us/batch, warm {r['ms_per_batch_warm']:.3f} "
-              f"ms/batch, {r['events_per_s_warm']:,.0f} events/s; {top}")
+              f"ms/batch, {r['events_per_s_warm']:,.0f} events/s; metrics warm "
+              f"{r.get('metrics2_s', float('nan')) * 1e3:.1f} ms, with them "
+              f"{r.get('events_per_s_warm_with_metrics', float('nan')):,.0f} events/s; {top}")
 EOF
 }
 phase_evalab() {
