@@ -125,7 +125,9 @@ def main() -> None:
         consts["BLOCK_H"] = 16
     if args.kernel == "rows":
         roots = args.rows // SLOTS
-        consts.update({"BLOCK_N": args.rows, "BLOCK_R": max(8, triton.next_power_of_2(roots))})
+        consts.update(
+            {"BLOCK_N": args.rows, "BLOCK_R": max(8, triton.next_power_of_2(roots)), "K": SLOTS}
+        )
     fn = KERNELS[args.kernel]
     ops = sass_ops(fn, {k: v for k, v in consts.items() if k in fn.arg_names}, args.warps)
     total = sum(ops.values())

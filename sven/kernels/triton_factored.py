@@ -242,7 +242,7 @@ def _factored_dot_kernel(
 def _factored_rows_kernel(
     q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
     qr_ptr, o_ptr, ft_ptr, fe_ptr,
-    K, H: tl.constexpr, D: tl.constexpr, OD: tl.constexpr, T, E, scale,
+    K: tl.constexpr, H: tl.constexpr, D: tl.constexpr, OD: tl.constexpr, T, E, scale,
     sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
     ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, R, RPP,
     HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, EAGER: tl.constexpr,
@@ -254,7 +254,9 @@ def _factored_rows_kernel(
     # fill sixteen), and every sum over slots or columns is one matrix product (tl.dot)
     # for the program's roots at once: each (root, head) pair J = i BLOCK_H + h, a row
     # of the (J, rows) scores, is scored against every row, and keeps the rows of its
-    # own root (where the 3-D kernel reduces across threads per root).
+    # own root (where the 3-D kernel reduces across threads per root). K is a constant
+    # of the compile: a row's root and slot are then a multiply and a shift, not an
+    # integer division (2,197 against 2,341 SASS instructions per root at 64 rows).
     r0 = tl.program_id(0).to(tl.int64) * RPP
     on = tl.arange(0, BLOCK_N)
     lr = on // K

@@ -128,7 +128,7 @@ for (edge, rows), tf32, vec, (bn, br, bh, h) in (
     cases.append((tfa._factored_rows_kernel, "fp32",
                   {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": False,
                    "BLOCK_N": bn, "BLOCK_R": br, "BLOCK_H": bh, "BLOCK_T": 128, "BLOCK_E": 64,
-                   "BLOCK_O": 128, "TF32": tf32, "H": h, "D": 100 // h, "OD": 100,
+                   "BLOCK_O": 128, "TF32": tf32, "K": 10, "H": h, "D": 100 // h, "OD": 100,
                    "ROW_VEC": vec}, {"er_ptr": "*i64", "qr_ptr": "*i64"}))
 cases.append((tno._relu_norm_kernel, "fp32", {"BLOCK_R": 16, "BLOCK_C": 128},
               {"rows_ptr": "*i64"}))
