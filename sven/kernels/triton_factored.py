@@ -239,6 +239,51 @@ def _factored_dot_kernel(
 
 
 @triton.jit
+def _program_rows(
+    r0, pos_ptr, m_ptr, qr_ptr, R, RPP, K: tl.constexpr, sm_r, sm_k, sp_r, sp_k,
+    Q_ROWS: tl.constexpr, EAGER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """The rows of the program of roots r0 .. r0 + RPP - 1 (BLOCK_N,): each one's root
+    (local lr and global), slot, flag, whether to read it, and neighbour's row (int64);
+    and its (root, head) pairs J = i BLOCK_H + h (BLOCK_R BLOCK_H,): local root, head,
+    global root, which exist (heads below H are masked by the caller), and query row."""
+    on = tl.arange(0, BLOCK_N)
+    lr = on // K
+    sl = on - lr * K
+    root = r0 + lr
+    exists = (lr < RPP) & (root < R)
+    valid = tl.load(m_ptr + root * sm_r + sl * sm_k, mask=exists, other=0) != 0
+    # EAGER: as _root_slots's.
+    read = exists if EAGER else valid
+    nbr = tl.load(pos_ptr + root * sp_r + sl * sp_k, mask=read, other=0).to(tl.int64)
+    # BLOCK_H is a power of two: these are shifts.
+    oj = tl.arange(0, BLOCK_R * BLOCK_H)
+    jr = oj // BLOCK_H
+    jh = oj % BLOCK_H
+    jroot = r0 + jr
+    jm = (jr < RPP) & (jroot < R)
+    if Q_ROWS:
+        qi = tl.load(qr_ptr + jroot, mask=jm, other=0).to(tl.int64)
+    else:
+        qi = jroot
+    return lr, sl, root, valid, read, nbr, jr, jh, jroot, jm, qi
+
+
+@triton.jit
+def _softmax_rows(s, take):
+    """Softmax of each row of s (pairs, rows) over the columns ``take`` marks; all
+    zeros where it marks none."""
+    s = tl.where(take, s, float("-inf"))
+    mx = tl.max(s, axis=1)
+    # A row without a marked column has max -inf; any finite shift keeps exp() at 0.
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    p = tl.where(take, tl.exp(s - mx[:, None]), 0.0)
+    den = tl.sum(p, axis=1)
+    return p / tl.where(den > 0.0, den, 1.0)[:, None]
+
+
+@triton.jit
 def _factored_rows_kernel(
     q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
     qr_ptr, o_ptr, ft_ptr, fe_ptr,
@@ -256,27 +301,13 @@ def _factored_rows_kernel(
     # of the (J, rows) scores, is scored against every row, and keeps the rows of its
     # own root (where the 3-D kernel reduces across threads per root). K is a constant
     # of the compile: a row's root and slot are then a multiply and a shift, not an
-    # integer division (2,197 against 2,341 SASS instructions per root at 64 rows).
+    # integer division.
     r0 = tl.program_id(0).to(tl.int64) * RPP
-    on = tl.arange(0, BLOCK_N)
-    lr = on // K
-    sl = on - lr * K
-    root = r0 + lr
-    exists = (lr < RPP) & (root < R)
-    valid = tl.load(m_ptr + root * sm_r + sl * sm_k, mask=exists, other=0) != 0
-    # EAGER: as _root_slots's.
-    read = exists if EAGER else valid
-    nbr = tl.load(pos_ptr + root * sp_r + sl * sp_k, mask=read, other=0).to(tl.int64)
-    # The (root, head) pairs: BLOCK_H is a power of two, so these are shifts.
-    oj = tl.arange(0, BLOCK_R * BLOCK_H)
-    jr = oj // BLOCK_H
-    jh = oj % BLOCK_H
-    jroot = r0 + jr
-    jm = (jr < RPP) & (jroot < R) & (jh < H)
-    if Q_ROWS:
-        qi = tl.load(qr_ptr + jroot, mask=jm, other=0).to(tl.int64)
-    else:
-        qi = jroot
+    lr, sl, root, valid, read, nbr, jr, jh, jroot, jm, qi = _program_rows(
+        r0, pos_ptr, m_ptr, qr_ptr, R, RPP, K, sm_r, sm_k, sp_r, sp_k, Q_ROWS, EAGER, BLOCK_N,
+        BLOCK_R, BLOCK_H,
+    )  # fmt: skip
+    jm = jm & (jh < H)
     oc = tl.arange(0, BLOCK_O)
     cm = oc < OD
     ch = oc // D
@@ -306,14 +337,7 @@ def _factored_rows_kernel(
             qe = tl.load(qe_at, mask=jm[:, None] & (ec < E)[None, :], other=0.0).to(tl.float32)
             st += _mm(qe, tl.trans(fedge), TF32)
     # Softmax of each pair over its root's valid rows.
-    take = (jr[:, None] == lr[None, :]) & jm[:, None] & valid[None, :]
-    st = tl.where(take, st * scale, float("-inf"))
-    mx = tl.max(st, axis=1)
-    # A root without a valid slot has max -inf; any finite shift keeps exp() at 0.
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    pw = tl.where(take, tl.exp(st - mx[:, None]), 0.0)
-    den = tl.sum(pw, axis=1)
-    pw = pw / tl.where(den > 0.0, den, 1.0)[:, None]
+    pw = _softmax_rows(st * scale, (jr[:, None] == lr[None, :]) & jm[:, None] & valid[None, :])
     val = tl.load(row + (OD + oc)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
     # Every pair's weights against every column; column c keeps its own head's pair.
     ov = tl.reshape(_mm(pw, val, TF32), (BLOCK_R, BLOCK_H, BLOCK_O))
