@@ -16,12 +16,8 @@ stride arguments that are 1 in a real launch are compiled as the constant 1, as
 Triton's launcher specialises them.
 
 Usage:
-    python3 benchmarks/count_sass.py [--kernel fwd|dot|rows] [--warps 8] [--edges]
-        [--rows 64]
+    python3 benchmarks/count_sass.py [--kernel fwd|dot] [--warps 8] [--edges]
     SVEN_TRITON_COS=poly python3 benchmarks/count_sass.py --kernel dot
-
-The ``rows`` kernel runs ``--rows // 10`` roots a program (ten slots each): its count per
-root is the program's divided by them.
 """
 
 from __future__ import annotations
@@ -46,10 +42,7 @@ from sven.kernels import triton_factored
 KERNELS = {
     "fwd": triton_factored._factored_fwd_kernel,
     "dot": triton_factored._factored_dot_kernel,
-    "rows": triton_factored._factored_rows_kernel,
 }
-#: Slots per root of the MRR case (Wikipedia's TGN: ten neighbours).
-SLOTS = 10
 # Pointer types other than float32, and the strides a real launch passes as 1.
 POINTERS = {"er_ptr": "*i64", "qr_ptr": "*i64", "pos_ptr": "*i64", "m_ptr": "*u8"}
 UNIT_STRIDES = ("sq_d", "sn_c", "sp_k", "sdt_k", "sm_k", "se_c")
@@ -108,33 +101,23 @@ def main() -> None:
     ap.add_argument("--kernel", choices=sorted(KERNELS), default="dot")
     ap.add_argument("--warps", type=int, default=triton_factored.FACTORED_WARPS)
     ap.add_argument("--edges", action="store_true", help="edge rows of a table (E = 172)")
-    ap.add_argument(
-        "--rows", type=int, default=triton_factored.FACTORED_ROWS, help="rows kernel: BLOCK_N"
-    )
     args = ap.parse_args()
     consts = {
         "HAS_EDGE": args.edges, "EDGE_ROWS": args.edges, "Q_ROWS": True, "EAGER": False,
         "BLOCK_K": 16, "BLOCK_H": 2, "BLOCK_D": 64, "BLOCK_T": 128, "BLOCK_E": 64,
     }  # fmt: skip
-    roots = 1
-    if args.kernel in ("dot", "rows"):
-        # H D = 100 node columns; TF32 on (train.matmul_precision=high, the default).
-        consts.update({"BLOCK_O": 128, "TF32": True, "H": 2, "D": 50, "OD": 100, "ROW_VEC": 4})
     if args.kernel == "dot":
-        # Heads padded to a product's smallest side.
-        consts["BLOCK_H"] = 16
-    if args.kernel == "rows":
-        roots = args.rows // SLOTS
+        # Heads padded to a product's smallest side; H D = 100 node columns; TF32 on
+        # (train.matmul_precision=high, the default).
         consts.update(
-            {"BLOCK_N": args.rows, "BLOCK_R": max(8, triton.next_power_of_2(roots)), "K": SLOTS}
+            {"BLOCK_H": 16, "BLOCK_O": 128, "TF32": True, "H": 2, "D": 50, "OD": 100, "ROW_VEC": 4}
         )
-    fn = KERNELS[args.kernel]
-    ops = sass_ops(fn, {k: v for k, v in consts.items() if k in fn.arg_names}, args.warps)
+    ops = sass_ops(KERNELS[args.kernel], consts, args.warps)
     total = sum(ops.values())
     print(json.dumps({
         "kernel": args.kernel, "warps": args.warps, "edges": args.edges,
-        "cos": os.environ.get("SVEN_TRITON_COS", "reduced"), "roots_per_program": roots,
-        "per_thread": total, "per_root_warp_instructions": round(total * args.warps / roots),
+        "cos": os.environ.get("SVEN_TRITON_COS", "reduced"),
+        "per_thread": total, "per_root_warp_instructions": total * args.warps,
         "ops": dict(ops.most_common()),
     }))  # fmt: skip
 

@@ -238,131 +238,6 @@ def _factored_dot_kernel(
             tl.store(fe_at, we.to(fe_ptr.dtype.element_ty), mask=hm[:, None] & (ec < E)[None, :])
 
 
-@triton.jit
-def _program_rows(
-    r0, pos_ptr, m_ptr, qr_ptr, R, RPP, K: tl.constexpr, sm_r, sm_k, sp_r, sp_k,
-    Q_ROWS: tl.constexpr, EAGER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):  # fmt: skip
-    """The rows of the program of roots r0 .. r0 + RPP - 1 (BLOCK_N,): each one's root
-    (local lr and global), slot, flag, whether to read it, and neighbour's row (int64);
-    and its (root, head) pairs J = i BLOCK_H + h (BLOCK_R BLOCK_H,): local root, head,
-    global root, which exist (heads below H are masked by the caller), and query row."""
-    on = tl.arange(0, BLOCK_N)
-    lr = on // K
-    sl = on - lr * K
-    root = r0 + lr
-    exists = (lr < RPP) & (root < R)
-    valid = tl.load(m_ptr + root * sm_r + sl * sm_k, mask=exists, other=0) != 0
-    # EAGER: as _root_slots's.
-    read = exists if EAGER else valid
-    nbr = tl.load(pos_ptr + root * sp_r + sl * sp_k, mask=read, other=0).to(tl.int64)
-    # BLOCK_H is a power of two: these are shifts.
-    oj = tl.arange(0, BLOCK_R * BLOCK_H)
-    jr = oj // BLOCK_H
-    jh = oj % BLOCK_H
-    jroot = r0 + jr
-    jm = (jr < RPP) & (jroot < R)
-    if Q_ROWS:
-        qi = tl.load(qr_ptr + jroot, mask=jm, other=0).to(tl.int64)
-    else:
-        qi = jroot
-    return lr, sl, root, valid, read, nbr, jr, jh, jroot, jm, qi
-
-
-@triton.jit
-def _softmax_rows(s, take):
-    """Softmax of each row of s (pairs, rows) over the columns ``take`` marks; all
-    zeros where it marks none."""
-    s = tl.where(take, s, float("-inf"))
-    mx = tl.max(s, axis=1)
-    # A row without a marked column has max -inf; any finite shift keeps exp() at 0.
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    p = tl.where(take, tl.exp(s - mx[:, None]), 0.0)
-    den = tl.sum(p, axis=1)
-    return p / tl.where(den > 0.0, den, 1.0)[:, None]
-
-
-@triton.jit
-def _factored_rows_kernel(
-    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
-    qr_ptr, o_ptr, ft_ptr, fe_ptr,
-    K: tl.constexpr, H: tl.constexpr, D: tl.constexpr, OD: tl.constexpr, T, E, scale,
-    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
-    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, R, RPP,
-    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, EAGER: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_O: tl.constexpr, TF32: tl.constexpr, ROW_VEC: tl.constexpr,
-):  # fmt: skip
-    # _factored_fwd_kernel's function and operands over RPP roots a program. Their
-    # (root, slot) pairs are the BLOCK_N rows of one tile, root-major (ten slots do not
-    # fill sixteen), and every sum over slots or columns is one matrix product (tl.dot)
-    # for the program's roots at once: each (root, head) pair J = i BLOCK_H + h, a row
-    # of the (J, rows) scores, is scored against every row, and keeps the rows of its
-    # own root (where the 3-D kernel reduces across threads per root). K is a constant
-    # of the compile: a row's root and slot are then a multiply and a shift, not an
-    # integer division.
-    r0 = tl.program_id(0).to(tl.int64) * RPP
-    lr, sl, root, valid, read, nbr, jr, jh, jroot, jm, qi = _program_rows(
-        r0, pos_ptr, m_ptr, qr_ptr, R, RPP, K, sm_r, sm_k, sp_r, sp_k, Q_ROWS, EAGER, BLOCK_N,
-        BLOCK_R, BLOCK_H,
-    )  # fmt: skip
-    jm = jm & (jh < H)
-    oc = tl.arange(0, BLOCK_O)
-    cm = oc < OD
-    ch = oc // D
-    tile = valid[:, None] & cm[None, :]
-    row = kvn_ptr + tl.multiple_of(nbr * sn_u, ROW_VEC)[:, None]
-    key = tl.load(row + oc[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    # Pair J's query over the node columns, zero off its head's columns.
-    own_head = jm[:, None] & (jh[:, None] == ch[None, :]) & cm[None, :]
-    q_at = q_ptr + qi[:, None] * sq_r + (ch * sq_h + (oc - ch * D) * sq_d)[None, :]
-    qj = tl.load(q_at, mask=own_head, other=0.0).to(tl.float32)
-    st = _mm(qj, tl.trans(key), TF32)
-    ot = tl.arange(0, BLOCK_T)
-    tm = ot < T
-    ftime = _slot_feat(root, sl, valid, ot, tm, ef_ptr, dt_ptr, tw_ptr, tb_ptr, sl, 0,
-                       sdt_r, sdt_k, read, True)  # fmt: skip
-    qt_at = qt_ptr + qi[:, None] * sqt_r + jh[:, None] * sqt_h + ot[None, :]
-    qt = tl.load(qt_at, mask=jm[:, None] & tm[None, :], other=0.0).to(tl.float32)
-    st += _mm(qt, tl.trans(ftime), TF32)
-    if HAS_EDGE:
-        oe = tl.arange(0, BLOCK_E)
-        e_at = _edge_at(root, sl, read, er_ptr, ser_r, ser_k, se_r, se_k, EDGE_ROWS)
-        for e0 in range(0, E, BLOCK_E):
-            ec = e0 + oe
-            fedge = _slot_feat(root, sl, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
-                               se_c, 0, 0, read, False)  # fmt: skip
-            qe_at = qe_ptr + qi[:, None] * sqe_r + jh[:, None] * sqe_h + ec[None, :]
-            qe = tl.load(qe_at, mask=jm[:, None] & (ec < E)[None, :], other=0.0).to(tl.float32)
-            st += _mm(qe, tl.trans(fedge), TF32)
-    # Softmax of each pair over its root's valid rows.
-    pw = _softmax_rows(st * scale, (jr[:, None] == lr[None, :]) & jm[:, None] & valid[None, :])
-    val = tl.load(row + (OD + oc)[None, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
-    # Every pair's weights against every column; column c keeps its own head's pair.
-    ov = tl.reshape(_mm(pw, val, TF32), (BLOCK_R, BLOCK_H, BLOCK_O))
-    oh = tl.arange(0, BLOCK_H)
-    out = tl.sum(tl.where((oh[:, None] == ch[None, :])[None, :, :], ov, 0.0), axis=1)
-    orr = tl.arange(0, BLOCK_R)
-    rr = r0 + orr
-    rm = (orr < RPP) & (rr < R)
-    tl.store(o_ptr + rr[:, None] * OD + oc[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=rm[:, None] & cm[None, :])  # fmt: skip
-    # The weighted sums' rows (root, head) of ft and fe.
-    fr = jroot * H + jh
-    wt = _mm(pw, ftime, TF32)
-    tl.store(ft_ptr + fr[:, None] * T + ot[None, :], wt.to(ft_ptr.dtype.element_ty),
-             mask=jm[:, None] & tm[None, :])  # fmt: skip
-    if HAS_EDGE:
-        for e0 in range(0, E, BLOCK_E):
-            ec = e0 + oe
-            fedge = _slot_feat(root, sl, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
-                               se_c, 0, 0, read, False)  # fmt: skip
-            we = _mm(pw, fedge, TF32)
-            tl.store(fe_ptr + fr[:, None] * E + ec[None, :], we.to(fe_ptr.dtype.element_ty),
-                     mask=jm[:, None] & (ec < E)[None, :])  # fmt: skip
-
-
 #: Warps of a factored-attention program (one root, every head);
 #: ``SVEN_FACTORED_WARPS`` sets another count (read at each launch, for A/B runs).
 FACTORED_WARPS = 8
@@ -373,15 +248,9 @@ FACTORED_EDGE_CHUNK = 64
 #: (one dependent load fewer per root, a few masked bytes more); ``SVEN_FACTORED_EAGER``
 #: (0 or 1) sets the other choice, for A/B runs.
 FACTORED_EAGER = False
-#: The factored-attention kernel: ``tiles`` (:func:`_factored_fwd_kernel`), ``dot``
-#: (:func:`_factored_dot_kernel`) or ``rows`` (:func:`_factored_rows_kernel`);
-#: ``SVEN_FACTORED_KERNEL`` sets another, for A/B runs.
+#: The factored-attention kernel: ``tiles`` (:func:`_factored_fwd_kernel`) or ``dot``
+#: (:func:`_factored_dot_kernel`); ``SVEN_FACTORED_KERNEL`` sets the other, for A/B runs.
 FACTORED_KERNEL = "tiles"
-#: The (root, slot) rows a program of the ``rows`` kernel holds (a power of two of at
-#: least 16; more where one root has more slots); ``SVEN_FACTORED_ROWS`` sets another.
-FACTORED_ROWS = 64
-#: Warps of a ``rows`` program (``SVEN_FACTORED_WARPS`` sets another count).
-FACTORED_ROWS_WARPS = 4
 #: How the queries and the weighted sums cross the slot projections: ``blocks`` (one
 #: GEMM each over block-diagonal weights) or ``bmm`` (a product per head);
 #: ``SVEN_FACTORED_PRODUCTS`` sets the other, for A/B runs.
@@ -391,11 +260,10 @@ FACTORED_PRODUCTS = "blocks"
 FACTORED_MAX_WIDTH = 256
 
 
-def _factored_launch(e: int, warps: int = FACTORED_WARPS) -> dict[str, int | bool]:
-    """The warps (``warps`` unless ``SVEN_FACTORED_WARPS`` sets them), edge columns per
-    chunk (BLOCK_E) and index reads (EAGER) of a factored-attention launch over ``e``
-    edge columns."""
-    warps = int(os.environ.get("SVEN_FACTORED_WARPS", warps))
+def _factored_launch(e: int) -> dict[str, int | bool]:
+    """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a
+    factored-attention launch over ``e`` edge columns."""
+    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
     chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
     eager = os.environ.get("SVEN_FACTORED_EAGER", "1" if FACTORED_EAGER else "0")
     if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
@@ -409,36 +277,19 @@ def _factored_launch(e: int, warps: int = FACTORED_WARPS) -> dict[str, int | boo
 
 
 def _factored_kernel(
-    q: torch.Tensor, kv_node: torch.Tensor, h: int, o: int, k: int = 1, r: int = 1
-) -> tuple[triton.JITFunction, dict, int]:
-    """The factored-attention kernel a launch runs (``SVEN_FACTORED_KERNEL``), its own
-    arguments and the roots each of its programs takes, for R = ``r`` roots of K = ``k``
-    >= 1 slots, H = ``h`` heads of O = ``o`` columns, queries ``q`` and node rows
+    q: torch.Tensor, kv_node: torch.Tensor, h: int, o: int
+) -> tuple[triton.JITFunction, dict]:
+    """The factored-attention kernel a launch runs (``SVEN_FACTORED_KERNEL``) and its own
+    constants, for H = ``h`` heads of O = ``o`` columns, queries ``q`` and node rows
     ``kv_node``."""
     kind = os.environ.get("SVEN_FACTORED_KERNEL", FACTORED_KERNEL)
-    if kind not in ("tiles", "dot", "rows"):
-        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles, dot or rows, got {kind!r}")
+    if kind not in ("tiles", "dot"):
+        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles or dot, got {kind!r}")
     if kind == "tiles":
-        return (
-            _factored_fwd_kernel,
-            {"BLOCK_H": _pow2(h), "BLOCK_K": _pow2(k, 16), "BLOCK_D": _pow2(o // h, 16)},
-            1,
-        )
-    products = {"TF32": tf32_dots(q), "ROW_VEC": _row_vec(kv_node, o), "BLOCK_O": _pow2(o, 16)}
-    if kind == "dot":
-        # A product's sides are at least 16.
-        blocks = {"BLOCK_H": _pow2(h, 16), "BLOCK_K": _pow2(k, 16), "BLOCK_D": _pow2(o // h, 16)}
-        return _factored_dot_kernel, {**products, **blocks}, 1
-    rows = int(os.environ.get("SVEN_FACTORED_ROWS", FACTORED_ROWS))
-    if rows < 16 or rows & (rows - 1):
-        raise ValueError(f"SVEN_FACTORED_ROWS must be a power of two of at least 16, got {rows}")
-    block_n = max(rows, _pow2(k))
-    per = block_n // k
-    block_h = _pow2(h)
-    # The weights' operand has BLOCK_R x BLOCK_H rows, and a product's sides are >= 16.
-    consts = {"BLOCK_N": block_n, "BLOCK_H": block_h, "BLOCK_R": _pow2(per, -(-16 // block_h))}
-    consts["num_warps"] = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_ROWS_WARPS))
-    return _factored_rows_kernel, {**products, **consts, "R": r, "RPP": per}, per
+        return _factored_fwd_kernel, {"BLOCK_H": _pow2(h)}
+    # A product's sides are at least 16.
+    blocks = {"BLOCK_H": _pow2(h, 16), "BLOCK_O": _pow2(o, 16)}
+    return _factored_dot_kernel, {**blocks, "TF32": tf32_dots(q), "ROW_VEC": _row_vec(kv_node, o)}
 
 
 def _row_vec(kv_node: torch.Tensor, o: int) -> int:
@@ -574,21 +425,16 @@ def _launch(
     (r, k), (_, h, d), t = nbr_pos.shape, q.shape, time_w.shape[0]
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
-    if k == 0:
-        # No slots: every root attends to nothing.
-        for x in (out, ft, fe):
-            x.zero_()
-        return
-    kernel, blocks, per = _factored_kernel(q, kv_node, h, h * d, k, r)
-    launch = _factored_launch(e, blocks.pop("num_warps", FACTORED_WARPS))
-    kernel[(triton.cdiv(r, per),)](
+    kernel, blocks = _factored_kernel(q, kv_node, h, h * d)
+    kernel[(r,)](
         q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
         rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
         k, h, d, h * d, t, e, 1.0 / (d**0.5),
         *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
         *sr, *qt.stride()[:2], *qe.stride()[:2],
         HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,
-        BLOCK_T=_pow2(t, 16), **blocks, **launch,
+        BLOCK_K=_pow2(k, 16), BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
+        **blocks, **_factored_launch(e),
     )  # fmt: skip
 
 

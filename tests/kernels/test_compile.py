@@ -119,17 +119,6 @@ for (edge, rows), tf32, vec in (((False, False), True, 4), ((True, True), False,
                    "BLOCK_K": 16, "BLOCK_H": 16, "BLOCK_D": 64, "BLOCK_T": 128, "BLOCK_E": 64,
                    "BLOCK_O": 128, "TF32": tf32, "H": 2, "D": 50, "OD": 100, "ROW_VEC": vec},
                   {"er_ptr": "*i64", "qr_ptr": "*i64"}))
-# The kernel of several roots a program: six roots of ten slots in 64 rows, two heads of
-# a (root, head) operand of 16 rows, and eight roots in 128 rows with one head; TF32
-# and IEEE products, rows aligned to 4 floats and unaligned.
-for (edge, rows), tf32, vec, (bn, br, bh, h) in (
-        ((False, False), True, 4, (64, 8, 2, 2)), ((True, True), False, 1, (64, 8, 2, 2)),
-        ((True, False), True, 2, (128, 16, 1, 1))):
-    cases.append((tfa._factored_rows_kernel, "fp32",
-                  {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": False,
-                   "BLOCK_N": bn, "BLOCK_R": br, "BLOCK_H": bh, "BLOCK_T": 128, "BLOCK_E": 64,
-                   "BLOCK_O": 128, "TF32": tf32, "K": 10, "H": h, "D": 100 // h, "OD": 100,
-                   "ROW_VEC": vec}, {"er_ptr": "*i64", "qr_ptr": "*i64"}))
 cases.append((tno._relu_norm_kernel, "fp32", {"BLOCK_R": 16, "BLOCK_C": 128},
               {"rows_ptr": "*i64"}))
 failures = []
@@ -169,5 +158,5 @@ def test_kernels_compile_for_sm90(cos: str) -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 114
+    assert report["cases"] == 111
     assert report["failures"] == []

@@ -171,7 +171,7 @@ def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
 
 
 # Both kernels: every head at once on 3-D tiles, or the sums as products on 2-D ones.
-KERNEL = pytest.mark.parametrize("kernel", ["tiles", "dot", "rows"])
+KERNEL = pytest.mark.parametrize("kernel", ["tiles", "dot"])
 
 
 @KERNEL
@@ -194,45 +194,13 @@ def test_triton_factored_grid(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["dot", "rows"])
 @pytest.mark.parametrize("edge", [True, False])
-def test_triton_factored_dot_on_tf32_is_close(edge: bool, kernel: str, cuda, monkeypatch) -> None:
+def test_triton_factored_dot_on_tf32_is_close(edge: bool, cuda, monkeypatch) -> None:
     # Under train.matmul_precision=high (the default) the products run on TF32 tensor
     # cores: inputs keep 10 of float32's 23 mantissa bits, so the tolerance is TF32's.
-    monkeypatch.setenv("SVEN_FACTORED_KERNEL", kernel)
+    monkeypatch.setenv("SVEN_FACTORED_KERNEL", "dot")
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     _triton_vs_reference(517, 2, 50, 10, edge, cuda, tol=1e-2)
-
-
-# The kernel of several roots a program under each SVEN_FACTORED_ROWS: (rows, R, H, D,
-# K, edges). Roots share a program (rows // K of them) and the last one is part-filled;
-# one root wider than the rows (K = 17 > 16: one root a program of 32 rows); padded
-# heads (3); one head; a root's slots across a program's whole tile (K = 16 in 16).
-ROWS_CASES = [
-    (16, 7, 2, 8, 5, True),
-    (16, 3, 1, 8, 17, False),
-    (16, 4, 2, 8, 16, True),
-    (64, 13, 3, 8, 5, True),
-    (64, 9, 2, 50, 10, False),
-    (128, 30, 1, 8, 10, True),
-]
-
-
-@pytest.mark.parametrize("rows,r,h,d,k,edge", ROWS_CASES)
-def test_triton_factored_rows_under_each_setting(
-    rows: int, r: int, h: int, d: int, k: int, edge: bool, device, monkeypatch
-) -> None:
-    from sven.kernels import triton_factored
-
-    monkeypatch.setenv("SVEN_FACTORED_KERNEL", "rows")
-    monkeypatch.setenv("SVEN_FACTORED_ROWS", str(rows))
-    _, consts, per = triton_factored._factored_kernel(
-        torch.zeros(1), torch.zeros(3, 2 * h * d), h, h * d, k, r
-    )
-    # A program's rows hold every slot of at least one root.
-    block = max(rows, 1 << (k - 1).bit_length())
-    assert consts["BLOCK_N"] == block and per == consts["RPP"] == block // k
-    _triton_vs_reference(r, h, d, k, edge, device)
 
 
 def test_triton_factored_with_a_gradient_is_the_reference(device) -> None:
@@ -516,15 +484,12 @@ def test_triton_factored_products_by_blocks_equal_per_head(
         ("SVEN_FACTORED_EAGER", "2"),
         ("SVEN_FACTORED_PRODUCTS", "einsum"),
         ("SVEN_FACTORED_KERNEL", "heads"),
-        ("SVEN_FACTORED_ROWS", "48"),
     ],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:
     from sven.kernels import triton_factored
 
     monkeypatch.setenv(name, value)
-    if name == "SVEN_FACTORED_ROWS":
-        monkeypatch.setenv("SVEN_FACTORED_KERNEL", "rows")
     with pytest.raises(ValueError, match=name):
         triton_factored._factored_launch(172)
         triton_factored._by_blocks()
