@@ -16,7 +16,7 @@ stride arguments that are 1 in a real launch are compiled as the constant 1, as
 Triton's launcher specialises them.
 
 Usage:
-    python3 benchmarks/count_sass.py [--kernel fwd|dot] [--warps 8] [--edges]
+    python3 benchmarks/count_sass.py [--kernel fwd|dot|split] [--warps 8] [--edges]
     SVEN_TRITON_COS=poly python3 benchmarks/count_sass.py --kernel dot
 """
 
@@ -42,6 +42,7 @@ from sven.kernels import triton_factored
 KERNELS = {
     "fwd": triton_factored._factored_fwd_kernel,
     "dot": triton_factored._factored_dot_kernel,
+    "split": triton_factored._factored_split_kernel,
 }
 # Pointer types other than float32, and the strides a real launch passes as 1.
 POINTERS = {"er_ptr": "*i64", "qr_ptr": "*i64", "pos_ptr": "*i64", "m_ptr": "*u8"}
@@ -112,6 +113,9 @@ def main() -> None:
         consts.update(
             {"BLOCK_H": 16, "BLOCK_O": 128, "TF32": True, "H": 2, "D": 50, "OD": 100, "ROW_VEC": 4}
         )
+    if args.kernel == "split":
+        # Ten slots: tiles of eight and two.
+        consts.update({"BLOCK_K": 8, "BLOCK_K2": 2})
     ops = sass_ops(KERNELS[args.kernel], consts, args.warps)
     total = sum(ops.values())
     print(json.dumps({

@@ -40,7 +40,7 @@
 #               the scorer's wide tile on 4 warps, the default before 8)     [60]
 #   factored    the factored evaluation kernel alone at the MRR batch's shape, with one
 #               part left out or one size changed per case (bench_factored.py), for
-#               each kernel (SVEN_FACTORED_KERNEL), and Nsight Compute's view of one
+#               each kernel (SVEN_FACTORED_KERNEL: tiles, dot, split), and Nsight Compute's view of one
 #               launch of each on the MRR case (occupancy, stalls, issue)     [90]
 #   ttr         start-up against the floor, the 3-epoch preset on an empty
 #               and on a warm cache, and on an empty one with
@@ -289,12 +289,16 @@ phase_mrrab() {
 
 phase_factored() {
   step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored"
-  SVEN_FACTORED_KERNEL=dot step 200 "$PY" benchmarks/bench_factored.py --out "$OUT/factored/dot"
+  local kernel
+  for kernel in dot split; do
+    SVEN_FACTORED_KERNEL=$kernel step 200 "$PY" benchmarks/bench_factored.py \
+      --out "$OUT/factored/$kernel"
+  done
   if command -v ncu >/dev/null; then
     # The MRR store's case (no edges, queries per node) under each kernel
     # (SVEN_FACTORED_KERNEL): the pipes, the schedulers' issue, the stalls, the
     # instructions by opcode (benchmarks/count_sass.py counts them without a GPU).
-    for kernel in tiles dot; do
+    for kernel in tiles dot split; do
       SVEN_FACTORED_KERNEL=$kernel step 200 ncu --clock-control none \
         --kernel-name regex:_factored_ --launch-skip 1 --launch-count 1 --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats \

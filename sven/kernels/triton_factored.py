@@ -238,6 +238,124 @@ def _factored_dot_kernel(
             tl.store(fe_at, we.to(fe_ptr.dtype.element_ty), mask=hm[:, None] & (ec < E)[None, :])
 
 
+@triton.jit
+def _slot_chunk(
+    r, k0, qi, q, oh, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr,
+    ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k,
+    se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, EAGER: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Root r's slots k0 .. k0 + BLOCK - 1 (those below K): their flags (BLOCK,), edge
+    rows' offsets, scores (BLOCK, BLOCK_H) before the scale, node values (BLOCK,
+    BLOCK_H, BLOCK_D) and time encodings (BLOCK, BLOCK_T), as _factored_fwd_kernel
+    computes them for all of a root's slots."""
+    ok = k0 + tl.arange(0, BLOCK)
+    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
+    # EAGER: as _root_slots's.
+    read = (ok < K) if EAGER else valid
+    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
+    tile = valid[:, None, None] & hdm[None, :, :]
+    row = kvn_ptr + nbr[:, None, None] * sn_u
+    key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    val = tl.load(row + (OD + hd)[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
+    s = tl.sum(key * q[None, :, :], axis=2)
+    ot = tl.arange(0, BLOCK_T)
+    ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
+                       sdt_r, sdt_k, read, True)  # fmt: skip
+    hm = tl.sum(hdm.to(tl.int32), axis=1) > 0
+    qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :],
+                 mask=hm[:, None] & (ot < T)[None, :], other=0.0)  # fmt: skip
+    s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
+    e_at = _edge_at(r, ok, read, er_ptr, ser_r, ser_k, se_r, se_k, EDGE_ROWS)
+    if HAS_EDGE:
+        oe = tl.arange(0, BLOCK_E)
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fedge = _slot_feat(r, ok, valid, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, e_at,
+                               se_c, 0, 0, read, False)  # fmt: skip
+            qe = tl.load(qe_ptr + qi * sqe_r + oh[:, None] * sqe_h + ec[None, :],
+                         mask=hm[:, None] & (ec < E)[None, :], other=0.0)  # fmt: skip
+            s += tl.sum(fedge[:, None, :] * qe.to(tl.float32)[None, :, :], axis=2)
+    return ok, valid, read, e_at, s, val, ftime
+
+
+@triton.jit
+def _factored_split_kernel(
+    q_ptr, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr, ef_ptr, er_ptr,
+    qr_ptr, o_ptr, ft_ptr, fe_ptr,
+    K, H, D, OD, T, E, scale,
+    sq_r, sq_h, sq_d, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k, se_c,
+    ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, EAGER: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_K2: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    # _factored_fwd_kernel's function and operands, a root's K slots in two tiles of
+    # powers of two, BLOCK_K + BLOCK_K2 >= K (ten slots: eight and two, where one tile
+    # pads them to sixteen): every (slots, heads, columns) tile shrinks with the slots
+    # padded, and the softmax and the weighted sums combine the two tiles.
+    r = tl.program_id(0).to(tl.int64)
+    if Q_ROWS:
+        qi = tl.load(qr_ptr + r).to(tl.int64)
+    else:
+        qi = r
+    oh = tl.arange(0, BLOCK_H)
+    od = tl.arange(0, BLOCK_D)
+    hm = oh < H
+    hdm = hm[:, None] & (od < D)[None, :]
+    hd = oh[:, None] * D + od[None, :]
+    q = tl.load(q_ptr + qi * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d, mask=hdm,
+                other=0.0).to(tl.float32)  # fmt: skip
+    ka, va, ra, ea, sa, vala, fta = _slot_chunk(
+        r, 0, qi, q, oh, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr,
+        tb_ptr, ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k,
+        se_r, se_k, se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, HAS_EDGE, EDGE_ROWS, EAGER,
+        BLOCK_K, BLOCK_T, BLOCK_E,
+    )  # fmt: skip
+    kb, vb, rb, eb, sb, valb, ftb = _slot_chunk(
+        r, BLOCK_K, qi, q, oh, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr,
+        tw_ptr, tb_ptr, ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k,
+        sm_r, sm_k, se_r, se_k, se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, HAS_EDGE,
+        EDGE_ROWS, EAGER, BLOCK_K2, BLOCK_T, BLOCK_E,
+    )  # fmt: skip
+    # The softmax over both tiles' valid slots, every head.
+    oka = va[:, None] & hm[None, :]
+    okb = vb[:, None] & hm[None, :]
+    sa = tl.where(oka, sa * scale, float("-inf"))
+    sb = tl.where(okb, sb * scale, float("-inf"))
+    mx = tl.maximum(tl.max(sa, axis=0), tl.max(sb, axis=0))
+    # A root without a valid slot has max -inf; any finite shift keeps exp() at 0.
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    pa = tl.where(oka, tl.exp(sa - mx[None, :]), 0.0)
+    pb = tl.where(okb, tl.exp(sb - mx[None, :]), 0.0)
+    den = tl.sum(pa, axis=0) + tl.sum(pb, axis=0)
+    den = tl.where(den > 0.0, den, 1.0)
+    pa = pa / den[None, :]
+    pb = pb / den[None, :]
+    qrow = r * H + oh
+    out = tl.sum(pa[:, :, None] * vala, axis=0) + tl.sum(pb[:, :, None] * valb, axis=0)
+    tl.store(o_ptr + qrow[:, None] * D + od[None, :], out.to(o_ptr.dtype.element_ty), mask=hdm)
+    ot = tl.arange(0, BLOCK_T)
+    tm = hm[:, None] & (ot < T)[None, :]
+    wt = tl.sum(pa[:, :, None] * fta[:, None, :], axis=0)
+    wt += tl.sum(pb[:, :, None] * ftb[:, None, :], axis=0)
+    tl.store(ft_ptr + qrow[:, None] * T + ot[None, :], wt.to(ft_ptr.dtype.element_ty), mask=tm)
+    if HAS_EDGE:
+        oe = tl.arange(0, BLOCK_E)
+        for e0 in range(0, E, BLOCK_E):
+            ec = e0 + oe
+            fa = _slot_feat(r, ka, va, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ea, se_c, 0,
+                            0, ra, False)  # fmt: skip
+            fb = _slot_feat(r, kb, vb, ec, ec < E, ef_ptr, dt_ptr, tw_ptr, tb_ptr, eb, se_c, 0,
+                            0, rb, False)  # fmt: skip
+            we = tl.sum(pa[:, :, None] * fa[:, None, :], axis=0)
+            we += tl.sum(pb[:, :, None] * fb[:, None, :], axis=0)
+            em = hm[:, None] & (ec < E)[None, :]
+            tl.store(fe_ptr + qrow[:, None] * E + ec[None, :], we.to(fe_ptr.dtype.element_ty),
+                     mask=em)  # fmt: skip
+
+
 #: Warps of a factored-attention program (one root, every head);
 #: ``SVEN_FACTORED_WARPS`` sets another count (read at each launch, for A/B runs).
 FACTORED_WARPS = 8
@@ -248,8 +366,9 @@ FACTORED_EDGE_CHUNK = 64
 #: (one dependent load fewer per root, a few masked bytes more); ``SVEN_FACTORED_EAGER``
 #: (0 or 1) sets the other choice, for A/B runs.
 FACTORED_EAGER = False
-#: The factored-attention kernel: ``tiles`` (:func:`_factored_fwd_kernel`) or ``dot``
-#: (:func:`_factored_dot_kernel`); ``SVEN_FACTORED_KERNEL`` sets the other, for A/B runs.
+#: The factored-attention kernel: ``tiles`` (:func:`_factored_fwd_kernel`), ``dot``
+#: (:func:`_factored_dot_kernel`) or ``split`` (:func:`_factored_split_kernel`);
+#: ``SVEN_FACTORED_KERNEL`` sets another, for A/B runs.
 FACTORED_KERNEL = "tiles"
 #: How the queries and the weighted sums cross the slot projections: ``blocks`` (one
 #: GEMM each over block-diagonal weights) or ``bmm`` (a product per head);
@@ -277,16 +396,24 @@ def _factored_launch(e: int) -> dict[str, int | bool]:
 
 
 def _factored_kernel(
-    q: torch.Tensor, kv_node: torch.Tensor, h: int, o: int
+    q: torch.Tensor, kv_node: torch.Tensor, h: int, o: int, k: int = 16
 ) -> tuple[triton.JITFunction, dict]:
     """The factored-attention kernel a launch runs (``SVEN_FACTORED_KERNEL``) and its own
-    constants, for H = ``h`` heads of O = ``o`` columns, queries ``q`` and node rows
-    ``kv_node``."""
+    constants, for H = ``h`` heads of O = ``o`` columns, K = ``k`` >= 1 slots, queries
+    ``q`` and node rows ``kv_node``."""
     kind = os.environ.get("SVEN_FACTORED_KERNEL", FACTORED_KERNEL)
-    if kind not in ("tiles", "dot"):
-        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles or dot, got {kind!r}")
+    if kind not in ("tiles", "dot", "split"):
+        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles, dot or split, got {kind!r}")
     if kind == "tiles":
         return _factored_fwd_kernel, {"BLOCK_H": _pow2(h)}
+    if kind == "split":
+        # K slots as a power of two at most K, and the rest rounded up to one.
+        first = _pow2(k + 1) // 2
+        return _factored_split_kernel, {
+            "BLOCK_H": _pow2(h),
+            "BLOCK_K": first,
+            "BLOCK_K2": _pow2(max(k - first, 1)),
+        }
     # A product's sides are at least 16.
     blocks = {"BLOCK_H": _pow2(h, 16), "BLOCK_O": _pow2(o, 16)}
     return _factored_dot_kernel, {**blocks, "TF32": tf32_dots(q), "ROW_VEC": _row_vec(kv_node, o)}
@@ -425,7 +552,8 @@ def _launch(
     (r, k), (_, h, d), t = nbr_pos.shape, q.shape, time_w.shape[0]
     rows, sr = (edge_rows, edge_rows.stride()) if edge_rows is not None else (nbr_pos, (0, 0))
     m8 = _mask_u8(mask)
-    kernel, blocks = _factored_kernel(q, kv_node, h, h * d)
+    kernel, blocks = _factored_kernel(q, kv_node, h, h * d, max(k, 1))
+    blocks = {"BLOCK_K": _pow2(k, 16), **blocks}
     kernel[(r,)](
         q, qt, qe, kv_node, nbr_pos, dt, m8, time_w.contiguous(), time_b.contiguous(), ef,
         rows, nbr_pos if q_rows is None else q_rows, out, ft, fe,
@@ -433,7 +561,7 @@ def _launch(
         *q.stride(), *kv_node.stride(), *nbr_pos.stride(), *dt.stride(), *m8.stride(), *se,
         *sr, *qt.stride()[:2], *qe.stride()[:2],
         HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,
-        BLOCK_K=_pow2(k, 16), BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
+        BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
         **blocks, **_factored_launch(e),
     )  # fmt: skip
 

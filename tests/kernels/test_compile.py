@@ -119,6 +119,14 @@ for (edge, rows), tf32, vec in (((False, False), True, 4), ((True, True), False,
                    "BLOCK_K": 16, "BLOCK_H": 16, "BLOCK_D": 64, "BLOCK_T": 128, "BLOCK_E": 64,
                    "BLOCK_O": 128, "TF32": tf32, "H": 2, "D": 50, "OD": 100, "ROW_VEC": vec},
                   {"er_ptr": "*i64", "qr_ptr": "*i64"}))
+# The kernel of two slot tiles: ten slots as eight and two, sixteen as sixteen and one
+# (the second all masked), one as one and one; edges in place, as table rows or none.
+for (edge, rows), (k1, k2) in (((False, False), (8, 2)), ((True, True), (16, 1)),
+                               ((True, False), (1, 1))):
+    cases.append((tfa._factored_split_kernel, "fp32",
+                  {"HAS_EDGE": edge, "EDGE_ROWS": rows, "Q_ROWS": True, "EAGER": False,
+                   "BLOCK_K": k1, "BLOCK_K2": k2, "BLOCK_H": 2, "BLOCK_D": 64, "BLOCK_T": 128,
+                   "BLOCK_E": 64}, {"er_ptr": "*i64", "qr_ptr": "*i64"}))
 cases.append((tno._relu_norm_kernel, "fp32", {"BLOCK_R": 16, "BLOCK_C": 128},
               {"rows_ptr": "*i64"}))
 failures = []
@@ -158,5 +166,5 @@ def test_kernels_compile_for_sm90(cos: str) -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 111
+    assert report["cases"] == 114
     assert report["failures"] == []

@@ -171,7 +171,7 @@ def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
 
 
 # Both kernels: every head at once on 3-D tiles, or the sums as products on 2-D ones.
-KERNEL = pytest.mark.parametrize("kernel", ["tiles", "dot"])
+KERNEL = pytest.mark.parametrize("kernel", ["tiles", "dot", "split"])
 
 
 @KERNEL
@@ -201,6 +201,19 @@ def test_triton_factored_dot_on_tf32_is_close(edge: bool, cuda, monkeypatch) -> 
     monkeypatch.setenv("SVEN_FACTORED_KERNEL", "dot")
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     _triton_vs_reference(517, 2, 50, 10, edge, cuda, tol=1e-2)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8, 10, 13, 17])
+@pytest.mark.parametrize("eager", ["0", "1"])
+def test_triton_factored_split_slots_any_count(k: int, eager: str, device, monkeypatch) -> None:
+    """The split kernel's two slot tiles (a power of two at most K, the rest rounded
+    up) cover any K: K a power of two (1, 2, 8: the second tile all masked), the second
+    tile full (3, 10, 17) or padded (13: eight and eight); edges read in 16-column
+    chunks, gaps read early or not."""
+    monkeypatch.setenv("SVEN_FACTORED_KERNEL", "split")
+    monkeypatch.setenv("SVEN_FACTORED_CHUNK", "16")
+    monkeypatch.setenv("SVEN_FACTORED_EAGER", eager)
+    _triton_vs_reference(6, 2, 8, k, True, device)
 
 
 def test_triton_factored_with_a_gradient_is_the_reference(device) -> None:
@@ -484,6 +497,7 @@ def test_triton_factored_products_by_blocks_equal_per_head(
         ("SVEN_FACTORED_EAGER", "2"),
         ("SVEN_FACTORED_PRODUCTS", "einsum"),
         ("SVEN_FACTORED_KERNEL", "heads"),
+        ("SVEN_FACTORED_KERNEL", "rows"),
     ],
 )
 def test_triton_factored_refuses_a_bad_launch_setting(name: str, value: str, monkeypatch) -> None:

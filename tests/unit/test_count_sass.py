@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("args", [["--kernel", "dot"], ["--kernel", "fwd", "--edges"]])
+@pytest.mark.parametrize(
+    "args", [["--kernel", "dot"], ["--kernel", "fwd", "--edges"], ["--kernel", "split"]]
+)
 def test_it_counts_a_kernels_instructions_by_opcode(args: list[str]) -> None:
     pytest.importorskip("triton")
     try:
