@@ -62,23 +62,40 @@ def _slot_feat(
 
 
 @triton.jit
+def _query_row(r, qr_ptr, Q_ROWS: tl.constexpr):
+    """Root r's row of the queries: row ``qr[r]`` with Q_ROWS, else row r."""
+    if Q_ROWS:
+        return tl.load(qr_ptr + r).to(tl.int64)
+    else:
+        return r
+
+
+@triton.jit
+def _slots(
+    r, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r, sp_k,
+    K0: tl.constexpr, EAGER: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Root r's slots K0 .. K0 + BLOCK - 1 (BLOCK,), their flags (slots from K on are
+    masked), which of them to read, and their neighbours' rows (int64)."""
+    ok = K0 + tl.arange(0, BLOCK)
+    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
+    # EAGER: a slot's row and gap are read whatever its flag (a masked slot names a
+    # valid row, and its gap's encoding is zeroed), so they need not wait for it.
+    read = (ok < K) if EAGER else valid
+    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
+    return ok, valid, read, nbr
+
+
+@triton.jit
 def _root_slots(
     r, qr_ptr, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r, sp_k,
     Q_ROWS: tl.constexpr, EAGER: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Root r's row of the queries, its slots (BLOCK_K,), their flags, which of them to
     read, and their neighbours' rows (int64)."""
-    if Q_ROWS:
-        qi = tl.load(qr_ptr + r).to(tl.int64)
-    else:
-        qi = r
-    ok = tl.arange(0, BLOCK_K)
-    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
-    # EAGER: a slot's row and gap are read whatever its flag (a masked slot names a
-    # valid row, and its gap's encoding is zeroed), so they need not wait for it.
-    read = (ok < K) if EAGER else valid
-    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
-    return qi, ok, valid, read, nbr
+    ok, valid, read, nbr = _slots(r, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r, sp_k, 0, EAGER,
+                                  BLOCK_K)  # fmt: skip
+    return _query_row(r, qr_ptr, Q_ROWS), ok, valid, read, nbr
 
 
 @triton.jit
@@ -240,21 +257,18 @@ def _factored_dot_kernel(
 
 @triton.jit
 def _slot_chunk(
-    r, k0, qi, q, oh, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr,
+    r, qi, q, oh, hm, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr, tb_ptr,
     ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k, se_r, se_k,
     se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h,
-    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, EAGER: tl.constexpr,
+    HAS_EDGE: tl.constexpr, EDGE_ROWS: tl.constexpr, EAGER: tl.constexpr, K0: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    """Root r's slots k0 .. k0 + BLOCK - 1 (those below K): their flags (BLOCK,), edge
+    """Root r's slots K0 .. K0 + BLOCK - 1 (those below K): their flags (BLOCK,), edge
     rows' offsets, scores (BLOCK, BLOCK_H) before the scale, node values (BLOCK,
     BLOCK_H, BLOCK_D) and time encodings (BLOCK, BLOCK_T), as _factored_fwd_kernel
     computes them for all of a root's slots."""
-    ok = k0 + tl.arange(0, BLOCK)
-    valid = tl.load(m_ptr + r * sm_r + ok * sm_k, mask=ok < K, other=0) != 0
-    # EAGER: as _root_slots's.
-    read = (ok < K) if EAGER else valid
-    nbr = tl.load(pos_ptr + r * sp_r + ok * sp_k, mask=read, other=0).to(tl.int64)
+    ok, valid, read, nbr = _slots(r, m_ptr, pos_ptr, K, sm_r, sm_k, sp_r, sp_k, K0, EAGER,
+                                  BLOCK)  # fmt: skip
     tile = valid[:, None, None] & hdm[None, :, :]
     row = kvn_ptr + nbr[:, None, None] * sn_u
     key = tl.load(row + hd[None, :, :] * sn_c, mask=tile, other=0.0).to(tl.float32)
@@ -263,7 +277,6 @@ def _slot_chunk(
     ot = tl.arange(0, BLOCK_T)
     ftime = _slot_feat(r, ok, valid, ot, ot < T, ef_ptr, dt_ptr, tw_ptr, tb_ptr, ok, 0,
                        sdt_r, sdt_k, read, True)  # fmt: skip
-    hm = tl.sum(hdm.to(tl.int32), axis=1) > 0
     qt = tl.load(qt_ptr + qi * sqt_r + oh[:, None] * sqt_h + ot[None, :],
                  mask=hm[:, None] & (ot < T)[None, :], other=0.0)  # fmt: skip
     s += tl.sum(ftime[:, None, :] * qt.to(tl.float32)[None, :, :], axis=2)
@@ -296,10 +309,7 @@ def _factored_split_kernel(
     # pads them to sixteen): every (slots, heads, columns) tile shrinks with the slots
     # padded, and the softmax and the weighted sums combine the two tiles.
     r = tl.program_id(0).to(tl.int64)
-    if Q_ROWS:
-        qi = tl.load(qr_ptr + r).to(tl.int64)
-    else:
-        qi = r
+    qi = _query_row(r, qr_ptr, Q_ROWS)
     oh = tl.arange(0, BLOCK_H)
     od = tl.arange(0, BLOCK_D)
     hm = oh < H
@@ -308,16 +318,16 @@ def _factored_split_kernel(
     q = tl.load(q_ptr + qi * sq_r + oh[:, None] * sq_h + od[None, :] * sq_d, mask=hdm,
                 other=0.0).to(tl.float32)  # fmt: skip
     ka, va, ra, ea, sa, vala, fta = _slot_chunk(
-        r, 0, qi, q, oh, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr,
+        r, qi, q, oh, hm, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr,
         tb_ptr, ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k,
         se_r, se_k, se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, HAS_EDGE, EDGE_ROWS, EAGER,
-        BLOCK_K, BLOCK_T, BLOCK_E,
+        0, BLOCK_K, BLOCK_T, BLOCK_E,
     )  # fmt: skip
     kb, vb, rb, eb, sb, valb, ftb = _slot_chunk(
-        r, BLOCK_K, qi, q, oh, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr,
-        tw_ptr, tb_ptr, ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k,
-        sm_r, sm_k, se_r, se_k, se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, HAS_EDGE,
-        EDGE_ROWS, EAGER, BLOCK_K2, BLOCK_T, BLOCK_E,
+        r, qi, q, oh, hm, hdm, hd, qt_ptr, qe_ptr, kvn_ptr, pos_ptr, dt_ptr, m_ptr, tw_ptr,
+        tb_ptr, ef_ptr, er_ptr, K, OD, T, E, sn_u, sn_c, sp_r, sp_k, sdt_r, sdt_k, sm_r, sm_k,
+        se_r, se_k, se_c, ser_r, ser_k, sqt_r, sqt_h, sqe_r, sqe_h, HAS_EDGE, EDGE_ROWS, EAGER,
+        BLOCK_K, BLOCK_K2, BLOCK_T, BLOCK_E,
     )  # fmt: skip
     # The softmax over both tiles' valid slots, every head.
     oka = va[:, None] & hm[None, :]
