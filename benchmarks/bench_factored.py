@@ -49,7 +49,8 @@ class Case:
     edge_dim: int = 172
     events: int = 157_474
     nodes: int = 9_228
-    warps: int = 8
+    #: None: the kernel's own count (``triton_factored.FACTORED_WARPS``).
+    warps: int | None = None
     chunk: int = 64
     #: Queries one row per node, read by each root's node (the wide evaluation's form).
     per_node: bool = False
@@ -67,13 +68,13 @@ def cases(quick: bool) -> list[Case]:
         replace(base, name="one slot", slots=1),
         replace(base, name="tenth of roots", roots=max(1, base.roots // 10)),
     ]
-    for warps, chunk in ((2, 64), (4, 64), (16, 64), (8, 256), (8, 32)):
+    for warps, chunk in ((2, 64), (4, 64), (8, 64), (16, 64), (8, 256), (8, 32)):
         out.append(replace(base, name=f"warps {warps} chunk {chunk}", warps=warps, chunk=chunk))
     # The store the MRR figures use has no edge features: that kernel, its queries one
     # row per node as the wide evaluation passes them, and its warp counts.
     bare = replace(base, edge_dim=0)
     out.append(replace(bare, name="no edges, per-node queries", per_node=True))
-    for warps in (2, 4, 16):
+    for warps in (2, 4, 8, 16):
         out.append(replace(bare, name=f"no edges, per-node, {warps} warps", per_node=True,
                            warps=warps))  # fmt: skip
     return out
@@ -128,7 +129,10 @@ def kernel_us(c: Case, device: torch.device, repeats: int) -> float:
 
     from sven.kernels import triton_factored
 
-    os.environ["SVEN_FACTORED_WARPS"] = str(c.warps)
+    if c.warps is None:
+        os.environ.pop("SVEN_FACTORED_WARPS", None)
+    else:
+        os.environ["SVEN_FACTORED_WARPS"] = str(c.warps)
     os.environ["SVEN_FACTORED_CHUNK"] = str(c.chunk)
     args = inputs(c, device)
     q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = args
@@ -179,9 +183,9 @@ def main() -> None:
     named = {c.name: c for c in cases(args.quick)}
     if args.case is not None and args.case not in named:
         raise SystemExit(f"--case: no case {args.case!r}; cases: {', '.join(named)}")
-    if args.once:
-        from sven.kernels import triton_factored
+    from sven.kernels import triton_factored
 
+    if args.once:
         case = named[args.case] if args.case else cases(args.quick)[0]
         q, kvn, nbr, dt, mask, tw, tb, wt, table, we, rows, qr = inputs(case, device)
         with torch.no_grad():
@@ -204,7 +208,7 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        kernel = os.environ.get("SVEN_FACTORED_KERNEL", "tiles")
+        kernel = os.environ.get("SVEN_FACTORED_KERNEL", triton_factored.FACTORED_KERNEL)
         (out / "bench_factored.json").write_text(
             json.dumps({"device": name, "kernel": kernel, "cases": rows}, indent=2)
         )

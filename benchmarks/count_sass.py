@@ -44,6 +44,8 @@ KERNELS = {
     "dot": triton_factored._factored_dot_kernel,
     "split": triton_factored._factored_split_kernel,
 }
+#: Each kernel's name in ``SVEN_FACTORED_KERNEL`` (for its default warp count).
+KERNEL_KINDS = {"fwd": "tiles", "dot": "dot", "split": "split"}
 # Pointer types other than float32, and the strides a real launch passes as 1.
 POINTERS = {"er_ptr": "*i64", "qr_ptr": "*i64", "pos_ptr": "*i64", "m_ptr": "*u8"}
 UNIT_STRIDES = ("sq_d", "sn_c", "sp_k", "sdt_k", "sm_k", "se_c")
@@ -100,9 +102,11 @@ def sass_ops(fn: Any, consts: dict[str, Any], warps: int) -> collections.Counter
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernel", choices=sorted(KERNELS), default="dot")
-    ap.add_argument("--warps", type=int, default=triton_factored.FACTORED_WARPS)
+    ap.add_argument("--warps", type=int, help="default: the kernel's own count")
     ap.add_argument("--edges", action="store_true", help="edge rows of a table (E = 172)")
     args = ap.parse_args()
+    if args.warps is None:
+        args.warps = triton_factored.FACTORED_WARPS[KERNEL_KINDS[args.kernel]]
     consts = {
         "HAS_EDGE": args.edges, "EDGE_ROWS": args.edges, "Q_ROWS": True, "EAGER": False,
         "BLOCK_K": 16, "BLOCK_H": 2, "BLOCK_D": 64, "BLOCK_T": 128, "BLOCK_E": 64,

@@ -20,11 +20,14 @@ features: ef (R, K, E), or with EDGE_ROWS the (events, E) table whose row er[r, 
 slot reads. With Q_ROWS, root r reads row qr[r] of the queries and their products (one
 row per node: roots of one node share it), else row r.
 
-``SVEN_FACTORED_KERNEL=dot`` (an opt-in until timed faster) runs
-:func:`_factored_dot_kernel` instead: the same program per root, its sums over slots
-and columns as matrix products (``tl.dot``, on TF32 tensor cores where cuBLAS's
-setting allows them) on (slots, heads) tiles rather than broadcasts and reductions on
-(slots, heads, columns) ones.
+The default kernel is :func:`_factored_split_kernel` (:data:`FACTORED_KERNEL`): a
+root's K slots in two power-of-two tiles (ten as eight and two) rather than one padded
+to sixteen, on 2 warps. ``SVEN_FACTORED_KERNEL=tiles`` runs :func:`_factored_fwd_kernel`
+(one tile of slots, the earlier default) and ``SVEN_FACTORED_KERNEL=dot``
+:func:`_factored_dot_kernel`: the same program per root, its sums over slots and columns
+as matrix products (``tl.dot``, on TF32 tensor cores where cuBLAS's setting allows
+them) on (slots, heads) tiles rather than broadcasts and reductions on (slots, heads,
+columns) ones.
 """
 
 from __future__ import annotations
@@ -366,9 +369,10 @@ def _factored_split_kernel(
                      mask=em)  # fmt: skip
 
 
-#: Warps of a factored-attention program (one root, every head);
+#: Warps of a factored-attention program (one root, every head), by kernel: the count
+#: each ran fastest at on the MRR batch (docs/performance.md);
 #: ``SVEN_FACTORED_WARPS`` sets another count (read at each launch, for A/B runs).
-FACTORED_WARPS = 8
+FACTORED_WARPS = {"tiles": 8, "dot": 4, "split": 2}
 #: Edge feature columns a factored-attention program reads at a time;
 #: ``SVEN_FACTORED_CHUNK`` sets another power of two.
 FACTORED_EDGE_CHUNK = 64
@@ -378,8 +382,9 @@ FACTORED_EDGE_CHUNK = 64
 FACTORED_EAGER = False
 #: The factored-attention kernel: ``tiles`` (:func:`_factored_fwd_kernel`), ``dot``
 #: (:func:`_factored_dot_kernel`) or ``split`` (:func:`_factored_split_kernel`);
-#: ``SVEN_FACTORED_KERNEL`` sets another, for A/B runs.
-FACTORED_KERNEL = "tiles"
+#: ``SVEN_FACTORED_KERNEL`` sets another, for A/B runs. The split kernel timed fastest on
+#: the MRR batch (docs/performance.md).
+FACTORED_KERNEL = "split"
 #: How the queries and the weighted sums cross the slot projections: ``blocks`` (one
 #: GEMM each over block-diagonal weights) or ``bmm`` (a product per head);
 #: ``SVEN_FACTORED_PRODUCTS`` sets the other, for A/B runs.
@@ -389,10 +394,11 @@ FACTORED_PRODUCTS = "blocks"
 FACTORED_MAX_WIDTH = 256
 
 
-def _factored_launch(e: int) -> dict[str, int | bool]:
-    """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a
-    factored-attention launch over ``e`` edge columns."""
-    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS))
+def _factored_launch(e: int, kind: str = FACTORED_KERNEL) -> dict[str, int | bool]:
+    """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a launch of
+    factored-attention kernel ``kind`` (see :data:`FACTORED_KERNEL`) over ``e`` edge
+    columns."""
+    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS[kind]))
     chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
     eager = os.environ.get("SVEN_FACTORED_EAGER", "1" if FACTORED_EAGER else "0")
     if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
@@ -405,15 +411,22 @@ def _factored_launch(e: int) -> dict[str, int | bool]:
     return {"num_warps": warps, "BLOCK_E": min(_pow2(e, 16), chunk), "EAGER": eager == "1"}
 
 
+def _factored_kind() -> str:
+    """The factored-attention kernel launches run: ``SVEN_FACTORED_KERNEL``, else
+    :data:`FACTORED_KERNEL`."""
+    kind = os.environ.get("SVEN_FACTORED_KERNEL", FACTORED_KERNEL)
+    if kind not in FACTORED_WARPS:
+        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles, dot or split, got {kind!r}")
+    return kind
+
+
 def _factored_kernel(
     q: torch.Tensor, kv_node: torch.Tensor, h: int, o: int, k: int = 16
 ) -> tuple[triton.JITFunction, dict]:
-    """The factored-attention kernel a launch runs (``SVEN_FACTORED_KERNEL``) and its own
+    """The factored-attention kernel a launch runs (:func:`_factored_kind`) and its own
     constants, for H = ``h`` heads of O = ``o`` columns, K = ``k`` >= 1 slots, queries
     ``q`` and node rows ``kv_node``."""
-    kind = os.environ.get("SVEN_FACTORED_KERNEL", FACTORED_KERNEL)
-    if kind not in ("tiles", "dot", "split"):
-        raise ValueError(f"SVEN_FACTORED_KERNEL must be tiles, dot or split, got {kind!r}")
+    kind = _factored_kind()
     if kind == "tiles":
         return _factored_fwd_kernel, {"BLOCK_H": _pow2(h)}
     if kind == "split":
@@ -572,7 +585,7 @@ def _launch(
         *sr, *qt.stride()[:2], *qe.stride()[:2],
         HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,
         BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
-        **blocks, **_factored_launch(e),
+        **blocks, **_factored_launch(e, _factored_kind()),
     )  # fmt: skip
 
 

@@ -82,5 +82,5 @@ def test_every_variant_a_fit_launches_compiles_for_sm90(store, tmp_path: Path) -
     assert report["failures"] == []
     # The fits reach the kernels of every hot path, the factored evaluation's included.
     names = {k.rsplit(".", 1)[1] for k in report["kernels"]}
-    assert {"_factored_fwd_kernel", "_relu_norm_kernel", "_fused_fwd_kernel", "_fused_bwd_kernel",
+    assert {"_factored_split_kernel", "_relu_norm_kernel", "_fused_fwd_kernel", "_fused_bwd_kernel",
             "_cell_fwd_kernel", "_write_kernel", "_recent_kernel"} <= names  # fmt: skip
