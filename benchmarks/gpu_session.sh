@@ -28,7 +28,8 @@
 #   candidates  the opt-in kernels (SVEN_KERNELS=auto,NAME=triton) one by one
 #               and together, each profiled beside the defaults              [200]
 #   pyg         Sven against PyG's TGN, 3 epochs, Wikipedia and CollegeMsg  [300]
-#   mrr         100 MRR negatives against one, 2 epochs each (and $SVEN_MRR_AB:
+#   mrr         100 MRR negatives against one, 2 epochs each ($SVEN_MRR_REPEATS
+#               pairs, default 1, and their medians; and $SVEN_MRR_AB:
 #               TAG:ENV=VALUE;ENV=VALUE items, a 100-negative run each), and the
 #               evaluation profile at 100 (its costliest kernels)           [160]
 #   mrrab       the evaluation profile at 100 MRR negatives for each factored-attention
@@ -52,7 +53,8 @@
 #               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
 #               $SVEN_TIERS_ARMS picks arms; $SVEN_TIERS_RELABEL=1 also on
 #               the ids by activity; $SVEN_TIERS_TAG names a repeat, e.g. one
-#               per SVEN_AHEAD_PROGRAMS) (profile_step.py)                   [130]
+#               per SVEN_AHEAD_PROGRAMS; $SVEN_TIERS_WARMUP steps before the
+#               profile, default 30: more touch more of the table) (profile_step.py) [130]
 #   uva         row gathers over pinned host memory, 1.2 against 12 GB tables
 #               (bench_uva.py)                                               [60]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
@@ -161,7 +163,8 @@ phase_tiers() {
       [ "$arm" = host-at-step ] && ahead=0
       local dir="$OUT/tiers/$(basename "$store")-$arm$tag"
       SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
-        --out "$dir" --warmup 30 --trace train.batch_size=600 state.device=$tier
+        --out "$dir" --warmup "${SVEN_TIERS_WARMUP:-30}" --trace train.batch_size=600 \
+        state.device=$tier
       # The timeline is too large to bring back: its per-stream view goes to the log.
       for tr in "$dir"/trace_*.json.gz; do
         [ -f "$tr" ] && step 60 "$PY" benchmarks/trace_streams.py "$tr" --steps 20
@@ -209,36 +212,54 @@ phase_pyg() {
 }
 
 phase_mrr() {
+  # The one-negative rate swings by a fifth between runs of the same code (its metrics
+  # are host-bound): $SVEN_MRR_REPEATS pairs (default 1), each pair's ratio and the
+  # ratio of the medians. Folders are replaced, so the phase may run again.
   need_stores
   local common=(--config configs/tgn.yaml "data.path=$STORES/wiki" train.epochs=2
-    train.patience=0 --quiet)
-  step 150 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/one"
-  step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100" eval.mrr_negatives=100
-  # $SVEN_MRR_AB: TAG:ENV=VALUE;ENV=VALUE items, each a 100-negative run of its own
-  # against the same one-negative run (the ratio a candidate default would give).
-  local ab
-  [ -n "${SVEN_MRR_AB:-}" ] && for ab in $SVEN_MRR_AB; do
-    ab_step 200 "$ab" "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/mrr100-${ab%%:*}" \
+    train.patience=0 train.overwrite=true --quiet)
+  local r
+  for r in $(seq 1 "${SVEN_MRR_REPEATS:-1}"); do
+    step 150 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/r$r/one"
+    step 200 "$PY" -m sven train "${common[@]}" "out=$OUT/mrr/r$r/mrr100" \
       eval.mrr_negatives=100
   done
+  # $SVEN_MRR_AB: TAG:ENV=VALUE;ENV=VALUE items, each a 100-negative run of its own
+  # against the first pair's one-negative run (the ratio a candidate default would give).
+  local ab
+  [ -n "${SVEN_MRR_AB:-}" ] && for ab in $SVEN_MRR_AB; do
+    ab_step 200 "$ab" "$PY" -m sven train "${common[@]}" \
+      "out=$OUT/mrr/r1/mrr100-${ab%%:*}" eval.mrr_negatives=100
+  done
   "$PY" - "$OUT/mrr" <<'EOF' 2>&1 | tee -a "$OUT/$phase.log"
-import json, sys
+import json, statistics, sys
 from pathlib import Path
 
 def val_rate(run):
+    if not (run / "summary.json").exists():
+        return None
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rates = [r["val_events_per_s"] for r in rows if "val_events_per_s" in r]
-    return rates[-1] if rates else float("nan")
+    return rates[-1] if rates else None
 
 d = Path(sys.argv[1])
-one = val_rate(d / "one")
-for run in sorted(p.name for p in d.glob("mrr100*")):
-    if not (d / run / "summary.json").exists():
-        continue
-    mrr = val_rate(d / run)
-    test = json.loads((d / run / "summary.json").read_text()).get("test_mrr")
-    print(f"{run}: val events/s one negative {one:,.0f}, 100 MRR negatives {mrr:,.0f}, "
-          f"ratio {mrr / one:.3f}; test MRR {test}")
+ones, mrrs = [], []
+for pair in sorted(d.glob("r[0-9]*"), key=lambda p: int(p.name[1:])):
+    one = val_rate(pair / "one")
+    for run in sorted(p.name for p in pair.glob("mrr100*")):
+        mrr = val_rate(pair / run)
+        if one is None or mrr is None:
+            continue
+        if run == "mrr100":
+            ones.append(one)
+            mrrs.append(mrr)
+        test = json.loads((pair / run / "summary.json").read_text()).get("test_mrr")
+        print(f"{pair.name} {run}: val events/s one negative {one:,.0f}, 100 MRR negatives "
+              f"{mrr:,.0f}, ratio {mrr / one:.3f}; test MRR {test}")
+if len(ones) > 1:
+    one, mrr = statistics.median(ones), statistics.median(mrrs)
+    print(f"medians of {len(ones)} pairs: one negative {one:,.0f}, 100 MRR negatives "
+          f"{mrr:,.0f}, ratio {mrr / one:.3f}")
 EOF
   step 150 "$PY" benchmarks/profile_eval.py --data "$STORES/wiki" --out "$OUT/mrr/profile" \
     eval.mrr_negatives=100
