@@ -87,10 +87,18 @@ def most_distinct(trainer, lo: int, hi: int, stream: int, num_neg: int, neg_tabl
     """The most distinct nodes a batch of events [lo, hi) from ``lo`` reads (stream
     ``stream``), from the exact-size build (``torch.unique`` of its roots and real
     neighbours): what a fixed-shape step's planned node slots must hold."""
+    return max(distinct_counts(trainer, lo, hi, stream, num_neg, neg_table))
+
+
+def distinct_counts(
+    trainer, lo: int, hi: int, stream: int, num_neg: int, neg_table=None
+) -> list[int]:
+    """The distinct nodes each batch of events [lo, hi) from ``lo`` reads (stream
+    ``stream``), from the exact-size build, batch by batch."""
     from sven.pipeline.stages import select_batch
 
     src, b = trainer.step.source, trainer.cfg.train.batch_size
-    most = 0
+    counts = []
     for start in range(lo, hi, b):
         batch = select_batch(
             src.tables,
@@ -104,5 +112,5 @@ def most_distinct(trainer, lo: int, hi: int, stream: int, num_neg: int, neg_tabl
             neg_table=neg_table,
             table_lo=lo,
         )
-        most = max(most, batch.nodes.shape[0])
-    return most
+        counts.append(batch.nodes.shape[0])
+    return counts

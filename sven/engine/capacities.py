@@ -30,6 +30,7 @@ __all__ = [
     "CapacityPlanner",
     "OneProcess",
     "Planner",
+    "batch_node_counts",
     "capacity_planner",
     "plan_slots",
     "plan_slots_at_once",
@@ -308,6 +309,25 @@ def plan_epoch_slots(
     return max(int(most), runs.one_event) + 1
 
 
+@torch.no_grad()
+def batch_node_counts(
+    source: BatchSource, batch_size: int, lo: int, hi: int, epoch: int, num_neg: int
+) -> torch.Tensor:
+    """The distinct nodes each training batch of events [lo, hi) reads in ``epoch``
+    (its roots, negatives and their sampled neighbours; the rows its node-state gather
+    reads), counted as :func:`plan_epoch_slots` counts them for its maximum.
+
+    Returns:
+        (ceil((hi - lo) / batch_size),) int64, batch by batch from ``lo``.
+    """
+    runs = _Runs(source, batch_size, num_neg)
+    out = [
+        runs.counts(runs.distinct(*runs.ids(idx, epoch, num_neg, "all"))).to(torch.int64)
+        for idx in runs.chunks(lo, hi)
+    ]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+
 class _Runs:
     """Runs of consecutive batches, their ids and the distinct ones of each batch.
 
@@ -385,15 +405,20 @@ class _Runs:
     def most(self, distinct: torch.Tensor) -> torch.Tensor:
         """The most distinct ids other than the padding id of any batch of the run,
         from :meth:`distinct`'s result; a 0-d tensor."""
+        return self.counts(distinct).max().to(torch.int64)
+
+    def counts(self, distinct: torch.Tensor) -> torch.Tensor:
+        """(batches,) distinct ids other than the padding id of each batch of the run,
+        from :meth:`distinct`'s result."""
         n = self.pad + 1
         if self.dense:
             # Summed as bytes: a sum of booleans (or of a slice) costs several times more.
             table = distinct.view(torch.uint8).view(self.batches, n)
-            return (table.sum(1, dtype=torch.int32) - table[:, self.pad]).max().to(torch.int64)
+            return table.sum(1, dtype=torch.int32) - table[:, self.pad]
         keys = distinct.to(torch.int64)
         counts = torch.zeros(self.batches, dtype=torch.int64, device=keys.device)
         counts.index_add_(0, keys // n, (keys % n != self.pad).to(torch.int64))
-        return counts.max()
+        return counts
 
 
 def capacity_planner(

@@ -14,8 +14,18 @@ import json
 import pytest
 
 import sven
-from sven.engine.capacities import plan_epoch_slots, plan_slots, plan_slots_at_once
-from tests.conftest import interrupted_then_resumed, most_distinct, write_tiny_store
+from sven.engine.capacities import (
+    batch_node_counts,
+    plan_epoch_slots,
+    plan_slots,
+    plan_slots_at_once,
+)
+from tests.conftest import (
+    distinct_counts,
+    interrupted_then_resumed,
+    most_distinct,
+    write_tiny_store,
+)
 
 EPOCHS = 3
 B = 64
@@ -104,6 +114,26 @@ def test_slots_planned_at_once_equal_the_replay_of_every_batch(
         # The positive roots' ids counted once per run of batches (recent sampling).
         assert plan_epoch_slots(tr.step.source, B, lo, hi, EPOCHS, num_neg) == replayed
     assert replayed < tr.data.events.num_nodes + 1
+
+
+@pytest.mark.parametrize(("model", "sampling"), [("tgn", "recent"), ("jodie", "uniform")])
+@pytest.mark.parametrize("dense", [True, False])
+def test_batch_node_counts_are_each_batchs_distinct_nodes(
+    store, tmp_path, monkeypatch, model: str, sampling: str, dense: bool
+) -> None:
+    """The rows each training batch reads (benchmarks/batch_rows.py), batch by batch:
+    those of the exact-size build, in every epoch (negatives depend on it)."""
+    tr = sven.Trainer(
+        f"configs/{model}.yaml", _overrides(store, tmp_path, f"model.sampling={sampling}")
+    )
+    lo, hi = tr.ranges["train"]
+    if not dense:
+        monkeypatch.setattr("sven.engine.capacities.DENSE_NODES", 0)
+    # A few batches at a time: runs of batches, the last one short.
+    monkeypatch.setattr("sven.engine.capacities.PLAN_IDS", B * 3 * 4 * 3)
+    for epoch in range(2):
+        got = batch_node_counts(tr.step.source, B, lo, hi, epoch, tr.cfg.train.num_neg)
+        assert got.tolist() == distinct_counts(tr, lo, hi, epoch, tr.cfg.train.num_neg)
 
 
 def _history(out) -> list[dict]:
