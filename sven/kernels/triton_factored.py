@@ -394,11 +394,10 @@ FACTORED_PRODUCTS = "blocks"
 FACTORED_MAX_WIDTH = 256
 
 
-def _factored_launch(e: int, kind: str = FACTORED_KERNEL) -> dict[str, int | bool]:
-    """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a launch of
-    factored-attention kernel ``kind`` (see :data:`FACTORED_KERNEL`) over ``e`` edge
-    columns."""
-    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS[kind]))
+def _factored_launch(e: int) -> dict[str, int | bool]:
+    """The warps, edge columns per chunk (BLOCK_E) and index reads (EAGER) of a launch
+    over ``e`` edge columns of the kernel launches run (:func:`_factored_kind`)."""
+    warps = int(os.environ.get("SVEN_FACTORED_WARPS", FACTORED_WARPS[_factored_kind()]))
     chunk = int(os.environ.get("SVEN_FACTORED_CHUNK", FACTORED_EDGE_CHUNK))
     eager = os.environ.get("SVEN_FACTORED_EAGER", "1" if FACTORED_EAGER else "0")
     if warps not in (1, 2, 4, 8, 16) or chunk < 16 or chunk & (chunk - 1):
@@ -585,7 +584,7 @@ def _launch(
         *sr, *qt.stride()[:2], *qe.stride()[:2],
         HAS_EDGE=e > 0, EDGE_ROWS=e > 0 and edge_rows is not None, Q_ROWS=q_rows is not None,
         BLOCK_D=_pow2(d, 16), BLOCK_T=_pow2(t, 16),
-        **blocks, **_factored_launch(e, _factored_kind()),
+        **blocks, **_factored_launch(e),
     )  # fmt: skip
 
 
