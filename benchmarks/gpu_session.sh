@@ -49,8 +49,9 @@
 #   b600        batch 600 on the 10^7-event synthetic graph                  [300]
 #   scale       the host tier against the GPU tier at 10^7 nodes             [560]
 #   tiers       the captured step's kernels with state on the GPU and in pinned
-#               host memory (rows read ahead, and read at the step:
-#               SVEN_READ_AHEAD=0), batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
+#               host memory (rows read ahead: host, by the copy engine:
+#               host-copy, by the SMs: host-sm; read at the step: host-at-step),
+#               batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
 #               $SVEN_TIERS_ARMS picks arms; $SVEN_TIERS_RELABEL=1 also on
 #               the ids by activity; $SVEN_TIERS_TAG names a repeat, e.g. one
 #               per SVEN_AHEAD_PROGRAMS; $SVEN_TIERS_WARMUP steps before the
@@ -158,9 +159,13 @@ phase_tiers() {
   fi
   # The host tier with its rows read ahead (the default) and read at the step.
   for store in "${stores[@]}"; do
-    for arm in ${SVEN_TIERS_ARMS:-gpu host host-at-step}; do
+    for arm in ${SVEN_TIERS_ARMS:-gpu host host-copy host-at-step}; do
       local tier=${arm%%-*} ahead=1
       [ "$arm" = host-at-step ] && ahead=0
+      # host-sm, host-copy: rows read ahead by the SM gather or the copy engine
+      # (host: the default of the two).
+      [ "$arm" = host-sm ] && ahead=sm
+      [ "$arm" = host-copy ] && ahead=copy
       local dir="$OUT/tiers/$(basename "$store")-$arm$tag"
       SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
         --out "$dir" --warmup "${SVEN_TIERS_WARMUP:-30}" --trace train.batch_size=600 \

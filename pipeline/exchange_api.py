@@ -7,7 +7,7 @@ other :class:`Exchange`; a run builds one of the two and its step never asks whi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -94,11 +94,12 @@ class Exchange:
         (``early``: the same rows read ahead by :meth:`read_ahead`, made exact here)."""
         raise NotImplementedError
 
-    def read_ahead(self, nodes: Tensor) -> EarlyRows | None:
+    def read_ahead(self, nodes: Tensor, key: Hashable | None = None) -> EarlyRows | None:
         """The rows of ``nodes`` (U,) read before their step (a prefetched batch's, on
         the ring's side stream), or None where this exchange reads them at the step
         (across ranks; or with the state beside the compute, where the read is
-        cheap)."""
+        cheap). ``key``: the ring position the batch goes to, where rows read by
+        the copy engine need one (:meth:`MemoryState.read_ahead`)."""
         return None
 
     def push(self, update: DenseUpdate, mode: str = "train") -> None:
@@ -195,10 +196,11 @@ class LocalExchange(Exchange):
             return self.shard.refresh(early, nodes)
         return self.shard.gather(nodes)
 
-    def read_ahead(self, nodes: Tensor) -> EarlyRows | None:
-        """The rows of ``nodes`` read now, where the state tracks its writes
+    def read_ahead(self, nodes: Tensor, key: Hashable | None = None) -> EarlyRows | None:
+        """The rows of ``nodes`` read now (or, with the copy engine and a ``key``,
+        requested), where the state tracks its writes
         (:meth:`MemoryState.track_writes`); else None."""
-        return self.shard.read_ahead(nodes) if self.shard.log is not None else None
+        return self.shard.read_ahead(nodes, key) if self.shard.log is not None else None
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The state's record of writes, where it keeps one."""

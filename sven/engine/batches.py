@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -301,11 +301,13 @@ class BatchSource:
         group: Any = None,
         lap: Lap | None = None,
         read_ahead: bool = False,
+        ahead_key: Hashable | None = None,
     ) -> StepInput:
         """A share's micro-batches and the plan of its rows; ``lap`` ends the
         ``sample`` and ``id_exchange`` stages (eager runs); ``read_ahead``: its rows
         are read now too, where the exchange reads rows ahead (a batch built ahead of
-        its step by the prefetch ring)."""
+        its step by the prefetch ring), under ``ahead_key`` (the ring position it
+        goes to) where the copy engine reads them."""
         lap = lap or _no_lap
         # Only training differentiates through its batches' row gathers.
         batches = self.select_share(
@@ -316,7 +318,7 @@ class BatchSource:
         if read_ahead:
             src = item.source
             nodes = src if isinstance(src, torch.Tensor) else src.nodes
-            item.early = self.exchange.read_ahead(nodes)
+            item.early = self.exchange.read_ahead(nodes, ahead_key)
         return item
 
     def _local_rows(self, batches: list[Batch], mode: str, group: Any, lap: Lap) -> StepInput:
@@ -358,9 +360,9 @@ class Inline:
 
     depth = 0
 
-    def take(self, k: int, build: Callable[[], StepInput]) -> StepInput:
-        """The batch of the step at ring position ``k``: built now."""
-        return build()
+    def take(self, k: int, build: Callable[[int], StepInput]) -> StepInput:
+        """The batch of the step at ring position ``k``: built now (into position 0)."""
+        return build(0)
 
     def join(self) -> None:
         """Nothing runs beside the step."""
@@ -401,12 +403,14 @@ class Ring:
         else:
             copy_tree(self.slots[k], item)
 
-    def take(self, k: int, build: Callable[[], StepInput]) -> StepInput:
+    def take(self, k: int, build: Callable[[int], StepInput]) -> StepInput:
         """Builds the batch D ahead of position k into its position (on the side
-        stream) and returns position k's batch, built D steps before."""
+        stream; ``build`` is given the position) and returns position k's batch,
+        built D steps before."""
         d = self.depth
+        p = (k + d) % (d + 1)
         with self._ahead_stream():
-            self._put((k + d) % (d + 1), build())
+            self._put(p, build(p))
         return self.slots[k]  # type: ignore[return-value]
 
     def join(self) -> None:
@@ -422,16 +426,17 @@ class Ring:
         first: int,
         bounds: Callable[[int], tuple[int, int]],
         stream: int,
-        build: Callable[[], StepInput],
+        build: Callable[[int], StepInput],
     ) -> None:
         """Builds batches ``first..first + D`` (batch i's global events ``bounds(i)``)
-        into positions i mod (D + 1): every position, the one the step of ``first``
-        builds too, so that the ring has all its tensors before a graph is captured."""
+        into positions i mod (D + 1) (``build`` is given the position): every
+        position, the one the step of ``first`` builds too, so that the ring has all
+        its tensors before a graph is captured."""
         d = self.depth
         with self._determinism():
             for i in range(first, first + d + 1):
                 shares.name(inputs, *bounds(i), stream)
-                self._put(i % (d + 1), build())
+                self._put(i % (d + 1), build(i % (d + 1)))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the ring holds (a captured graph's warm-up restores them)."""
@@ -466,6 +471,11 @@ def copy_tree(dst: Any, src: Any) -> None:
     their bytes, whatever their dtype; any other pair in a copy of its dtype."""
     groups: dict[tuple[torch.dtype, torch.device], tuple[list, list]] = {}
     for a, b in _tensor_pairs(dst, src):
+        if a is b:
+            # A buffer the batch was built into in place (rows the copy engine fills
+            # from the host, sven.models.copyahead): a copy onto itself would race
+            # with that fill.
+            continue
         flat = _as_bytes(a, b)
         key = (torch.uint8 if flat else a.dtype, a.device)
         to, frm = groups.setdefault(key, ([], []))

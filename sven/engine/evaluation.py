@@ -308,7 +308,7 @@ class Evaluation:
 
         def fn() -> None:
             with determinism(self.device):
-                item = rg.take(k, lambda: self._build(inp, neg_table, group))
+                item = rg.take(k, lambda _p: self._build(inp, neg_table, group))
                 batch = item.micro[0]
                 out = eval_step(
                     self.model, self.exchange, batch, plan=item.plan, mode=mode, early=item.early
@@ -339,6 +339,11 @@ class Evaluation:
         lo, hi = d.ranges[split]
         b, q = self.cfg.train.batch_size, d.mrr_width(split)
         self.exchange.flush()
+        copier = self.exchange.shard.copier
+        if copier is not None:
+            # Training's rows read ahead land before evaluation's graphs are captured
+            # (a copy landing in a capture's warm-up would be undone with it).
+            copier.wait_all()
         negs = self.negatives(split)
         wd = self.width(split)
         wd.neg[: hi - lo].copy_(negs)
@@ -357,7 +362,7 @@ class Evaluation:
             0,
             bounds,
             stream,
-            lambda: self._build(self.ahead, wd.neg, self.plan_group),
+            lambda _p: self._build(self.ahead, wd.neg, self.plan_group),
         )
         # Rows read by the fill are read again at their steps (as the training ring's).
         self.exchange.shard.invalidate()

@@ -45,6 +45,7 @@ from sven.engine.capture import StepGraph, determinism
 from sven.engine.evaluation import Evaluation
 from sven.engine.spec import RunSpec
 from sven.models import MemoryModel, MemoryState
+from sven.models.copyahead import CopyAhead, external_events
 from sven.pipeline.exchange_api import Exchange
 from sven.pipeline.wire import Capacities
 
@@ -188,10 +189,16 @@ class Step:
         #: Whether batches built ahead read their rows too (:func:`reads_ahead`).
         self.read_ahead = reads_ahead(spec.depth, memory, exchange)
         if self.read_ahead:
-            memory.track_writes()
+            copy = ahead_engine(dev) == "copy"
+            memory.track_writes(copy=copy)
+            how = (
+                "gathered by a host thread and copied over by the copy engine"
+                if copy
+                else "read on the prefetch stream"
+            )
             log(
-                "sven: node state in pinned host memory: a batch's rows are read on the "
-                "prefetch stream, a step ahead, and refreshed where written since"
+                f"sven: node state in pinned host memory: a batch's rows are {how}, a "
+                "step ahead, and refreshed where written since"
             )
         self.model: Any = _compiled(model, tc.compile, dev, log)
         self.shares = Shares(data, spec)
@@ -266,7 +273,11 @@ class Step:
 
     # -------------------------------------------------------------- train
     def _build_train(
-        self, inp: BatchInputs, group: Any = None, lap: Callable[[str], None] | None = None
+        self,
+        inp: BatchInputs,
+        group: Any = None,
+        lap: Callable[[str], None] | None = None,
+        pos: int = 0,
     ) -> StepInput:
         return self.source.build(
             inp,
@@ -278,6 +289,7 @@ class Step:
             # Built ahead of its step: the exchange reads its rows now where it tracks
             # writes.
             read_ahead=self.depth > 0,
+            ahead_key=("train", pos),
         )
 
     def _train_fn(self, k: int) -> Callable[[], None]:
@@ -288,7 +300,7 @@ class Step:
         def fn() -> None:
             with determinism(self.device):
                 lap = None if self.device.type == "cuda" else self.timeline.lap
-                item = self.ring.take(k, lambda: self._build_train(inp, group, lap))
+                item = self.ring.take(k, lambda p: self._build_train(inp, group, lap, p))
                 loss = train_step(
                     self.model,
                     self.optimizer,
@@ -306,6 +318,11 @@ class Step:
 
         return fn
 
+    @property
+    def copier(self) -> CopyAhead | None:
+        """The host thread reading training rows ahead for the copy engine, or None."""
+        return self.memory.copier if self.read_ahead else None
+
     def _global(self, i: int) -> tuple[int, int]:
         """Global event range of training batch i (empty past the split's end)."""
         return batch_bounds(*self.data.ranges["train"], self.cfg.train.batch_size, i)
@@ -318,11 +335,14 @@ class Step:
             first,
             self._global,
             epoch,
-            lambda: self._build_train(self.ahead, self.plan_group),
+            lambda p: self._build_train(self.ahead, self.plan_group, pos=p),
         )
         # Rows read by the fill are read again at their steps: whatever wrote the state
         # outside a commit before them (a load) is seen.
         self.memory.invalidate()
+        if self.copier is not None:
+            for p in range(self.depth + 1):
+                self.copier.launch(("train", p))
 
     def train_batch(self, epoch: int, i: int, g_lo: int, g_hi: int, stop_vote: int = 0) -> None:
         """Queues the training step of global batch [g_lo, g_hi) (batch ``i``)."""
@@ -332,7 +352,17 @@ class Step:
         d = self.depth
         if d:
             self.shares.name(self.ahead, *self._global(i + d), epoch)
-        self.train_graphs[i % (d + 1)]()
+        graph, copier = self.train_graphs[i % (d + 1)], self.copier
+        if copier is not None:
+            if graph.mode != "off" and graph.graph is None:
+                # The capture's warm-up saves and puts back the ring's rows: no copy
+                # may land in them meanwhile.
+                copier.wait_all()
+            copier.wait(("train", i % (d + 1)))
+        graph()
+        if copier is not None:
+            # The ids of the batch just built ahead are on their way to the host.
+            copier.launch(("train", (i + d) % (d + 1)))
         self.status.after_step()
         if self.device.type == "cuda":
             self.timeline.lap("step")
@@ -432,6 +462,31 @@ class Step:
             empty = torch.zeros(0, model.embed_dim, dtype=self.memory.dtype, device=self.device)
             return torch.zeros(0, dtype=torch.int64, device=self.device), empty
         return torch.cat(idx_all), torch.cat(h_all)
+
+
+#: How rows are read ahead with state in pinned host memory: ``"copy"`` (a host
+#: thread gathers them, the copy engine moves them: sven.models.copyahead) or ``"sm"``
+#: (a Triton gather over the host link, on the ring's stream). ``SVEN_READ_AHEAD``
+#: picks one for A/B runs (``0`` turns reading ahead off). The SM gather stays the
+#: default until the copy engine is timed against it on a GPU (docs/scale.md).
+AHEAD_ENGINE = "sm"
+
+
+def ahead_engine(device: torch.device) -> str:
+    """How rows are read ahead on ``device``: ``SVEN_READ_AHEAD`` (``copy`` or ``sm``;
+    ``1`` or unset: :data:`AHEAD_ENGINE`); ``sm`` where this torch cannot record an
+    event for the host from inside a captured graph.
+
+    Raises:
+        ValueError: On another value.
+    """
+    raw = os.environ.get("SVEN_READ_AHEAD", "1").strip().lower()
+    engine = {"1": AHEAD_ENGINE, "": AHEAD_ENGINE}.get(raw, raw)
+    if engine not in ("copy", "sm"):
+        raise ValueError(f"SVEN_READ_AHEAD must be 0, 1, copy or sm, got {raw!r}")
+    if engine == "copy" and device.type == "cuda" and not external_events():
+        return "sm"
+    return engine
 
 
 def reads_ahead(depth: int, memory: MemoryState, exchange: Exchange) -> bool:

@@ -8,12 +8,14 @@ and returns a :class:`MemoryUpdate`, and the trainer commits it after the optimi
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from sven import kernels
+from sven.models.copyahead import CopyAhead
 from sven.models.readahead import WriteLog, ahead_programs
 from sven.models.storage import Storage
 
@@ -216,6 +218,9 @@ class MemoryState:
         #: The record of writes that rows read ahead are checked against
         #: (:mod:`sven.models.readahead`), once :meth:`track_writes` is called.
         self.log: WriteLog | None = None
+        #: The host thread that reads rows ahead for the copy engine, once
+        #: :meth:`track_writes` asks for it.
+        self.copier: CopyAhead | None = None
         self.reset()
         # The winners' per-node maximum key, -1 everywhere between calls: kept rather
         # than refilled per call, which on a large graph was a memset of N + 1 words
@@ -260,7 +265,11 @@ class MemoryState:
         """Kept for API symmetry: the state is stored detached (commits detach)."""
 
     def close(self) -> None:
-        """Releases the tier's host resources (pinned pages, mapped files)."""
+        """Releases the tier's host resources (pinned pages, mapped files), after any
+        read of them ahead."""
+        if self.copier is not None:
+            self.copier.close()
+            self.copier = None
         self.storage.close()
 
     @property
@@ -289,13 +298,18 @@ class MemoryState:
             return MemoryRows(*gather_rows(tables, nodes, programs=programs))
         return MemoryRows(*(t[nodes] for t in tables))
 
-    def track_writes(self) -> None:
+    def track_writes(self, copy: bool = False) -> None:
         """Starts the record of writes that makes rows read ahead exact
-        (:meth:`read_ahead`); every commit stamps its rows from now on."""
+        (:meth:`read_ahead`); every commit stamps its rows from now on. ``copy``: rows
+        read ahead under a key are gathered by a host thread and copied over by the
+        copy engine (:mod:`sven.models.copyahead`), not by the SMs."""
         if self.storage.staged:
             raise ValueError("rows staged through the host (state.device=disk) are not read ahead")
         if self.log is None:
             self.log = WriteLog(self.num_nodes + 1, self.storage.host_device)
+        if copy and self.copier is None:
+            tables = [self.host.get(name, self.full[name]) for name in self._FIELDS]
+            self.copier = CopyAhead(tables, self.device)
 
     def invalidate(self) -> None:
         """Marks the state as replaced wholesale: rows read ahead before now are all read
@@ -305,14 +319,21 @@ class MemoryState:
         if self.log is not None:
             self.log.invalidate()
 
-    def read_ahead(self, nodes: torch.Tensor) -> EarlyRows:
+    def read_ahead(self, nodes: torch.Tensor, key: Hashable | None = None) -> EarlyRows:
         """Reads the rows of ``nodes`` (U,) before their step (on a side stream, while
         other steps may still write them); :meth:`refresh` makes them exact at the
-        step. Needs :meth:`track_writes`."""
+        step. Needs :meth:`track_writes`.
+
+        With the copy engine (``track_writes(copy=True)``) and a ``key`` (the ring
+        position the batch goes to) only the ids are sent to the host here: the rows
+        arrive in the key's buffers once ``copier.launch(key)``'s job has run and
+        ``copier.wait(key)`` has ordered the step after them."""
         if self.log is None:
             raise RuntimeError("read_ahead needs track_writes() first")
         # Read before the rows, in stream order (sven.models.readahead says why).
         since = self.log.since()
+        if key is not None and self.copier is not None:
+            return EarlyRows(MemoryRows(*self.copier.request(key, nodes)), since)
         return EarlyRows(self.gather(nodes, programs=ahead_programs()), since)
 
     def refresh(self, early: EarlyRows, nodes: torch.Tensor) -> MemoryRows:

@@ -21,25 +21,35 @@ def ahead(monkeypatch):
     monkeypatch.setattr("sven.engine.step.reads_ahead", lambda depth, memory, exchange: bool(depth))
 
 
+@pytest.mark.parametrize("engine", ["copy", "sm"])
 @pytest.mark.parametrize("model", ["tgn", "apan"])
-def test_rows_read_ahead_give_depth_zeros_run(store, tmp_path, ahead, model: str) -> None:
+def test_rows_read_ahead_give_depth_zeros_run(
+    store, tmp_path, ahead, monkeypatch, model: str, engine: str
+) -> None:
     """Depth 1 and 2 with rows read ahead: depth 0's parameters after every batch, node
     state and metrics (APAN: mailboxes of two, mail to the neighbours, two commits a
-    step)."""
+    step). ``copy``: training's rows read by the host thread beside the steps
+    (sven.models.copyahead), while they write; ``sm``: by the gather at the build."""
+    monkeypatch.setenv("SVEN_READ_AHEAD", engine)
     ref = _ring_run(store, tmp_path / "d0", model, "host", 0)
     assert not ref[2].step.read_ahead
     for d in (1, 2):
         got = _ring_run(store, tmp_path / f"d{d}", model, "host", d)
         tr = got[2]
         assert tr.step.read_ahead and tr.memory.log is not None
+        assert (tr.memory.copier is not None) == (engine == "copy")
         # Every training and evaluation batch committed through the log.
         assert int(tr.memory.log.counter) > 50
         _same_ring_runs(ref, got, f"{model} D={d} read ahead")
 
 
 def test_without_the_refresh_the_run_differs(store, tmp_path, ahead, monkeypatch) -> None:
-    """The check of the test above: rows read ahead and used as read (no refresh) miss
-    the writes of the step between, and the run is another one."""
+    """The check of the test above: rows read ahead at the build and used as read (no
+    refresh) miss the writes of the step between, and the run is another one. (The
+    host thread's reads race with the steps, so whether they miss a write is left to
+    chance: tests/unit/test_copyahead.py checks their refresh with a read before a
+    commit.)"""
+    monkeypatch.setenv("SVEN_READ_AHEAD", "sm")
     ref = _ring_run(store, tmp_path / "d0", "tgn", "host", 0)
     monkeypatch.setattr(MemoryState, "refresh", lambda self, early, nodes: early.rows)
     got = _ring_run(store, tmp_path / "d1", "tgn", "host", 1)

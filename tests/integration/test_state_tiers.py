@@ -291,16 +291,21 @@ def test_host_state_with_the_prefetch_ring_equals_depth_zero(
 
 
 @pytest.mark.gpu
-def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(tmp_path) -> None:
+@pytest.mark.parametrize("engine", ["sm", "copy"])
+def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(
+    tmp_path, monkeypatch, engine: str
+) -> None:
     """The host tier's drift with the prefetch ring on the H200 (docs/scale.md, "Host
     memory"): 10^6 nodes of pinned state, whose copy at a capture takes longer than a
-    warm step, and the ring's second graph captured at the second step, kernels warm.
+    warm step, and the ring's second graph captured at the second step, kernels warm;
+    the rows read ahead by the SM gather or by the host thread and the copy engine.
     Depth 1 over host state equals depth 0 over host state and depth 1 over GPU state,
     bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from sven.datasets.synth import generate
 
+    monkeypatch.setenv("SVEN_READ_AHEAD", engine)
     path = tmp_path / "store"
     generate(path, events=20_000, nodes=1_000_000, seed=7, edge_feat_dim=2)
     big = (
@@ -322,6 +327,7 @@ def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(tmp
         assert tr.memory.storage.tier == tier
         assert all(g.captured for g in tr.step.train_graphs)
     assert runs["host", 1][2].memory.storage.pinned
+    assert (runs["host", 1][2].memory.copier is not None) == (engine == "copy")
     _same_ring_runs(runs["host", 0], runs["host", 1], "host D=0 against host D=1")
     _same_ring_runs(runs["gpu", 1], runs["host", 1], "gpu D=1 against host D=1")
 
