@@ -58,6 +58,9 @@
 #               profile, default 30: more touch more of the table) (profile_step.py) [130]
 #   uva         row gathers over pinned host memory, 1.2 against 12 GB tables
 #               (bench_uva.py)                                               [60]
+#   copyjob     the copy-engine read-ahead's job alone: a host thread's gather
+#               of 1,944 / 3,403 / 5,184 random rows of 10^7 and their copy over,
+#               by intra-op threads (bench_copy_ahead.py)                    [90]
 #   predict     answers from the checkpoint of a 10^8-node run               [560]
 #   pair        Wikipedia batch-200 warm events/s, $SVEN_BEFORE against this [200]
 #   warmup      where the first step's seconds go on a warm Triton cache: the
@@ -183,6 +186,14 @@ phase_uva() {
   # state row's size, new rows each repetition, pinned as the host tier pins and by
   # cudaHostAlloc: whether the host tier's loss at 10^7 nodes is the table's size.
   step 150 "$PY" benchmarks/bench_uva.py --sizes 1e6 1e7 --out "$OUT/uva.json"
+}
+
+phase_copyjob() {
+  # What the ring's step must hide with rows read by the copy engine: request to rows
+  # on the device, and the host gather alone, at the row counts of a batch of 600
+  # early and late in the 10^7-node run (benchmarks/batch_rows.py).
+  step 150 "$PY" benchmarks/bench_copy_ahead.py --nodes 1e7 --rows 1944 3403 5184 \
+    --out "$OUT/copyjob.json"
 }
 
 phase_candidates() {
@@ -404,7 +415,7 @@ phase_pack() {
   # results (logs, JSON, text; no checkpoints or stores), and nothing else.
   local pattern='kernels per step|"events_per_s"|paired by repeat|ratio|passed|failed|'
   pattern+='phase [a-z0-9]+: [0-9]+ s|warm_train_events_per_s|beyond_floor|events/s|exit [0-9]|'
-  pattern+='triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_|GB/s|gather_ms|'
+  pattern+='job_ms|triton_compiles_total|train_graph_warmup_s|startup_first_step_s|_ahead_|GB/s|gather_ms|'
   pattern+='Achieved Occupancy|Registers Per Thread|Memory Throughput|DRAM Throughput|Duration'
   for f in "$OUT"/*.log; do
     [ -f "$f" ] || continue

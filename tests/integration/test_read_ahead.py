@@ -67,10 +67,14 @@ def test_a_ring_without_read_ahead_reads_at_the_step(store, tmp_path, monkeypatc
     assert torch.is_tensor(tr.memory.full["memory"])
 
 
-def test_a_run_resumed_mid_epoch_reads_ahead_from_the_loaded_state(tmp_path, ahead) -> None:
+@pytest.mark.parametrize("engine", ["copy", "sm"])
+def test_a_run_resumed_mid_epoch_reads_ahead_from_the_loaded_state(
+    tmp_path, ahead, monkeypatch, engine: str
+) -> None:
     """Interrupted after a checkpoint mid-epoch and resumed: the node state is loaded
     into the tables directly (no commit), then the ring is filled; the resumed run ends
-    as the uninterrupted one, rows read ahead in both."""
+    as the uninterrupted one, rows read ahead in both (by either engine)."""
+    monkeypatch.setenv("SVEN_READ_AHEAD", engine)
     import sven
     from tests.conftest import Interrupted, die_at, write_tiny_store
     from tests.unit.test_components import _overrides as _tiny
