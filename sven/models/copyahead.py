@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -56,8 +56,8 @@ class _Slot:
     job: Future | None = None
     #: Ids requested (a build ran) and not yet handed to a job.
     requested: bool = False
-    #: Which requests were launched; a wait for rows never launched is refused.
-    launched: bool = field(default=False)
+    #: The last request was handed to a job; a wait for rows never launched is refused.
+    launched: bool = False
 
 
 class CopyAhead:
@@ -125,11 +125,6 @@ class CopyAhead:
         self._join(slot)
         slot.requested, slot.launched = False, True
         slot.job = self._pool.submit(self._read, slot)
-
-    def launched(self, key: Hashable) -> bool:
-        """Whether ``key`` holds rows of its last request, read or being read."""
-        slot = self._slots.get(key)
-        return slot is not None and slot.launched
 
     def wait(self, key: Hashable) -> None:
         """Before the step that uses ``key``'s rows is queued: joins its job (raising
