@@ -42,8 +42,10 @@ def _job_ms(st: MemoryState, picks: list[torch.Tensor], key: str) -> float:
     copier, dev = st.copier, st.device
     assert copier is not None
 
+    on_dev = [p.to(dev) for p in picks]
+
     def job(i: int) -> None:
-        st.read_ahead(picks[i].to(dev), key)
+        st.read_ahead(on_dev[i], key)
         copier.launch(key)
         copier.wait(key)
         if dev.type == "cuda":
@@ -64,6 +66,28 @@ def _gather_ms(tables: tuple[torch.Tensor, ...], picks: list[torch.Tensor]) -> f
             torch.index_select(t, 0, picks[i], out=o)
 
     return _median_ms(gather, len(picks))
+
+
+def _copy_ms(tables: tuple[torch.Tensor, ...], u: int, dev: torch.device, reps: int) -> float:
+    """Median time of the job's copy alone: one pinned (U, ...) buffer per table to the
+    device, on a side stream, waited for."""
+    pin = dev.type == "cuda"
+    src = [torch.zeros((u, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in tables]
+    dst = [torch.empty_like(t, device=dev) for t in src]
+    stream = torch.cuda.Stream(dev) if pin else None
+
+    def copy(i: int) -> None:
+        if stream is None:
+            for d, s in zip(dst, src):
+                d.copy_(s)
+            return
+        with torch.cuda.stream(stream):
+            for d, s in zip(dst, src):
+                d.copy_(s, non_blocking=True)
+        stream.synchronize()
+
+    copy(0)
+    return _median_ms(copy, reps)
 
 
 def main() -> None:
@@ -92,8 +116,10 @@ def main() -> None:
         picks = [torch.randperm(n, generator=g)[:u] for _ in range(args.reps)]
         for threads in args.threads:
             torch.set_num_threads(threads)
+            copier.threads = threads
             job_ms = _job_ms(st, picks, f"bench{u}")
             gather_ms = _gather_ms(copier.tables, picks)
+            copy_ms = _copy_ms(copier.tables, u, dev, args.reps)
             rec = {
                 "device": str(dev),
                 "nodes": n,
@@ -103,6 +129,7 @@ def main() -> None:
                 "job_ms": round(job_ms, 4),
                 "host_gather_ms": round(gather_ms, 4),
                 "host_gather_GB_per_s": round(u * row_bytes / gather_ms / 1e6, 2),
+                "copy_ms": round(copy_ms, 4),
                 "state_made_s": round(made_s, 2),
             }
             results.append(rec)

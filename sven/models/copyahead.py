@@ -56,6 +56,9 @@ class _Slot:
     job: Future | None = None
     #: Ids requested (a build ran) and not yet handed to a job.
     requested: bool = False
+    #: The request was captured in a CUDA graph: each replay requests again, with no
+    #: call here to say so, and each launch after one reads the ids it sent.
+    standing: bool = False
     #: The last request was handed to a job; a wait for rows never launched is refused.
     launched: bool = False
 
@@ -74,6 +77,9 @@ class CopyAhead:
         self.device = device
         self.cuda = device.type == "cuda"
         self._copy = torch.cuda.Stream(device) if self.cuda else None
+        #: Intra-op threads of the job's gather: by default as many as the steps'
+        #: thread has (a new thread's OpenMP count is the library's, not torch's).
+        self.threads = torch.get_num_threads()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sven-copy-ahead")
         self._slots: dict[Hashable, _Slot] = {}
 
@@ -113,6 +119,8 @@ class CopyAhead:
         slot.ids.copy_(nodes, non_blocking=True)
         if slot.ids_ready is not None:
             slot.ids_ready.record()
+        if self.cuda and torch.cuda.is_current_stream_capturing():
+            slot.standing = True
         slot.requested, slot.launched = True, False
         return slot.rows
 
@@ -120,7 +128,7 @@ class CopyAhead:
         """Starts the job reading the rows of ``key``'s last request (after the step
         that requested it is queued)."""
         slot = self._slots.get(key)
-        if slot is None or not slot.requested:
+        if slot is None or not (slot.requested or slot.standing):
             raise RuntimeError(f"copy-ahead slot {key!r} launched without a request")
         self._join(slot)
         slot.requested, slot.launched = False, True
@@ -160,18 +168,22 @@ class CopyAhead:
     def _read(self, slot: _Slot) -> None:
         """The job: waits for the ids, gathers the rows on the host, queues their copy."""
         ready, copied, stream = slot.ids_ready, slot.rows_in, self._copy
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         if ready is not None and copied is not None:
             ready.synchronize()
             # The staging buffer's previous copy is over (it was waited on by the step
             # that used it, before this request; this makes it certain).
             copied.synchronize()
-        for table, out in zip(self.tables, slot.staging):
-            torch.index_select(table, 0, slot.ids, out=out)
         if stream is None or copied is None:
-            for dst, src in zip(slot.rows, slot.staging):
-                dst.copy_(src)
+            for table, out, dst in zip(self.tables, slot.staging, slot.rows):
+                torch.index_select(table, 0, slot.ids, out=out)
+                dst.copy_(out)
             return
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            for dst, src in zip(slot.rows, slot.staging):
-                dst.copy_(src, non_blocking=True)
+            # Each table's copy is queued as soon as its rows are gathered: it crosses
+            # the link while the host gathers the next table.
+            for table, out, dst in zip(self.tables, slot.staging, slot.rows):
+                torch.index_select(table, 0, slot.ids, out=out)
+                dst.copy_(out, non_blocking=True)
             copied.record(stream)

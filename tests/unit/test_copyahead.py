@@ -144,3 +144,35 @@ def test_a_job_error_reaches_the_step(monkeypatch) -> None:
     st.copier.launch(0)
     with pytest.raises(OSError, match="host read failed"):
         st.copier.wait(0)
+
+
+@pytest.mark.gpu
+def test_a_request_captured_in_a_graph_is_made_again_at_each_replay() -> None:
+    """The ring's build runs inside the captured step: the request (the ids' copy to
+    the host, the event) is replayed with no Python call, and each launch after a
+    replay reads the ids that replay sent."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    st = _state("cuda")
+    st.track_writes(copy=True)
+    c = st.copier
+    key = ("train", 0)
+    nodes = torch.tensor([1, 2, 3], device="cuda")
+    # The slot is made outside the capture (pinned buffers are not capturable).
+    early = st.read_ahead(nodes, key)
+    c.launch(key)
+    c.wait(key)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        st.read_ahead(nodes, key)
+    torch.cuda.current_stream().wait_stream(side)
+    for ids in ([9, 8, 0], [5, 5, 6], [4, 7, 2]):
+        nodes.copy_(torch.tensor(ids))
+        graph.replay()
+        c.launch(key)
+        c.wait(key)
+        _same(st.refresh(early, nodes), st.gather(nodes), f"replay {ids}")
+        _same(early.rows, st.gather(nodes), f"as read {ids}")
+    st.close()
