@@ -467,8 +467,8 @@ class Step:
 #: How rows are read ahead with state in pinned host memory: ``"copy"`` (a host
 #: thread gathers them, the copy engine moves them: sven.models.copyahead) or ``"sm"``
 #: (a Triton gather over the host link, on the ring's stream). ``SVEN_READ_AHEAD``
-#: picks one for A/B runs (``0`` turns reading ahead off). The SM gather stays the
-#: default until the copy engine is timed against it on a GPU (docs/scale.md).
+#: picks one for A/B runs (``0`` turns reading ahead off). The SM gather is the
+#: default: the copy engine timed slower on a GPU host (docs/scale.md).
 AHEAD_ENGINE = "sm"
 
 
