@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
     over = ["train.cuda_graph=off", *args.overrides]
+    cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as run:
         _, train, sync = one_process(args.data, run, over, args.warmup + args.steps + 100)
         for i in range(args.warmup):
@@ -43,14 +44,11 @@ def main() -> None:
         sync()
         # Stacks reach key_averages only with the verbose experimental config.
         verbose = torch._C._profiler._ExperimentalConfig(verbose=True)
-        acts = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
-        )
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=acts, with_stack=True, experimental_config=verbose) as prof:
             for i in range(args.warmup, args.warmup + args.steps):
                 train(i)
             sync()
-    cuda = torch.cuda.is_available()
     rows = []
     for e in prof.key_averages(group_by_stack_n=args.depth):
         if not e.key.startswith("aten::"):

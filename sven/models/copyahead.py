@@ -24,6 +24,7 @@ which the tests use: every row a job reads may be written at the same time.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -175,15 +176,16 @@ class CopyAhead:
             # The staging buffer's previous copy is over (it was waited on by the step
             # that used it, before this request; this makes it certain).
             copied.synchronize()
-        if stream is None or copied is None:
-            for table, out, dst in zip(self.tables, slot.staging, slot.rows):
-                torch.index_select(table, 0, slot.ids, out=out)
-                dst.copy_(out)
-            return
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+        # On CUDA the copies go on the copy stream; on the CPU they are host copies.
+        on_copy_stream = contextlib.ExitStack()
+        if stream is not None:
+            on_copy_stream.enter_context(torch.cuda.device(self.device))
+            on_copy_stream.enter_context(torch.cuda.stream(stream))
+        with on_copy_stream:
             # Each table's copy is queued as soon as its rows are gathered: it crosses
             # the link while the host gathers the next table.
             for table, out, dst in zip(self.tables, slot.staging, slot.rows):
                 torch.index_select(table, 0, slot.ids, out=out)
-                dst.copy_(out, non_blocking=True)
-            copied.record(stream)
+                dst.copy_(out, non_blocking=self.cuda)
+            if copied is not None:
+                copied.record(stream)
