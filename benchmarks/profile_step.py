@@ -123,6 +123,8 @@ def main() -> None:
         # The replay that plans the training slots (every epoch of train.epochs).
         "plan_s": st.plan_s,
         "train_slots": st.source.slots.get("train"),
+        # Rows the host tier keeps copies of in GPU memory (state.hot_rows).
+        "hot_rows": tr.memory.hot.count if tr.memory.hot is not None else 0,
         "wall_ms_per_step": wall * 1e3,
         "events_per_s": b / wall,
         "gpu_ms_per_step": total / 1e3,

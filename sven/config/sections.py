@@ -372,6 +372,12 @@ class StateConfig:
     """Host memory the run may use, in GB; 0: the memory available at start less 10%.
     The plan counts node state in the host tier, the event tables on a CPU run and
     the transient copies of loading."""
+    hot_rows: int = -1
+    """With node state in host memory on CUDA: how many nodes' rows are also kept in
+    GPU memory, the most active first (by their events in the whole stream), read
+    there by the step and written to both (docs/scale.md, "Hot rows"). -1: every node
+    with an event, as far as half of the GPU memory the plan leaves allows; 0: none;
+    n: at most n."""
     path: str = ""
     """Folder of the disk tier's files; empty: ``<out>/state``. Sven's alone: a new or
     empty folder, or one Sven made (a folder holding other files is refused), locked
@@ -389,6 +395,8 @@ class StateConfig:
         for name in ("gpu_budget_gb", "host_budget_gb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"state.{name} must be >= 0, got {getattr(self, name)}")
+        if self.hot_rows < -1:
+            raise ConfigError(f"state.hot_rows must be -1 (auto), 0 or more, got {self.hot_rows}")
 
 
 @dataclass(kw_only=True)

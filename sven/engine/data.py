@@ -30,7 +30,7 @@ from sven.pipeline.eval_negatives import (
 )
 from sven.pipeline.negatives import sample_negatives
 
-__all__ = ["SPLITS", "Data", "check_splits", "owned_nodes"]
+__all__ = ["SPLITS", "Data", "check_splits", "most_active", "owned_nodes"]
 
 SPLITS = ("train", "val", "test")
 
@@ -38,6 +38,37 @@ SPLITS = ("train", "val", "test")
 def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
     """Global ids of the vertices ``rank`` owns, in shard row order (ascending id)."""
     return torch.nonzero(owner == rank).flatten()
+
+
+#: Events counted at a time by :func:`most_active` (its transient memory: two int64
+#: arrays of this length).
+_COUNT_CHUNK = 1 << 23
+
+
+def most_active(src: Any, dst: Any, owned: torch.Tensor, limit: int) -> torch.Tensor:
+    """The shard rows of the most active vertices: those with the most events (as
+    source or destination) in the whole stream, most first, ties by id; vertices with
+    no event are left out.
+
+    Args:
+        src: (E,) int source ids (a memory-mapped array is read in chunks).
+        dst: (E,) int destination ids.
+        owned: (N_r,) int64 the global id of each shard row, ascending.
+        limit: The most rows returned.
+
+    Returns:
+        (min(limit, active),) int64 shard rows.
+    """
+    n = int(owned[-1]) + 1 if owned.numel() else 0
+    counts = np.zeros(n, dtype=np.int64)
+    for ids in (src, dst):
+        for a in range(0, len(ids), _COUNT_CHUNK):
+            chunk = np.asarray(ids[a : a + _COUNT_CHUNK], dtype=np.int64)
+            counts += np.bincount(chunk[chunk < n], minlength=n)
+    local = counts[owned.numpy()]
+    rows = np.flatnonzero(local)
+    order = rows[np.argsort(-local[rows], kind="stable")][: max(limit, 0)]
+    return torch.from_numpy(order.astype(np.int64))
 
 
 class Data:

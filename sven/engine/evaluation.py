@@ -365,7 +365,7 @@ class Evaluation:
             lambda _p: self._build(self.ahead, wd.neg, self.plan_group),
         )
         # Rows read by the fill are read again at their steps (as the training ring's).
-        self.exchange.shard.invalidate()
+        self.exchange.shard.invalidate(tables=False)
         bar = self.progress(split, hi - lo)
         for i in range(len(range(lo, hi, b))):
             g_lo, g_hi = bounds(i)

@@ -63,6 +63,8 @@ class Plan:
         device: The compute device's type.
         state_bytes: This rank's node state.
         disk_path: Where checkpoints go (its free space is the disk budget).
+        hot_rows: The most node rows the host tier keeps copies of in GPU memory
+            (``state.hot_rows``; 0 in the other tiers and without a GPU).
     """
 
     tier: str
@@ -72,6 +74,7 @@ class Plan:
     state_bytes: int
     disk_path: Path
     notes: list[str] = field(default_factory=list)
+    hot_rows: int = 0
 
     def total(self, where: str) -> int:
         """Bytes needed in ``gpu``, ``host`` or ``disk``."""
@@ -144,6 +147,7 @@ class Plan:
             "state_bytes": self.state_bytes,
             "need": {w: self.total(w) for w in ("gpu", "host", "disk")},
             "budgets": self.budgets,
+            "hot_rows_max": self.hot_rows,
         }
 
 
@@ -278,12 +282,7 @@ def plan_run(
     elif resolve_tier(tier, device.type) != tier:
         notes.append(f"state.device={tier} is host memory on a run without a GPU: tier host")
     tier = resolve_tier(tier, device.type)
-    if tier == "gpu":
-        items.append(_on("gpu", "node state", state))
-    elif tier == "host":
-        items.append(_on("host", "node state (pinned)" if cuda else "node state", state))
-    else:
-        items.append(_on("disk", "node state (files)", state))
+    hot = _place_state(tier, cuda, sc.hot_rows, (n, row, state), budgets["gpu"], items, notes)
     # Checkpoints: each holds the node state once (best/ links the latest's files);
     # alive at once: the kept ones, the one being written, and a best model older than
     # all of them.
@@ -294,7 +293,51 @@ def plan_run(
     kept = min(saves, tc.keep_latest_k + 2)
     if writes:
         items.append(_on("disk", f"checkpoints ({kept} at once)", kept * (state + (8 << 20))))
-    return Plan(tier, items, budgets, device.type, state, out, notes)
+    return Plan(tier, items, budgets, device.type, state, out, notes, hot_rows=hot)
+
+
+def _place_state(
+    tier: str,
+    cuda: bool,
+    hot_rows: int,
+    sizes: tuple[int, int, int],
+    gpu_budget: int | None,
+    items: list[Item],
+    notes: list[str],
+) -> int:
+    """Adds the node state's item to ``items`` (and the hot rows' copies, where the
+    host tier keeps them; a note in ``notes``); returns the most hot rows (0: none).
+
+    Args:
+        sizes: (the rank's rows n, bytes a row, the state's bytes).
+    """
+    n, row, state = sizes
+    if tier == "gpu":
+        items.append(_on("gpu", "node state", state))
+        return 0
+    if tier != "host":
+        items.append(_on("disk", "node state (files)", state))
+        return 0
+    items.append(_on("host", "node state (pinned)" if cuda else "node state", state))
+    # Auto keeps copies only beside a GPU; a count asked for is kept anywhere (on a CPU
+    # run beside the tables, as the tests run them).
+    hot = _hot_rows(hot_rows, n, row, gpu_budget, items) if cuda or hot_rows > 0 else 0
+    if hot:
+        # The copies, their scratch row and the (N + 1,) int32 slot table.
+        where = "gpu" if cuda else "host"
+        items.append(_on(where, "hot node rows (copies)", (hot + 1) * row + 4 * (n + 1)))
+        notes.append(f"state.hot_rows: at most {hot:,} rows kept beside the compute")
+    return hot
+
+
+def _hot_rows(setting: int, n: int, row: int, budget: int | None, items: list[Item]) -> int:
+    """The most rows of the host tier's hot copies: ``setting`` (``state.hot_rows``) up
+    to the rank's ``n`` rows; auto (-1) as many as half of the GPU budget left by
+    ``items`` holds (a second half stays for what the plan does not count)."""
+    if setting >= 0:
+        return min(setting, n)
+    room = (budget or 0) - sum(i.gpu for i in items) - 4 * (n + 1)
+    return max(0, min(n, room // 2 // row))
 
 
 def plan_for(

@@ -264,7 +264,7 @@ class Step:
     def _node_state(self) -> list[torch.Tensor]:
         """The tensors a step changes besides parameters and its own: node state and
         the exchange's counters."""
-        return list(self.memory.full.values()) + self.exchange.state_tensors()
+        return self.memory.tensors() + self.exchange.state_tensors()
 
     @property
     def train_graph(self) -> StepGraph:
@@ -338,8 +338,8 @@ class Step:
             lambda p: self._build_train(self.ahead, self.plan_group, pos=p),
         )
         # Rows read by the fill are read again at their steps: whatever wrote the state
-        # outside a commit before them (a load) is seen.
-        self.memory.invalidate()
+        # outside a commit before them (a load, which took the hot copies again) is seen.
+        self.memory.invalidate(tables=False)
         if self.copier is not None:
             for p in range(self.depth + 1):
                 self.copier.launch(("train", p))

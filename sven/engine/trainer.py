@@ -44,7 +44,7 @@ from sven.engine.checkpoint import (
     read_state,
 )
 from sven.engine.comm import predict_comm
-from sven.engine.data import Data
+from sven.engine.data import Data, most_active
 from sven.engine.evaluation import EvalResult
 from sven.engine.loop import StopSignals, TrainingState
 from sven.engine.optim import Optimizer
@@ -253,6 +253,13 @@ class Trainer:
             time_origin=float(d.t[0]) if d.t.numel() else 0.0,
             storage=storage,
         )
+        if storage.tier == "host" and self.plan.hot_rows:
+            hot = most_active(d.events.src, d.events.dst, d.owned.cpu(), self.plan.hot_rows)
+            self.memory.keep_hot(hot)
+            self.log(
+                f"sven: node state: {hot.numel():,} of {self.memory.num_nodes:,} rows also kept "
+                f"on {self.device.type} (the most active; state.hot_rows)"
+            )
 
     def _build_exchange(self, cfg: Config) -> Any:
         """The exchange (local, or across the ranks); returns the process group of

@@ -36,9 +36,10 @@ _ROWS = 32
 def _gather_kernel(
     nodes_ptr, mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr,
     o_mem, o_lu, o_mail, o_mts, o_mv, U, stamp_ptr, since_ptr, wipe_ptr,
+    slot_ptr, h_mem, h_lu, h_mail, h_mts, h_mv, H,
     D_MEM: tl.constexpr, D_MAIL: tl.constexpr, M: tl.constexpr,
     B_MEM: tl.constexpr, B_MAIL: tl.constexpr, B_M: tl.constexpr, ROWS: tl.constexpr,
-    REFRESH: tl.constexpr,
+    REFRESH: tl.constexpr, HOT: tl.constexpr,
 ):  # fmt: skip
     # Programs walk blocks pid, pid + P, ...: one block each at the full grid; a grid
     # capped below that (rows read ahead, beside the step) loops, so that a gather
@@ -57,21 +58,46 @@ def _gather_kernel(
             w = tl.load(wipe_ptr) + tl.zeros_like(s)
             rm = rm & ((s >= since) | (w >= since))
         r64 = rows.to(tl.int64)
+        # A hot row (slot below H) is read from its copy in GPU memory, any other from
+        # the tables: two loads under complementary masks, so each row is read once.
+        if HOT:
+            s = tl.load(slot_ptr + n, mask=rm, other=H).to(tl.int64)
+            hot = s < H
+        else:
+            s = n
+            hot = n < 0  # no row: ids are at least 0
+        rc = rm & (hot == 0)
+        rh = rm & hot
         c = tl.arange(0, B_MEM)
-        m2 = rm[:, None] & (c < D_MEM)[None, :]
-        x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=m2)
-        tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=m2)
-        tl.store(o_lu + r64, tl.load(lu_ptr + n, mask=rm), mask=rm)
+        cm = (c < D_MEM)[None, :]
+        x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=rc[:, None] & cm)
+        if HOT:
+            xh = tl.load(h_mem + s[:, None] * D_MEM + c[None, :], mask=rh[:, None] & cm)
+            x = tl.where(hot[:, None], xh, x)
+        tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=rm[:, None] & cm)
+        x = tl.load(lu_ptr + n, mask=rc)
+        if HOT:
+            x = tl.where(hot, tl.load(h_lu + s, mask=rh), x)
+        tl.store(o_lu + r64, x, mask=rm)
         c = tl.arange(0, B_MAIL)
-        m2 = rm[:, None] & (c < M * D_MAIL)[None, :]
-        x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=m2)
-        tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=m2)
+        cm = (c < M * D_MAIL)[None, :]
+        x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=rc[:, None] & cm)
+        if HOT:
+            xh = tl.load(h_mail + s[:, None] * (M * D_MAIL) + c[None, :], mask=rh[:, None] & cm)
+            x = tl.where(hot[:, None], xh, x)
+        tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=rm[:, None] & cm)
         c = tl.arange(0, B_M)
-        m2 = rm[:, None] & (c < M)[None, :]
+        cm = (c < M)[None, :]
         src = n[:, None] * M + c[None, :]
         dst = r64[:, None] * M + c[None, :]
-        tl.store(o_mts + dst, tl.load(mts_ptr + src, mask=m2), mask=m2)
-        tl.store(o_mv + dst, tl.load(mv_ptr + src, mask=m2), mask=m2)
+        t = tl.load(mts_ptr + src, mask=rc[:, None] & cm)
+        v = tl.load(mv_ptr + src, mask=rc[:, None] & cm)
+        if HOT:
+            hs = s[:, None] * M + c[None, :]
+            t = tl.where(hot[:, None], tl.load(h_mts + hs, mask=rh[:, None] & cm), t)
+            v = tl.where(hot[:, None], tl.load(h_mv + hs, mask=rh[:, None] & cm), v)
+        tl.store(o_mts + dst, t, mask=rm[:, None] & cm)
+        tl.store(o_mv + dst, v, mask=rm[:, None] & cm)
 
 
 def _block(n: int) -> int:
@@ -84,6 +110,7 @@ def gather_rows(
     outs: tuple[torch.Tensor, ...] | None = None,
     refresh: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     programs: int = 0,
+    hot: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The five state tables' rows at ``nodes``, as ``tuple(t[nodes] for t in tables)``.
 
@@ -97,6 +124,9 @@ def gather_rows(
             ``since``, and only the stale ones (``WriteLog.stale``) are read again.
         programs: At most this many programs, each looping over blocks of rows (0: one
             program per block).
+        hot: (slot (N1,) int32, the five tables' hot copies (H + 1, ...)) of a
+            :class:`~sven.models.memory.HotRows`: a row whose slot is below H is read
+            from its copy, at the slot; or None.
 
     Returns:
         The five (U, ...) tensors, in the same order.
@@ -108,13 +138,15 @@ def gather_rows(
         outs = tuple(t.new_empty((u, *t.shape[1:])) for t in tables)
     # Unused pointers get a real tensor of the right kind: the kernel never reads them.
     stamp, since, wipe = refresh if refresh is not None else (nodes, nodes, nodes)
+    slot, (h_mem, h_lu, h_mail, h_mts, h_mv) = hot if hot is not None else (nodes, tables)
     if u:
         blocks = triton.cdiv(u, _ROWS)
         _gather_kernel[(min(blocks, programs) if programs > 0 else blocks,)](
             nodes, mem, lu, mail, mts, mv.view(torch.int8), outs[0], outs[1], outs[2],
-            outs[3], outs[4].view(torch.int8), u, stamp, since, wipe, mem.shape[1], d_mail,
-            m, _block(mem.shape[1]), _block(m * d_mail), _block(m), ROWS=_ROWS,
-            REFRESH=refresh is not None,
+            outs[3], outs[4].view(torch.int8), u, stamp, since, wipe,
+            slot, h_mem, h_lu, h_mail, h_mts, h_mv.view(torch.int8), h_mem.shape[0] - 1,
+            mem.shape[1], d_mail, m, _block(mem.shape[1]), _block(m * d_mail), _block(m),
+            ROWS=_ROWS, REFRESH=refresh is not None, HOT=hot is not None,
         )  # fmt: skip
     return outs
 
@@ -138,10 +170,11 @@ def _write_kernel(
     nodes_ptr, key_ptr, best_ptr, P,
     src_mem, src_lu, src_mail, src_mts,
     mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr, stamp_ptr, counter_ptr,
+    slot_ptr, h_mem, h_lu, h_mail, h_mts, h_mv, H,
     D_MEM: tl.constexpr, D_MAIL: tl.constexpr, M: tl.constexpr,
     B_MEM: tl.constexpr, B_MAIL: tl.constexpr,
     WRITE_MEM: tl.constexpr, WRITE_MAIL: tl.constexpr, ROWS: tl.constexpr,
-    STAMP: tl.constexpr,
+    STAMP: tl.constexpr, HOT: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = rows < P
@@ -150,17 +183,32 @@ def _write_kernel(
     b = tl.load(best_ptr + n, mask=rm & (k >= 0), other=-2)
     win = rm & (k >= 0) & (b == k)
     r64 = rows.to(tl.int64)
+    # A hot row (slot below H) is written twice: into the tables and into its copy in
+    # GPU memory (written through: the tables stay whole for whoever reads them).
+    if HOT:
+        s = tl.load(slot_ptr + n, mask=win, other=H).to(tl.int64)
+        wh = win & (s < H)
+    else:
+        s = n
+        wh = n < 0  # no row: ids are at least 0
     if WRITE_MEM:
         c = tl.arange(0, B_MEM)
-        m2 = win[:, None] & (c < D_MEM)[None, :]
+        cm = (c < D_MEM)[None, :]
+        m2 = win[:, None] & cm
         x = tl.load(src_mem + r64[:, None] * D_MEM + c[None, :], mask=m2)
         tl.store(mem_ptr + n[:, None] * D_MEM + c[None, :], x, mask=m2)
-        tl.store(lu_ptr + n, tl.load(src_lu + r64, mask=win), mask=win)
+        lu = tl.load(src_lu + r64, mask=win)
+        tl.store(lu_ptr + n, lu, mask=win)
+        if HOT:
+            tl.store(h_mem + s[:, None] * D_MEM + c[None, :], x, mask=wh[:, None] & cm)
+            tl.store(h_lu + s, lu, mask=wh)
     if WRITE_MAIL:
         c = tl.arange(0, B_MAIL)
         cm = (c < D_MAIL)[None, :]
         m2 = win[:, None] & cm
+        mh = wh[:, None] & cm
         row = n[:, None] * (M * D_MAIL)
+        hrow = s[:, None] * (M * D_MAIL)
         # The queue moves by one slot, the oldest mail falling out of the last. Every
         # thread loads slot j - 1 before any stores into it (at the next step, or the
         # new mail below): a row's times and flags are held by several threads, and
@@ -173,10 +221,19 @@ def _write_kernel(
             tl.store(mail_ptr + row + j * D_MAIL + c[None, :], prev, mask=m2)
             tl.store(mts_ptr + n * M + j, t, mask=win)
             tl.store(mv_ptr + n * M + j, v, mask=win)
+            if HOT:
+                tl.store(h_mail + hrow + j * D_MAIL + c[None, :], prev, mask=mh)
+                tl.store(h_mts + s * M + j, t, mask=wh)
+                tl.store(h_mv + s * M + j, v, mask=wh)
         x = tl.load(src_mail + r64[:, None] * D_MAIL + c[None, :], mask=m2)
         tl.store(mail_ptr + row + c[None, :], x, mask=m2)
-        tl.store(mts_ptr + n * M, tl.load(src_mts + r64, mask=win), mask=win)
+        t = tl.load(src_mts + r64, mask=win)
+        tl.store(mts_ptr + n * M, t, mask=win)
         tl.store(mv_ptr + n * M, tl.full([ROWS], 1, tl.int8), mask=win)
+        if HOT:
+            tl.store(h_mail + hrow + c[None, :], x, mask=mh)
+            tl.store(h_mts + s * M, t, mask=wh)
+            tl.store(h_mv + s * M, tl.full([ROWS], 1, tl.int8), mask=wh)
     # Only the winner resets its node's maximum, and only once every thread of this
     # program is past its reads of it: the compiler may load ``best`` again in each
     # thread that needs ``win`` (one per column group of a row), and a read after the
@@ -200,6 +257,7 @@ def commit_rows(
     *,
     log: tuple[torch.Tensor, torch.Tensor] | None = None,
     new_number: bool = True,
+    hot: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None,
 ) -> None:
     """Writes each node's winning candidate (largest key) into the state tables.
 
@@ -219,6 +277,8 @@ def commit_rows(
             number and stamps its winners' rows with it.
         new_number: Whether this call takes a new number (False: a commit's second
             set of winners, stamped with the first's number).
+        hot: (slot (N1,) int32, the five tables' hot copies (H + 1, ...)), or None: a
+            winner whose slot is below H is written into its copy too.
     """
     p = nodes.shape[0]
     if p == 0:
@@ -236,9 +296,12 @@ def commit_rows(
     src_lu = last_update.to(torch.float64).contiguous() if write_mem else t_lu
     src_mail = mail.contiguous().to(t_mail.dtype) if write_mail else t_mail
     src_mts = mail_ts.to(torch.float64).contiguous() if write_mail else t_mts
+    slot, (h_mem, h_lu, h_mail, h_mts, h_mv) = hot if hot is not None else (nodes, tables)
     _write_kernel[(triton.cdiv(p, _ROWS),)](
         nodes, key, best, p, src_mem, src_lu, src_mail, src_mts,
         t_mem, t_lu, t_mail, t_mts, t_mv.view(torch.int8), stamp, counter,
+        slot, h_mem, h_lu, h_mail, h_mts, h_mv.view(torch.int8), h_mem.shape[0] - 1,
         t_mem.shape[1], d_mail, m, _block(t_mem.shape[1]), _block(d_mail),
         WRITE_MEM=write_mem, WRITE_MAIL=write_mail, ROWS=_ROWS, STAMP=log is not None,
+        HOT=hot is not None,
     )  # fmt: skip

@@ -34,7 +34,8 @@ from sven.models.base import (
     endpoint_keys,
     keyed_dropout,
 )
-from sven.models.memory import DenseUpdate, MemoryRows, TimeEncoding
+from sven.models.memory import DenseUpdate, MemoryRows
+from sven.models.updaters import TimeEncoding
 from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 

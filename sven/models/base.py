@@ -25,7 +25,8 @@ from torch import nn
 
 from sven.kernels.reference import masked_rows, take_rows
 from sven.kernels.sums import linear
-from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate, RecurrentUpdater
+from sven.models.memory import DenseUpdate, MemoryRows, MemoryUpdate
+from sven.models.updaters import RecurrentUpdater
 from sven.pipeline import constants
 from sven.pipeline.batch import Batch
 from sven.pipeline.negatives import dropout_scale
@@ -538,7 +539,7 @@ class TemporalAttentionLayer(nn.Module):
         form: str = "auto",
     ) -> None:
         super().__init__()
-        from sven.models.memory import TimeEncoding
+        from sven.models.updaters import TimeEncoding
 
         if form not in ("auto", "fused", "factored"):
             raise ValueError(f"attention form must be auto, fused or factored, got {form!r}")

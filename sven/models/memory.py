@@ -1,4 +1,5 @@
-"""Node memory: explicit state with a lifecycle, and the updaters that advance it.
+"""Node memory: explicit state with a lifecycle (the modules that advance it are in
+:mod:`sven.models.updaters`).
 
 The state lives in :class:`MemoryState` as plain tensors. A training step reads the rows
 of the nodes it touches (:meth:`MemoryState.gather`), the model computes from those rows
@@ -12,7 +13,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from sven import kernels
 from sven.models.copyahead import CopyAhead
@@ -78,6 +78,31 @@ class EarlyRows:
 
     rows: MemoryRows
     since: torch.Tensor
+
+
+@dataclass
+class HotRows:
+    """Copies in GPU memory of some nodes' rows, where the tables are in pinned host
+    memory (:meth:`MemoryState.keep_hot`): the step reads those rows from their copies
+    and every write goes to both (written through: the tables stay whole, for
+    checkpoints and any other reader of them).
+
+    Attributes:
+        nodes: (H,) int64 the rows kept, distinct.
+        slot: (N + 1,) int32 where each row's copy is: its position in ``nodes``, H for a
+            row not kept.
+        tables: field -> (H + 1, ...) the copies, in the tables' dtypes; row H is the
+            scratch row that writes of rows not kept go to (the reference path).
+    """
+
+    nodes: torch.Tensor
+    slot: torch.Tensor
+    tables: dict[str, torch.Tensor]
+
+    @property
+    def count(self) -> int:
+        """H, the rows kept."""
+        return int(self.nodes.shape[0])
 
 
 @dataclass
@@ -221,6 +246,9 @@ class MemoryState:
         #: The host thread that reads rows ahead for the copy engine, once
         #: :meth:`track_writes` asks for it.
         self.copier: CopyAhead | None = None
+        #: Copies in GPU memory of the most active nodes' rows, once :meth:`keep_hot`
+        #: is called.
+        self.hot: HotRows | None = None
         self.reset()
         # The winners' per-node maximum key, -1 everywhere between calls: kept rather
         # than refilled per call, which on a large graph was a memset of N + 1 words
@@ -238,7 +266,7 @@ class MemoryState:
             # Assignment writes in place: the buffers keep their addresses, which a
             # captured CUDA graph has recorded.
             self.full[name][: self.num_nodes].copy_(value)
-            self.invalidate()
+            self.invalidate(tables=True)
 
         return property(get, put, doc=f"(N, ...) view of the ``{name}`` buffer.")
 
@@ -256,10 +284,12 @@ class MemoryState:
         encoded with the time since the stream began (as with DyGLib's time-shifted
         data), not since 1970 for unix-second timestamps.
         """
-        for t in self.full.values():
-            t.zero_()
-        self.full["last_update"].fill_(self.time_origin)
-        self.invalidate()
+        tables = [self.full] + ([self.hot.tables] if self.hot is not None else [])
+        for group in tables:
+            for t in group.values():
+                t.zero_()
+            group["last_update"].fill_(self.time_origin)
+        self.invalidate(tables=False)
 
     def detach(self) -> None:
         """Kept for API symmetry: the state is stored detached (commits detach)."""
@@ -275,7 +305,91 @@ class MemoryState:
     @property
     def nbytes(self) -> int:
         """Bytes of the state's tensors (the scratch row and winners' buffer included)."""
-        return sum(t.numel() * t.element_size() for t in self.full.values())
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step writes: the tables, then the hot rows' copies."""
+        hot = list(self.hot.tables.values()) if self.hot is not None else []
+        return list(self.full.values()) + hot
+
+    def keep_hot(self, nodes: torch.Tensor) -> None:
+        """Keeps copies of the rows of ``nodes`` in GPU memory (:class:`HotRows`): the
+        step reads them there, not over the host link, and writes them there too.
+
+        Args:
+            nodes: (H,) int64 distinct rows in [0, N), the most read first (any order
+                is exact); none: no copies.
+
+        Raises:
+            ValueError: Rows staged through the host (``state.device=disk``), or ids
+                out of range or repeated.
+        """
+        if self.storage.staged:
+            raise ValueError("rows staged through the host (state.device=disk) have no hot copies")
+        nodes = nodes.to(self.device, torch.int64)
+        h = int(nodes.numel())
+        if h == 0:
+            self.hot = None
+            return
+        if int(nodes.min()) < 0 or int(nodes.max()) >= self.num_nodes:
+            raise ValueError(f"hot rows must lie in [0, {self.num_nodes})")
+        slot = torch.full((self.num_nodes + 1,), h, dtype=torch.int32, device=self.device)
+        slot[nodes] = torch.arange(h, dtype=torch.int32, device=self.device)
+        if int((slot < h).sum()) != h:
+            raise ValueError("hot rows must be distinct")
+        tables = {
+            name: torch.empty((h + 1, *t.shape[1:]), dtype=t.dtype, device=self.device)
+            for name, t in self.full.items()
+        }
+        self.hot = HotRows(nodes, slot, tables)
+        self._load_hot()
+
+    def _load_hot(self) -> None:
+        """Copies the hot rows from the tables (after a wholesale change of them)."""
+        hot = self.hot
+        if hot is None:
+            return
+        h = hot.count
+        for name, t in self.full.items():
+            torch.index_select(t, 0, hot.nodes, out=hot.tables[name][:h])
+            hot.tables[name][h].copy_(t[self.num_nodes])
+
+    def _hot_args(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+        """The hot rows as the Triton kernels take them, or None."""
+        if self.hot is None:
+            return None
+        return self.hot.slot, tuple(self.hot.tables[name] for name in self._FIELDS)
+
+    def _read(self, nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The five tables' rows of ``nodes`` (U,), hot rows from their copies (the
+        reference path)."""
+        tables = tuple(self.full[name] for name in self._FIELDS)
+        if self.hot is None:
+            return tuple(t[nodes] for t in tables)
+        s = self.hot.slot[nodes].to(torch.int64)
+        kept = s < self.hot.count
+        return tuple(
+            torch.where(kept.view(-1, *[1] * (t.dim() - 1)), self.hot.tables[name][s], t[nodes])
+            for name, t in zip(self._FIELDS, tables)
+        )
+
+    def _mirror(self, rows: torch.Tensor) -> None:
+        """Copies the rows ``rows`` (R,) from the tables into their hot copies (the
+        reference path's writes; rows not kept go to the copies' scratch row)."""
+        if self.hot is None:
+            return
+        at = self.hot.slot[rows].to(torch.int64)
+        for name, t in self.full.items():
+            self.hot.tables[name].index_copy_(0, at, t.index_select(0, rows))
+
+    def put_rows(self, nodes: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
+        """Writes whole rows outside a commit (an undo): ``rows`` field -> (R, ...) the
+        new rows of ``nodes`` (R,), distinct; into the tables and the hot copies, and
+        rows read ahead before now are read again."""
+        for name, v in rows.items():
+            self.full[name].index_copy_(0, nodes, v.to(self.full[name].dtype))
+        self._mirror(nodes)
+        self.invalidate(tables=False)
 
     @property
     def scratch(self) -> int:
@@ -295,8 +409,8 @@ class MemoryState:
             from sven.kernels.triton_state import gather_rows
 
             # One kernel for the five tables' rows.
-            return MemoryRows(*gather_rows(tables, nodes, programs=programs))
-        return MemoryRows(*(t[nodes] for t in tables))
+            return MemoryRows(*gather_rows(tables, nodes, programs=programs, hot=self._hot_args()))
+        return MemoryRows(*self._read(nodes))
 
     def track_writes(self, copy: bool = False) -> None:
         """Starts the record of writes that makes rows read ahead exact
@@ -311,13 +425,17 @@ class MemoryState:
             tables = [self.host.get(name, self.full[name]) for name in self._FIELDS]
             self.copier = CopyAhead(tables, self.device)
 
-    def invalidate(self) -> None:
+    def invalidate(self, tables: bool = True) -> None:
         """Marks the state as replaced wholesale: rows read ahead before now are all read
-        again at their use. Whoever writes the tables other than through :meth:`commit`,
-        :meth:`commit_dense`, :meth:`reset`, :meth:`load_state_dict` or the attributes
-        calls it."""
+        again at their use, and (``tables``) the hot rows' copies are taken again from
+        the tables. Whoever writes the tables other than through :meth:`commit`,
+        :meth:`commit_dense`, :meth:`put_rows`, :meth:`reset`, :meth:`load_state_dict`
+        or the attributes calls it; ``tables=False`` where only rows read ahead must be
+        read again (the tables were written by those)."""
         if self.log is not None:
             self.log.invalidate()
+        if tables:
+            self._load_hot()
 
     def read_ahead(self, nodes: torch.Tensor, key: Hashable | None = None) -> EarlyRows:
         """Reads the rows of ``nodes`` (U,) before their step (on a side stream, while
@@ -347,11 +465,12 @@ class MemoryState:
         if kernels.backend_for(nodes, "state_gather") == "triton":
             from sven.kernels.triton_state import gather_rows
 
-            gather_rows(tables, nodes, outs, (log.stamp, early.since, log.wipe))
+            refresh = (log.stamp, early.since, log.wipe)
+            gather_rows(tables, nodes, outs, refresh, hot=self._hot_args())
             return rows
         stale = log.stale(nodes, early.since)
-        for out, t in zip(outs, tables):
-            out.copy_(torch.where(stale.view(-1, *[1] * (out.dim() - 1)), t[nodes], out))
+        for out, now in zip(outs, self._read(nodes)):
+            out.copy_(torch.where(stale.view(-1, *[1] * (out.dim() - 1)), now, out))
         return rows
 
     def winners(self, nodes: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -408,6 +527,8 @@ class MemoryState:
         f["mail"][:, 0].index_copy_(0, n, update.mail.detach().to(self.dtype))
         f["mail_ts"][:, 0].index_copy_(0, n, update.mail_ts.to(torch.float64))
         f["mail_valid"][:, 0].index_fill_(0, n, True)
+        if self.hot is not None:
+            self._mirror(tgt if n is tgt else torch.cat([tgt, n]))
 
     def _commit_triton(self, update: DenseUpdate) -> None:
         """:meth:`commit_dense` as two kernels per set of winners (``triton_state``)."""
@@ -418,12 +539,15 @@ class MemoryState:
         mem = (update.memory.detach(), update.last_update)
         mail = (update.mail.detach(), update.mail_ts)
         log = (self.log.stamp, self.log.counter) if self.log is not None else None
+        hot = self._hot_args()
         if same:
-            commit_rows(tables, self._best, update.nodes, update.key, *mem, *mail, log=log)
+            commit_rows(tables, self._best, update.nodes, update.key, *mem, *mail, log=log, hot=hot)
             return
         # Other receivers than the memory's writers (APAN's neighbours): their own
         # winners.
-        commit_rows(tables, self._best, update.nodes, update.key, *mem, None, None, log=log)
+        commit_rows(
+            tables, self._best, update.nodes, update.key, *mem, None, None, log=log, hot=hot
+        )
         # One commit, one number: the second set of winners takes the first's.
         commit_rows(
             tables,
@@ -435,6 +559,7 @@ class MemoryState:
             *mail,
             log=log,
             new_number=False,
+            hot=hot,
         )
 
     def commit(self, update: MemoryUpdate) -> None:
@@ -451,6 +576,8 @@ class MemoryState:
         self.memory[update.nodes] = update.memory.detach().to(self.dtype)
         self.last_update[update.nodes] = update.last_update
         self._write_mail(update)
+        if self.hot is not None:
+            self._mirror(torch.cat([update.nodes, update.mail_nodes]))
         if log is not None:
             log.finish()
 
@@ -491,98 +618,4 @@ class MemoryState:
                 )
             cur = self.host.get(name, self.full[name])[: self.num_nodes]
             cur.copy_(new.to(cur.device))
-        self.invalidate()
-
-
-class TimeEncoding(nn.Module):
-    """cos(dt * w + b), with w = 1 / 10^linspace(0, 9, d) and b = 0.
-
-    The geometric frequencies follow TGAT/DyGLib and are fixed by default: the gradient
-    of cos(dt * w) with respect to w scales with dt, which is 10^5..10^9 for unix-second
-    timestamps, so trained frequencies drift by whole periods per step and the encoding
-    turns into noise (docs/benchmarks.md has TGN's val AP with either). DyGLib and
-    GraphMixer fix them for the same reason.
-
-    Args:
-        dim: Output dimension d.
-        trainable: Whether w and b receive gradients.
-    """
-
-    def __init__(self, dim: int, trainable: bool = False) -> None:
-        super().__init__()
-        self.dim = dim
-        w = 1.0 / 10 ** torch.linspace(0, 9, dim, dtype=torch.float64)
-        self.weight = nn.Parameter(w.float(), requires_grad=trainable)
-        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=trainable)
-
-    def forward(self, dt: torch.Tensor) -> torch.Tensor:
-        """Encodes time differences.
-
-        Args:
-            dt: (...,) time differences (any float dtype; computed in the parameter dtype).
-
-        Returns:
-            (..., d) encodings.
-        """
-        dt = dt.to(self.weight.dtype)
-        return torch.cos(dt[..., None] * self.weight + self.bias)
-
-    def at_zero(self, rows: int) -> torch.Tensor:
-        """The encoding of dt = 0 for ``rows`` rows: (rows, d), a broadcast view.
-
-        ``forward(zeros(rows))`` to the bit (0 * w + b is b for finite w) in one kernel
-        instead of four (a fill, the product, the sum, the cosine).
-        """
-        return torch.cos(self.bias)[None, :].expand(rows, -1)
-
-
-class RecurrentUpdater(nn.Module):
-    """Applies pending mail to memory with a GRU or RNN cell.
-
-    Input to the cell is [mail, time_enc(mail_ts - last_update)] (TGN/TGL); nodes without
-    a valid mail keep their memory. Hot path through :mod:`sven.kernels`.
-
-    Args:
-        cell: "gru" or "rnn".
-        mail_dim: d_mail.
-        time_dim: Time encoding width.
-        memory_dim: d_mem.
-    """
-
-    def __init__(self, cell: str, mail_dim: int, time_dim: int, memory_dim: int) -> None:
-        super().__init__()
-        if cell not in ("gru", "rnn"):
-            raise ValueError(f"unknown memory cell {cell!r} (expected 'gru' or 'rnn')")
-        self.cell_type = cell
-        cls = nn.GRUCell if cell == "gru" else nn.RNNCell
-        self.cell = cls(mail_dim + time_dim, memory_dim)
-        self.time_enc = TimeEncoding(time_dim)
-
-    def forward(
-        self, rows: MemoryRows, message: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Computes current memory from stored memory and pending mail.
-
-        Args:
-            rows: State of U nodes; slot 0 of the mailbox is the pending mail.
-            message: Optional (U, d_mail) aggregated message replacing slot 0 (APAN).
-
-        Returns:
-            memory (U, d_mem) with gradient, and last_update (U,) float64 after the update.
-        """
-        mail = rows.mail[:, 0] if message is None else message
-        c = self.cell
-        return kernels.recurrent_update(
-            mail,
-            rows.mail_ts[:, 0],
-            rows.last_update,
-            rows.mail_valid[:, 0],
-            rows.memory,
-            self.time_enc.weight,
-            self.time_enc.bias,
-            c.weight_ih,
-            c.weight_hh,
-            c.bias_ih,
-            c.bias_hh,
-            cell=self.cell_type,
-        )
+        self.invalidate(tables=True)

@@ -356,9 +356,7 @@ class Predictor:
             finally:
                 nodes, rows_saved = saved
                 with torch.no_grad():
-                    for k, v in rows_saved.items():
-                        tr.memory.full[k].index_copy_(0, nodes, v)
-                    tr.memory.invalidate()
+                    tr.memory.put_rows(nodes, rows_saved)
 
     @torch.no_grad()
     def _warm_up(self, src: QuerySource, node: np.ndarray) -> None:

@@ -52,9 +52,9 @@ def store(tmp_path_factory) -> str:
     return str(path)
 
 
-def _run(store: str, out: Path | str, model: str, tier: str) -> tuple[list, dict, str]:
+def _run(store: str, out: Path | str, model: str, tier: str, *extra: str) -> tuple[list, dict, str]:
     """(per-batch parameters and node state, the summary, the tier used)."""
-    tr = sven.Trainer(None, _overrides(store, out, model, tier))
+    tr = sven.Trainer(None, _overrides(store, out, model, tier, *extra))
     records: list = []
 
     def record(t: sven.Trainer) -> None:
@@ -99,8 +99,10 @@ def test_host_and_disk_state_equal_device_state(store, tmp_path, model: str) -> 
     ]
 
 
-def _rank_run(rank: int, world_size: int, store: str, out: str, model: str, tier: str) -> dict:
-    tr = sven.Trainer(None, _overrides(store, out, model, tier, "dist.strategy=hash"))
+def _rank_run(
+    rank: int, world_size: int, store: str, out: str, model: str, tier: str, *extra: str
+) -> dict:
+    tr = sven.Trainer(None, _overrides(store, out, model, tier, "dist.strategy=hash", *extra))
     records: list = []
 
     def record(t: sven.Trainer) -> None:
@@ -110,7 +112,8 @@ def _rank_run(rank: int, world_size: int, store: str, out: str, model: str, tier
 
     tr.add_hook("after_step", record)
     summary = tr.fit()
-    return {"records": records, "summary": summary, "tier": tr.memory.storage.tier}
+    hot = tr.memory.hot.count if tr.memory.hot is not None else 0
+    return {"records": records, "summary": summary, "tier": tr.memory.storage.tier, "hot": hot}
 
 
 @pytest.mark.dist
@@ -128,12 +131,64 @@ def test_two_ranks_host_and_disk_state_equal_device_state(store, tmp_path, model
             )
 
 
-def test_resume_with_host_state_is_exact(store, tmp_path) -> None:
+@pytest.mark.dist
+def test_two_ranks_with_hot_rows_equal_device_state(store, tmp_path) -> None:
+    """Each rank keeps copies of its own most active rows (shard rows, not global ids):
+    the two-rank run without them, bit for bit."""
+    ref = run_ranks(_rank_run, 2, store, str(tmp_path / "gpu"), "apan", "gpu", timeout=300)
+    got = run_ranks(
+        _rank_run, 2, store, str(tmp_path / "hot"), "apan", "host", "state.hot_rows=12",
+        timeout=300,
+    )  # fmt: skip
+    for r in range(2):
+        assert got[r]["hot"] == 12
+        _same_runs(
+            (ref[r]["records"], ref[r]["summary"], "gpu"),
+            (got[r]["records"], got[r]["summary"], "host"),
+            f"hot rows rank {r}",
+        )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_hot_rows_equal_host_state_without(store, tmp_path, monkeypatch, model: str) -> None:
+    """Copies of the most active nodes' rows (``state.hot_rows``: 25 of the 60 nodes,
+    kept beside the tables on the CPU, where a count asked for is kept too) give the
+    run without them, bit for bit: read in place of the tables' rows, written through,
+    and with CUDA's fixed-shape step (forced here) and the prefetch ring, rows read
+    ahead and refreshed from them."""
+    plain = _run(store, tmp_path / "plain", model, "host")
+    hot = _run(store, tmp_path / "hot", model, "host", "state.hot_rows=25")
+    _same_runs(plain, hot, f"{model} hot rows")
+    monkeypatch.setattr("sven.engine.spec.fixed_shapes", lambda device, distributed: True)
+    ref = _ring_run(store, tmp_path / "d0", model, "host", 0)
+    got = _ring_run(store, tmp_path / "d1", model, "host", 1, "state.hot_rows=25")
+    assert got[2].memory.hot is not None and got[2].memory.hot.count == 25
+    assert got[2].plan.hot_rows == 25
+    _same_ring_runs(ref, got, f"{model} hot rows D=1")
+
+
+def test_a_checkpoint_evaluated_with_hot_rows_gives_the_runs_metrics(store, tmp_path) -> None:
+    """The best checkpoint's node state is loaded into the tables and the hot rows'
+    copies are taken again from them: its test metrics are the run's."""
+    run = tmp_path / "run"
+    over = _overrides(store, run, "tgn", "host", "state.hot_rows=25", "train.max_batches=0")
+    summary = sven.Trainer(None, over).fit()
+    tr = sven.Trainer(None, [*over, f"out={tmp_path / 'eval'}"])
+    res = tr.evaluate_checkpoint(run)
+    assert tr.memory.hot is not None and tr.memory.hot.count == 25
+    for key in ("test_ap", "test_auc"):
+        assert res[key] == summary[key], key
+
+
+@pytest.mark.parametrize("hot", [0, 25])
+def test_resume_with_host_state_is_exact(store, tmp_path, hot: int) -> None:
     """Two epochs straight, against one epoch then a resumed second, state in host
-    memory: the same metrics and node state."""
+    memory (with and without copies of 25 rows): the same metrics and node state."""
 
     def over(out: Path, epochs: int, *extra: str) -> list[str]:
-        base = _overrides(store, out, "tgn", "host", "train.max_batches=0", *extra)
+        base = _overrides(
+            store, out, "tgn", "host", "train.max_batches=0", f"state.hot_rows={hot}", *extra
+        )
         return [*base, f"train.epochs={epochs}", "train.patience=0"]
 
     straight = sven.Trainer(None, over(tmp_path / "a", 2))

@@ -401,7 +401,7 @@ def test_time_gap_scale_by_hand() -> None:
 def test_time_encoding_at_zero_is_forward_of_zeros() -> None:
     """The attention's query encoding of dt = 0 (``at_zero``, one kernel) equals the
     encoder applied to zeros to the bit, with trained weights and biases too."""
-    from sven.models.memory import TimeEncoding
+    from sven.models.updaters import TimeEncoding
 
     enc = TimeEncoding(16, trainable=True)
     assert torch.equal(enc.at_zero(3), torch.ones(3, 16))
