@@ -346,16 +346,17 @@ def test_host_state_with_the_prefetch_ring_equals_depth_zero(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["sm", "copy"])
+@pytest.mark.parametrize("engine,hot", [("sm", -1), ("copy", -1), ("sm", 0), ("sm", 5000)])
 def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(
-    tmp_path, monkeypatch, engine: str
+    tmp_path, monkeypatch, engine: str, hot: int
 ) -> None:
     """The host tier's drift with the prefetch ring on the H200 (docs/scale.md, "Host
     memory"): 10^6 nodes of pinned state, whose copy at a capture takes longer than a
     warm step, and the ring's second graph captured at the second step, kernels warm;
-    the rows read ahead by the SM gather or by the host thread and the copy engine.
-    Depth 1 over host state equals depth 0 over host state and depth 1 over GPU state,
-    bit for bit."""
+    the rows read ahead by the SM gather or by the host thread and the copy engine; the
+    most active nodes' rows kept in GPU memory (``state.hot_rows``: every node with an
+    event, none, or 5,000). Depth 1 over host state equals depth 0 over host state and
+    depth 1 over GPU state, bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from sven.datasets.synth import generate
@@ -373,6 +374,7 @@ def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(
         "model.embed_dim=100",
         "model.num_neighbors=10",
         "model.mailbox_size=1",
+        f"state.hot_rows={hot}",
     )
     runs = {
         (tier, d): _ring_run(str(path), tmp_path / f"{tier}{d}", "tgn", tier, d, *big)
@@ -383,6 +385,10 @@ def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(
         assert all(g.captured for g in tr.step.train_graphs)
     assert runs["host", 1][2].memory.storage.pinned
     assert (runs["host", 1][2].memory.copier is not None) == (engine == "copy")
+    kept = runs["host", 1][2].memory.hot
+    count = kept.count if kept is not None else 0
+    # Auto keeps every node with an event: of 20,000 events, far more than 5,000.
+    assert count == hot if hot >= 0 else count > 5000
     _same_ring_runs(runs["host", 0], runs["host", 1], "host D=0 against host D=1")
     _same_ring_runs(runs["gpu", 1], runs["host", 1], "gpu D=1 against host D=1")
 
