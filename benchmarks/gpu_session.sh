@@ -50,7 +50,8 @@
 #   scale       the host tier against the GPU tier at 10^7 nodes             [560]
 #   tiers       the captured step's kernels with state on the GPU and in pinned
 #               host memory (rows read ahead: host, by the copy engine:
-#               host-copy, by the SMs: host-sm; read at the step: host-at-step),
+#               host-copy, by the SMs: host-sm; read at the step: host-at-step;
+#               at most N rows kept in GPU memory: host-hotN, e.g. host-hot0, host-hot1e6),
 #               batch 600, 10^6 nodes ($SVEN_TIERS_NODES;
 #               $SVEN_TIERS_ARMS picks arms; $SVEN_TIERS_RELABEL=1 also on
 #               the ids by activity; $SVEN_TIERS_TAG names a repeat, e.g. one
@@ -169,10 +170,14 @@ phase_tiers() {
       # (host: the default of the two).
       [ "$arm" = host-sm ] && ahead=sm
       [ "$arm" = host-copy ] && ahead=copy
+      # host-hotN: at most N rows kept in GPU memory (state.hot_rows; host-hot0: none);
+      # the other host arms keep the default (every node with an event, budget allowing).
+      local hot=-1
+      case $arm in host-hot*) hot=$("$PY" -c "print(int(float('${arm#host-hot}')))") ;; esac
       local dir="$OUT/tiers/$(basename "$store")-$arm$tag"
       SVEN_READ_AHEAD=$ahead step 200 "$PY" benchmarks/profile_step.py --data "$store" \
         --out "$dir" --warmup "${SVEN_TIERS_WARMUP:-30}" --trace train.batch_size=600 \
-        state.device=$tier
+        state.device=$tier state.hot_rows=$hot
       # The timeline is too large to bring back: its per-stream view goes to the log.
       for tr in "$dir"/trace_*.json.gz; do
         [ -f "$tr" ] && step 60 "$PY" benchmarks/trace_streams.py "$tr" --steps 20
