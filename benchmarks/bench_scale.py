@@ -168,7 +168,8 @@ def graph_1e7(steps: Steps, scr: Path, args: argparse.Namespace) -> None:
         res[arm] = {
             k: s.get(k)
             for k in (
-                "state_tier", "train_events_per_s", "test_ap", "test_auc", "val_ap",
+                "state_tier", "state_hot_rows", "train_events_per_s", "test_ap", "test_auc",
+                "val_ap",
                 "checkpoints_written", "checkpoint_stall_max_s", "checkpoint_on_disk_max_s",
                 "checkpoint_s", "startup_s", "wall_s", "eval_events_per_s",
             )

@@ -159,6 +159,7 @@ def test_hot_rows_equal_host_state_without(store, tmp_path, monkeypatch, model: 
     plain = _run(store, tmp_path / "plain", model, "host")
     hot = _run(store, tmp_path / "hot", model, "host", "state.hot_rows=25")
     _same_runs(plain, hot, f"{model} hot rows")
+    assert (plain[1]["state_hot_rows"], hot[1]["state_hot_rows"]) == (0, 25)
     monkeypatch.setattr("sven.engine.spec.fixed_shapes", lambda device, distributed: True)
     ref = _ring_run(store, tmp_path / "d0", model, "host", 0)
     got = _ring_run(store, tmp_path / "d1", model, "host", 1, "state.hot_rows=25")
