@@ -19,6 +19,11 @@ With a :class:`~sven.models.readahead.WriteLog` the first kernel also takes the
 commit's number (its first program bumps the counter) and the second stamps each
 winner's row with it; the gather, given rows read ahead, reads again only the rows
 stamped since (``REFRESH``).
+
+With hot rows (:class:`~sven.models.memory.HotRows`: copies in GPU memory of some rows of
+tables in pinned host memory, ``HOT``) both kernels look up each row's slot: the gather
+reads a kept row from its copy and any other from the tables, and the write kernel
+writes each winner into the tables and, where it has one, into its copy.
 """
 
 from __future__ import annotations

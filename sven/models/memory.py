@@ -83,7 +83,8 @@ class EarlyRows:
 @dataclass
 class HotRows:
     """Copies in GPU memory of some nodes' rows, where the tables are in pinned host
-    memory (:meth:`MemoryState.keep_hot`): the step reads those rows from their copies
+    memory (on a CPU run, beside them; :meth:`MemoryState.keep_hot`): the step reads
+    those rows from their copies
     and every write goes to both (written through: the tables stay whole, for
     checkpoints and any other reader of them).
 
