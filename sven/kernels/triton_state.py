@@ -67,29 +67,29 @@ def _gather_kernel(
         # the tables: two loads under complementary masks, so each row is read once.
         if HOT:
             s = tl.load(slot_ptr + n, mask=rm, other=H).to(tl.int64)
-            hot = s < H
+            rh = rm & (s < H)
+            rc = rm & (s >= H)
         else:
             s = n
-            hot = n < 0  # no row: ids are at least 0
-        rc = rm & (hot == 0)
-        rh = rm & hot
+            rh = rm
+            rc = rm
         c = tl.arange(0, B_MEM)
         cm = (c < D_MEM)[None, :]
         x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=rc[:, None] & cm)
         if HOT:
             xh = tl.load(h_mem + s[:, None] * D_MEM + c[None, :], mask=rh[:, None] & cm)
-            x = tl.where(hot[:, None], xh, x)
+            x = tl.where(rh[:, None], xh, x)
         tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=rm[:, None] & cm)
         x = tl.load(lu_ptr + n, mask=rc)
         if HOT:
-            x = tl.where(hot, tl.load(h_lu + s, mask=rh), x)
+            x = tl.where(rh, tl.load(h_lu + s, mask=rh), x)
         tl.store(o_lu + r64, x, mask=rm)
         c = tl.arange(0, B_MAIL)
         cm = (c < M * D_MAIL)[None, :]
         x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=rc[:, None] & cm)
         if HOT:
             xh = tl.load(h_mail + s[:, None] * (M * D_MAIL) + c[None, :], mask=rh[:, None] & cm)
-            x = tl.where(hot[:, None], xh, x)
+            x = tl.where(rh[:, None], xh, x)
         tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=rm[:, None] & cm)
         c = tl.arange(0, B_M)
         cm = (c < M)[None, :]
@@ -99,8 +99,8 @@ def _gather_kernel(
         v = tl.load(mv_ptr + src, mask=rc[:, None] & cm)
         if HOT:
             hs = s[:, None] * M + c[None, :]
-            t = tl.where(hot[:, None], tl.load(h_mts + hs, mask=rh[:, None] & cm), t)
-            v = tl.where(hot[:, None], tl.load(h_mv + hs, mask=rh[:, None] & cm), v)
+            t = tl.where(rh[:, None], tl.load(h_mts + hs, mask=rh[:, None] & cm), t)
+            v = tl.where(rh[:, None], tl.load(h_mv + hs, mask=rh[:, None] & cm), v)
         tl.store(o_mts + dst, t, mask=rm[:, None] & cm)
         tl.store(o_mv + dst, v, mask=rm[:, None] & cm)
 
@@ -195,7 +195,7 @@ def _write_kernel(
         wh = win & (s < H)
     else:
         s = n
-        wh = n < 0  # no row: ids are at least 0
+        wh = win
     if WRITE_MEM:
         c = tl.arange(0, B_MEM)
         cm = (c < D_MEM)[None, :]

@@ -88,14 +88,33 @@ for key, sdt in ((tl.int32, "i32"), (tl.int64, "i32"), (tl.int64, "i64")):
 from sven.kernels import triton_state as tst
 # The write-back: one mail per node and a queue of 10 (its shift's barriers), memory
 # and mail together or apart.
+# Each with and without hot rows (copies in GPU memory, looked up by slot).
+HOT = {"slot_ptr": "*i32", "h_mem": "*fp32", "h_lu": "*fp64", "h_mail": "*fp32",
+       "h_mts": "*fp64", "h_mv": "*i8"}
 for m in (1, 10):
     for wm, wl in ((True, True), (True, False), (False, True)):
-        cases.append((tst._write_kernel, "fp32",
-                      {"D_MEM": 16, "D_MAIL": 35, "M": m, "B_MEM": 16, "B_MAIL": 64,
-                       "WRITE_MEM": wm, "WRITE_MAIL": wl, "ROWS": 32},
-                      {"nodes_ptr": "*i64", "key_ptr": "*i64", "best_ptr": "*i64",
-                       "src_lu": "*fp64", "src_mts": "*fp64", "lu_ptr": "*fp64",
-                       "mts_ptr": "*fp64", "mv_ptr": "*i8"}))
+        for hot in (False, True):
+            cases.append((tst._write_kernel, "fp32",
+                          {"D_MEM": 16, "D_MAIL": 35, "M": m, "B_MEM": 16, "B_MAIL": 64,
+                           "WRITE_MEM": wm, "WRITE_MAIL": wl, "ROWS": 32, "STAMP": hot,
+                           "HOT": hot},
+                          {"nodes_ptr": "*i64", "key_ptr": "*i64", "best_ptr": "*i64",
+                           "src_lu": "*fp64", "src_mts": "*fp64", "lu_ptr": "*fp64",
+                           "mts_ptr": "*fp64", "mv_ptr": "*i8", "stamp_ptr": "*i64",
+                           "counter_ptr": "*i64", **HOT}))
+# The gather: rows read, or read again where stale (a refresh), with and without hot rows.
+for m in (1, 3):
+    for refresh in (False, True):
+        for hot in (False, True):
+            cases.append((tst._gather_kernel, "fp32",
+                          {"D_MEM": 16, "D_MAIL": 35, "M": m, "B_MEM": 16,
+                           "B_MAIL": tst._block(m * 35), "B_M": tst._block(m), "ROWS": 32,
+                           "REFRESH": refresh, "HOT": hot},
+                          {"nodes_ptr": "*i64", "lu_ptr": "*fp64", "mts_ptr": "*fp64",
+                           "mv_ptr": "*i8", "o_mem": "*fp32", "o_lu": "*fp64",
+                           "o_mail": "*fp32", "o_mts": "*fp64", "o_mv": "*i8",
+                           "stamp_ptr": "*i64", "since_ptr": "*i64", "wipe_ptr": "*i64",
+                           **HOT}))
 from sven.kernels import triton_adam as tad
 # Adam's step: pointers from the address table, the bias corrections in double.
 for decay in (False, True):
@@ -136,7 +155,7 @@ for fn, dt, consts, *over in cases:
     for a in fn.arg_names:
         if a in consts:
             sig[a] = "constexpr"
-        elif a.endswith("_ptr") or a.startswith("src_"):
+        elif a.endswith("_ptr") or a.startswith("src_") or a in pointee:
             sig[a] = pointee.get(a, "*" + dt)
         else:
             sig[a] = "fp32" if a in ("scale", "eps") else "i32"
@@ -166,5 +185,5 @@ def test_kernels_compile_for_sm90(cos: str) -> None:
     )
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
-    assert report["cases"] == 114
+    assert report["cases"] == 128
     assert report["failures"] == []
