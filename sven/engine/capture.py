@@ -107,6 +107,10 @@ class StepGraph:
         log: Where notices go.
         compile_ahead: Dry-run the step once before the warm-up and compile the Triton
             kernels it launches side by side (:mod:`sven.kernels.ahead`).
+        quiet: A context the warm-up (and the dry run) runs in, which keeps the step
+            from changing what ``state()`` leaves out (node state written to its
+            scratch row only: :meth:`~sven.models.memory.MemoryState.writes_to_scratch`),
+            or None.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class StepGraph:
         warmup: int = 2,
         log: Callable[[str], None] = print,
         compile_ahead: bool = True,
+        quiet: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         if mode not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graph must be auto, on or off, got {mode!r}")
@@ -138,6 +143,7 @@ class StepGraph:
         self.warmup_s = 0.0
         self.capture_s = 0.0
         self.compile_ahead = compile_ahead
+        self.quiet = quiet if quiet is not None else contextlib.nullcontext
         #: What compiling ahead did (None until a capture ran it).
         self.ahead: AheadReport | None = None
 
@@ -172,7 +178,7 @@ class StepGraph:
             # warm-up beside the copies, which then save some of its writes.
             side.wait_stream(torch.cuda.current_stream())
             t0 = time.perf_counter()
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), self.quiet():
                 if self.compile_ahead:
                     self._compile_ahead()
                 for _ in range(self.warmup):
@@ -208,7 +214,7 @@ class StepGraph:
         """The warm-up of a capture without the capture: ``warmup`` eager runs, then the
         state put back (:func:`undone`). On any device; afterwards the state must be
         exactly as before (the CPU tests check parameters, optimizer and memory)."""
-        with undone(self.state, self.optimizer):
+        with undone(self.state, self.optimizer), self.quiet():
             for _ in range(self.warmup):
                 self.fn()
 

@@ -151,8 +151,9 @@ class Evaluation:
         model_ref: The model itself (its flags).
         source: The step's batch source.
         planner: The step's capacity planner.
-        node_state: Returns the tensors a pass changes besides its own (node state,
-            exchange counters): a capture's warm-up restores them.
+        node_state: Returns the tensors a pass changes besides its own and node state
+            (the exchange's counters, the write log): a capture's warm-up
+            restores them; its node-state writes go to the scratch row.
         plan_group: Process group of prefetched id exchanges, or None.
         log: Where notices go.
         progress: ``progress(split, events)`` -> a bar with ``update(n)`` and
@@ -252,6 +253,7 @@ class Evaluation:
                     device=dev,
                     state=state,
                     log=self._log,
+                    quiet=self.exchange.shard.writes_to_scratch,
                 )
                 for k in range(self.depth + 1)
             ]

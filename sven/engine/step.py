@@ -257,14 +257,18 @@ class Step:
                 state=state,
                 optimizer=self.optimizer,
                 log=log,
+                quiet=self.memory.writes_to_scratch,
             )
             for k in range(self.depth + 1)
         ]
 
     def _node_state(self) -> list[torch.Tensor]:
-        """The tensors a step changes besides parameters and its own: node state and
-        the exchange's counters."""
-        return self.memory.tensors() + self.exchange.state_tensors()
+        """The tensors a step changes besides parameters and its own, that a capture's
+        warm-up must put back: the exchange's (its counters, the write log). Node state
+        itself is not among them: the warm-up writes only its scratch row
+        (:meth:`~sven.models.memory.MemoryState.writes_to_scratch`), so no copy as large
+        as the state is made at each capture."""
+        return self.exchange.state_tensors()
 
     @property
     def train_graph(self) -> StepGraph:

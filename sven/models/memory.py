@@ -9,7 +9,9 @@ and returns a :class:`MemoryUpdate`, and the trainer commits it after the optimi
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import contextlib
+import dataclasses
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -185,6 +187,15 @@ class DenseUpdate:
         )
 
 
+def _to_scratch_row(update: DenseUpdate, scratch: int) -> DenseUpdate:
+    """``update`` with every candidate's row the scratch row (its memory and mail
+    receivers alike; one tensor for both where they were one)."""
+    nodes = torch.full_like(update.nodes, scratch)
+    same = update.mail_nodes is update.nodes
+    mail = nodes if same else torch.full_like(update.mail_nodes, scratch)
+    return dataclasses.replace(update, nodes=nodes, mail_nodes=mail)
+
+
 class MemoryState:
     """Memory, last-update time and mailbox of N nodes.
 
@@ -250,6 +261,8 @@ class MemoryState:
         #: Copies in GPU memory of the most active nodes' rows, once :meth:`keep_hot`
         #: is called.
         self.hot: HotRows | None = None
+        # Set by writes_to_scratch(): commits write the scratch row only.
+        self._to_scratch = False
         self.reset()
         # The winners' per-node maximum key, -1 everywhere between calls: kept rather
         # than refilled per call, which on a large graph was a memset of N + 1 words
@@ -490,12 +503,28 @@ class MemoryState:
         """
         return winner_rows(self._best, nodes, key, self.num_nodes)
 
+    @contextlib.contextmanager
+    def writes_to_scratch(self) -> Iterator[None]:
+        """Inside the block commits write the scratch row only (a dense commit runs its
+        kernels as always, every candidate pointed at row N; a sparse one writes
+        nothing): a captured graph's warm-up runs real steps and leaves the node state
+        as it was, so it need not be saved and put back (a copy as large as the state,
+        in GPU memory). The write log still counts the commits (whoever uses the block
+        puts its tensors back)."""
+        was, self._to_scratch = self._to_scratch, True
+        try:
+            yield
+        finally:
+            self._to_scratch = was
+
     def commit_dense(self, update: DenseUpdate) -> None:
         """Writes a :class:`DenseUpdate` with fixed shapes (capturable in a CUDA graph).
 
         The same result as ``commit(update.compact())``: each node gets the memory and
         the mail of its candidate with the largest key.
         """
+        if self._to_scratch:
+            update = _to_scratch_row(update, self.num_nodes)
         self._write_dense(update)
         if self.log is not None:
             # After the writes, in stream order (sven.models.readahead).
@@ -571,6 +600,8 @@ class MemoryState:
         With M > 1 the mailbox is a queue: the new mail enters slot 0 and the oldest
         falls out of slot M-1.
         """
+        if self._to_scratch:
+            return
         log = self.log
         if log is not None:
             number = log.next()

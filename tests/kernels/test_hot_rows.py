@@ -170,3 +170,30 @@ def test_keep_hot_refuses_bad_rows(device):
         st.keep_hot(torch.tensor([5], device=device))
     st.keep_hot(torch.tensor([], dtype=torch.int64, device=device))
     assert st.hot is None
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+@pytest.mark.parametrize("receivers", [False, True])
+def test_writes_to_scratch_change_only_the_scratch_row(device, use_kernel, backend, receivers):
+    """What a captured graph's warm-up commits (``writes_to_scratch``): the dense
+    commit's kernels run, every candidate pointed at the scratch row, so the tables,
+    their hot copies and the winners' buffer are as before; a sparse commit writes
+    nothing; after the block commits write again."""
+    use_kernel("state_gather", backend, state_commit=backend)
+    n = 30
+    st = _state(device, n, 3, seed=12, hot=[4, 9, 17])
+    before = {name: t.clone() for name, t in st.full.items()}
+    copies = {name: t.clone() for name, t in st.hot.tables.items()}
+    up = _update(device, n, 12, seed=13, receivers=receivers)
+    with st.writes_to_scratch():
+        st.commit_dense(up)
+        st.commit(up.compact())
+    for name in _FIELDS:
+        assert torch.equal(st.full[name][:n], before[name][:n]), name
+        assert torch.equal(st.hot.tables[name][:3], copies[name][:3]), name
+    # The kernels ran: the scratch row holds a candidate's memory now.
+    assert not torch.equal(st.full["memory"][n], before["memory"][n])
+    assert (st._best == -1).all()
+    st.commit_dense(up)
+    assert any(not torch.equal(st.full[k][:n], before[k][:n]) for k in _FIELDS)
+    _copies_match(st)
