@@ -53,12 +53,13 @@ def most_active(
     no event are left out.
 
     Args:
-        src: (E,) int source ids (a memory-mapped array is read in chunks).
-        dst: (E,) int destination ids.
+        src: (E,) int source ids: a tensor (the run's columns, on its device) or an
+            array (a memory-mapped one is read in chunks).
+        dst: (E,) int destination ids, the same.
         owned: (N_r,) int64 the global id of each shard row, ascending.
         limit: The most rows returned.
         device: Where the events are counted (the run's device: a GPU counts 10^8
-            events in well under a second).
+            events in well under a second, from the columns it already holds).
 
     Returns:
         (min(limit, active),) int64 shard rows, on the CPU.
@@ -67,9 +68,11 @@ def most_active(
     counts = torch.zeros(n, dtype=torch.int64, device=device)
     for ids in (src, dst):
         for a in range(0, len(ids), _COUNT_CHUNK):
-            # A copy of each chunk (a memory-mapped column is read-only).
-            chunk = torch.from_numpy(np.array(ids[a : a + _COUNT_CHUNK], dtype=np.int64))
-            chunk = chunk.to(device)
+            chunk = ids[a : a + _COUNT_CHUNK]
+            if not torch.is_tensor(chunk):
+                # A copy (a memory-mapped column is read-only).
+                chunk = torch.from_numpy(np.array(chunk, dtype=np.int64))
+            chunk = chunk.to(device, torch.int64)
             counts += torch.bincount(chunk[chunk < n], minlength=n)
     local = counts[owned.to(device)]
     rows = torch.nonzero(local).flatten()

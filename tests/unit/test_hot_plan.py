@@ -24,9 +24,11 @@ def test_most_active_hand_built(monkeypatch) -> None:
     assert most_active(src, dst, owned, 0).tolist() == []
     # Shard rows of a rank owning vertices 1, 3, 5: rows 1 (vertex 3) then 2 (vertex 5).
     assert most_active(src, dst, torch.tensor([1, 3, 5]), 10).tolist() == [1, 2]
-    # Counted in chunks: the same at any chunk length.
+    # Counted in chunks: the same at any chunk length, from arrays or tensors.
     monkeypatch.setattr(data_mod, "_COUNT_CHUNK", 4)
     assert most_active(src, dst, owned, 10).tolist() == [2, 3, 4, 0, 5]
+    both = (torch.from_numpy(src).long(), torch.from_numpy(dst).long())
+    assert most_active(*both, owned, 10).tolist() == [2, 3, 4, 0, 5]
 
 
 def _plan(monkeypatch, *over: str, free: int = 10**10, device: str = "cuda"):
