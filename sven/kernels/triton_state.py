@@ -38,6 +38,25 @@ _ROWS = 32
 
 
 @triton.jit
+def _read(cold, hot, rc, rh, HOT: tl.constexpr):
+    """Values at ``cold`` (the tables) where ``rc``, at ``hot`` (the copies) where
+    ``rh``: two loads under complementary masks, so each row is read once."""
+    x = tl.load(cold, mask=rc)
+    if HOT:
+        x = tl.where(rh, tl.load(hot, mask=rh), x)
+    return x
+
+
+@triton.jit
+def _write(cold, hot, x, mc, mh, HOT: tl.constexpr):
+    """``x`` into the tables at ``cold`` where ``mc``, and into the copies at ``hot``
+    where ``mh`` (written through)."""
+    tl.store(cold, x, mask=mc)
+    if HOT:
+        tl.store(hot, x, mask=mh)
+
+
+@triton.jit
 def _gather_kernel(
     nodes_ptr, mem_ptr, lu_ptr, mail_ptr, mts_ptr, mv_ptr,
     o_mem, o_lu, o_mail, o_mts, o_mv, U, stamp_ptr, since_ptr, wipe_ptr,
@@ -64,7 +83,7 @@ def _gather_kernel(
             rm = rm & ((s >= since) | (w >= since))
         r64 = rows.to(tl.int64)
         # A hot row (slot below H) is read from its copy in GPU memory, any other from
-        # the tables: two loads under complementary masks, so each row is read once.
+        # the tables.
         if HOT:
             s = tl.load(slot_ptr + n, mask=rm, other=H).to(tl.int64)
             rh = rm & (s < H)
@@ -75,34 +94,24 @@ def _gather_kernel(
             rc = rm
         c = tl.arange(0, B_MEM)
         cm = (c < D_MEM)[None, :]
-        x = tl.load(mem_ptr + n[:, None] * D_MEM + c[None, :], mask=rc[:, None] & cm)
-        if HOT:
-            xh = tl.load(h_mem + s[:, None] * D_MEM + c[None, :], mask=rh[:, None] & cm)
-            x = tl.where(rh[:, None], xh, x)
+        x = _read(mem_ptr + n[:, None] * D_MEM + c[None, :], h_mem + s[:, None] * D_MEM
+                  + c[None, :], rc[:, None] & cm, rh[:, None] & cm, HOT)  # fmt: skip
         tl.store(o_mem + r64[:, None] * D_MEM + c[None, :], x, mask=rm[:, None] & cm)
-        x = tl.load(lu_ptr + n, mask=rc)
-        if HOT:
-            x = tl.where(rh, tl.load(h_lu + s, mask=rh), x)
-        tl.store(o_lu + r64, x, mask=rm)
+        tl.store(o_lu + r64, _read(lu_ptr + n, h_lu + s, rc, rh, HOT), mask=rm)
         c = tl.arange(0, B_MAIL)
         cm = (c < M * D_MAIL)[None, :]
-        x = tl.load(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :], mask=rc[:, None] & cm)
-        if HOT:
-            xh = tl.load(h_mail + s[:, None] * (M * D_MAIL) + c[None, :], mask=rh[:, None] & cm)
-            x = tl.where(rh[:, None], xh, x)
+        x = _read(mail_ptr + n[:, None] * (M * D_MAIL) + c[None, :],
+                  h_mail + s[:, None] * (M * D_MAIL) + c[None, :], rc[:, None] & cm,
+                  rh[:, None] & cm, HOT)  # fmt: skip
         tl.store(o_mail + r64[:, None] * (M * D_MAIL) + c[None, :], x, mask=rm[:, None] & cm)
         c = tl.arange(0, B_M)
         cm = (c < M)[None, :]
         src = n[:, None] * M + c[None, :]
+        hs = s[:, None] * M + c[None, :]
         dst = r64[:, None] * M + c[None, :]
-        t = tl.load(mts_ptr + src, mask=rc[:, None] & cm)
-        v = tl.load(mv_ptr + src, mask=rc[:, None] & cm)
-        if HOT:
-            hs = s[:, None] * M + c[None, :]
-            t = tl.where(rh[:, None], tl.load(h_mts + hs, mask=rh[:, None] & cm), t)
-            v = tl.where(rh[:, None], tl.load(h_mv + hs, mask=rh[:, None] & cm), v)
-        tl.store(o_mts + dst, t, mask=rm[:, None] & cm)
-        tl.store(o_mv + dst, v, mask=rm[:, None] & cm)
+        mc, mh, mo = rc[:, None] & cm, rh[:, None] & cm, rm[:, None] & cm
+        tl.store(o_mts + dst, _read(mts_ptr + src, h_mts + hs, mc, mh, HOT), mask=mo)
+        tl.store(o_mv + dst, _read(mv_ptr + src, h_mv + hs, mc, mh, HOT), mask=mo)
 
 
 def _block(n: int) -> int:
@@ -201,44 +210,32 @@ def _write_kernel(
         cm = (c < D_MEM)[None, :]
         m2 = win[:, None] & cm
         x = tl.load(src_mem + r64[:, None] * D_MEM + c[None, :], mask=m2)
-        tl.store(mem_ptr + n[:, None] * D_MEM + c[None, :], x, mask=m2)
-        lu = tl.load(src_lu + r64, mask=win)
-        tl.store(lu_ptr + n, lu, mask=win)
-        if HOT:
-            tl.store(h_mem + s[:, None] * D_MEM + c[None, :], x, mask=wh[:, None] & cm)
-            tl.store(h_lu + s, lu, mask=wh)
+        _write(mem_ptr + n[:, None] * D_MEM + c[None, :], h_mem + s[:, None] * D_MEM
+               + c[None, :], x, m2, wh[:, None] & cm, HOT)  # fmt: skip
+        _write(lu_ptr + n, h_lu + s, tl.load(src_lu + r64, mask=win), win, wh, HOT)
     if WRITE_MAIL:
         c = tl.arange(0, B_MAIL)
         cm = (c < D_MAIL)[None, :]
         m2 = win[:, None] & cm
         mh = wh[:, None] & cm
-        row = n[:, None] * (M * D_MAIL)
-        hrow = s[:, None] * (M * D_MAIL)
+        row = n[:, None] * (M * D_MAIL) + c[None, :]
+        hrow = s[:, None] * (M * D_MAIL) + c[None, :]
         # The queue moves by one slot, the oldest mail falling out of the last. Every
         # thread loads slot j - 1 before any stores into it (at the next step, or the
         # new mail below): a row's times and flags are held by several threads, and
         # one thread ahead of another would otherwise shift a slot twice.
         for j in tl.static_range(M - 1, 0, -1):
-            prev = tl.load(mail_ptr + row + (j - 1) * D_MAIL + c[None, :], mask=m2)
+            prev = tl.load(mail_ptr + row + (j - 1) * D_MAIL, mask=m2)
             t = tl.load(mts_ptr + n * M + (j - 1), mask=win)
             v = tl.load(mv_ptr + n * M + (j - 1), mask=win)
             tl.debug_barrier()
-            tl.store(mail_ptr + row + j * D_MAIL + c[None, :], prev, mask=m2)
-            tl.store(mts_ptr + n * M + j, t, mask=win)
-            tl.store(mv_ptr + n * M + j, v, mask=win)
-            if HOT:
-                tl.store(h_mail + hrow + j * D_MAIL + c[None, :], prev, mask=mh)
-                tl.store(h_mts + s * M + j, t, mask=wh)
-                tl.store(h_mv + s * M + j, v, mask=wh)
+            _write(mail_ptr + row + j * D_MAIL, h_mail + hrow + j * D_MAIL, prev, m2, mh, HOT)
+            _write(mts_ptr + n * M + j, h_mts + s * M + j, t, win, wh, HOT)
+            _write(mv_ptr + n * M + j, h_mv + s * M + j, v, win, wh, HOT)
         x = tl.load(src_mail + r64[:, None] * D_MAIL + c[None, :], mask=m2)
-        tl.store(mail_ptr + row + c[None, :], x, mask=m2)
-        t = tl.load(src_mts + r64, mask=win)
-        tl.store(mts_ptr + n * M, t, mask=win)
-        tl.store(mv_ptr + n * M, tl.full([ROWS], 1, tl.int8), mask=win)
-        if HOT:
-            tl.store(h_mail + hrow + c[None, :], x, mask=mh)
-            tl.store(h_mts + s * M, t, mask=wh)
-            tl.store(h_mv + s * M, tl.full([ROWS], 1, tl.int8), mask=wh)
+        _write(mail_ptr + row, h_mail + hrow, x, m2, mh, HOT)
+        _write(mts_ptr + n * M, h_mts + s * M, tl.load(src_mts + r64, mask=win), win, wh, HOT)
+        _write(mv_ptr + n * M, h_mv + s * M, tl.full([ROWS], 1, tl.int8), win, wh, HOT)
     # Only the winner resets its node's maximum, and only once every thread of this
     # program is past its reads of it: the compiler may load ``best`` again in each
     # thread that needs ``win`` (one per column group of a row), and a read after the
