@@ -40,41 +40,26 @@ def owned_nodes(owner: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.nonzero(owner == rank).flatten()
 
 
-#: Events counted at a time by :func:`most_active` (its transient memory: two int64
-#: arrays of this length).
-_COUNT_CHUNK = 1 << 23
-
-
 def most_active(
-    src: Any, dst: Any, owned: torch.Tensor, limit: int, device: torch.device | str = "cpu"
+    src: torch.Tensor, dst: torch.Tensor, num_nodes: int, owned: torch.Tensor, limit: int
 ) -> torch.Tensor:
     """The shard rows of the most active vertices: those with the most events (as
-    source or destination) in the whole stream, most first, ties by id; vertices with
-    no event are left out.
+    source or destination, the loads of :func:`sven.partition.graph.vertex_loads`) in
+    the whole stream, most first, ties by id; vertices with no event are left out.
 
     Args:
-        src: (E,) int source ids: a tensor (the run's columns, on its device) or an
-            array (a memory-mapped one is read in chunks).
-        dst: (E,) int destination ids, the same.
+        src: (E,) int64 source ids, on the device that counts them (the run's columns:
+            a GPU counts 10^8 events in well under a second).
+        dst: (E,) int64 destination ids, beside them.
+        num_nodes: N.
         owned: (N_r,) int64 the global id of each shard row, ascending.
         limit: The most rows returned.
-        device: Where the events are counted (the run's device: a GPU counts 10^8
-            events in well under a second, from the columns it already holds).
 
     Returns:
         (min(limit, active),) int64 shard rows, on the CPU.
     """
-    n = int(owned[-1]) + 1 if owned.numel() else 0
-    counts = torch.zeros(n, dtype=torch.int64, device=device)
-    for ids in (src, dst):
-        for a in range(0, len(ids), _COUNT_CHUNK):
-            chunk = ids[a : a + _COUNT_CHUNK]
-            if not torch.is_tensor(chunk):
-                # A copy (a memory-mapped column is read-only).
-                chunk = torch.from_numpy(np.array(chunk, dtype=np.int64))
-            chunk = chunk.to(device, torch.int64)
-            counts += torch.bincount(chunk[chunk < n], minlength=n)
-    local = counts[owned.to(device)]
+    counts = torch.bincount(src, minlength=num_nodes) + torch.bincount(dst, minlength=num_nodes)
+    local = counts[owned.to(counts.device)]
     rows = torch.nonzero(local).flatten()
     # A stable sort: ties keep their rows' order (ascending id).
     order = torch.sort(local[rows], descending=True, stable=True).indices

@@ -254,7 +254,7 @@ class Trainer:
             storage=storage,
         )
         if storage.tier == "host" and self.plan.hot_rows:
-            hot = most_active(d.src, d.dst, d.owned, self.plan.hot_rows, self.device)
+            hot = most_active(d.src, d.dst, d.num_nodes, d.owned, self.plan.hot_rows)
             self.memory.keep_hot(hot)
             self.log(
                 f"sven: node state: {hot.numel():,} of {self.memory.num_nodes:,} rows also kept "

@@ -8,27 +8,27 @@ import pytest
 import torch
 
 from sven.config import load_config
-from sven.engine import data as data_mod
 from sven.engine.data import most_active
 from sven.engine.plan import node_row_bytes, plan_run
 from sven.errors import ConfigError
+from sven.partition.graph import vertex_loads
 
 
-def test_most_active_hand_built(monkeypatch) -> None:
-    src = np.array([2, 2, 3, 4, 0, 2], dtype=np.int32)
-    dst = np.array([3, 4, 2, 5, 2, 2], dtype=np.int32)
+def test_most_active_hand_built() -> None:
+    src = torch.tensor([2, 2, 3, 4, 0, 2])
+    dst = torch.tensor([3, 4, 2, 5, 2, 2])
     # Node 2 has six events, 3 and 4 two, 0 and 5 one, 1 none: ties by id.
     owned = torch.arange(6)
-    assert most_active(src, dst, owned, 10).tolist() == [2, 3, 4, 0, 5]
-    assert most_active(src, dst, owned, 2).tolist() == [2, 3]
-    assert most_active(src, dst, owned, 0).tolist() == []
+    assert most_active(src, dst, 6, owned, 10).tolist() == [2, 3, 4, 0, 5]
+    assert most_active(src, dst, 6, owned, 2).tolist() == [2, 3]
+    assert most_active(src, dst, 6, owned, 0).tolist() == []
     # Shard rows of a rank owning vertices 1, 3, 5: rows 1 (vertex 3) then 2 (vertex 5).
-    assert most_active(src, dst, torch.tensor([1, 3, 5]), 10).tolist() == [1, 2]
-    # Counted in chunks: the same at any chunk length, from arrays or tensors.
-    monkeypatch.setattr(data_mod, "_COUNT_CHUNK", 4)
-    assert most_active(src, dst, owned, 10).tolist() == [2, 3, 4, 0, 5]
-    both = (torch.from_numpy(src).long(), torch.from_numpy(dst).long())
-    assert most_active(*both, owned, 10).tolist() == [2, 3, 4, 0, 5]
+    assert most_active(src, dst, 6, torch.tensor([1, 3, 5]), 10).tolist() == [1, 2]
+    # The counts are the partitioner's vertex loads.
+    loads = vertex_loads(src.numpy(), dst.numpy(), 6)
+    assert most_active(src, dst, 6, owned, 10).tolist() == [
+        int(v) for v in np.argsort(-loads, kind="stable") if loads[v]
+    ]
 
 
 def _plan(monkeypatch, *over: str, free: int = 10**10, device: str = "cuda"):
