@@ -124,7 +124,7 @@ def main() -> None:
         "plan_s": st.plan_s,
         "train_slots": st.source.slots.get("train"),
         # Rows the host tier keeps copies of in GPU memory (state.hot_rows).
-        "hot_rows": tr.memory.hot.count if tr.memory.hot is not None else 0,
+        "hot_rows": tr.memory.hot_rows,
         "wall_ms_per_step": wall * 1e3,
         "events_per_s": b / wall,
         "gpu_ms_per_step": total / 1e3,

@@ -86,9 +86,8 @@ class EarlyRows:
 class HotRows:
     """Copies in GPU memory of some nodes' rows, where the tables are in pinned host
     memory (on a CPU run, beside them; :meth:`MemoryState.keep_hot`): the step reads
-    those rows from their copies
-    and every write goes to both (written through: the tables stay whole, for
-    checkpoints and any other reader of them).
+    those rows from their copies and every write goes to both (written through: the
+    tables stay whole, for checkpoints and any other reader of them).
 
     Attributes:
         nodes: (H,) int64 the rows kept, distinct.
@@ -320,6 +319,11 @@ class MemoryState:
     def nbytes(self) -> int:
         """Bytes of the state's tensors (the scratch row and winners' buffer included)."""
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    @property
+    def hot_rows(self) -> int:
+        """How many rows have copies (:meth:`keep_hot`; 0: none)."""
+        return self.hot.count if self.hot is not None else 0
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a step writes: the tables, then the hot rows' copies."""

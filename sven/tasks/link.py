@@ -505,7 +505,7 @@ class LinkPrediction:
             state_tier=tr.memory.storage.tier,
             state_bytes=tr.plan.state_bytes,
             # Rows the host tier keeps copies of in GPU memory (state.hot_rows).
-            state_hot_rows=tr.memory.hot.count if tr.memory.hot is not None else 0,
+            state_hot_rows=tr.memory.hot_rows,
             plan_gpu_bytes=need["gpu"],
             plan_host_bytes=need["host"],
             plan_disk_bytes=need["disk"],

@@ -112,7 +112,7 @@ def _rank_run(
 
     tr.add_hook("after_step", record)
     summary = tr.fit()
-    hot = tr.memory.hot.count if tr.memory.hot is not None else 0
+    hot = tr.memory.hot_rows
     return {"records": records, "summary": summary, "tier": tr.memory.storage.tier, "hot": hot}
 
 
@@ -386,8 +386,7 @@ def test_host_state_with_the_ring_on_cuda_equals_depth_zero_and_the_gpu_tier(
         assert all(g.captured for g in tr.step.train_graphs)
     assert runs["host", 1][2].memory.storage.pinned
     assert (runs["host", 1][2].memory.copier is not None) == (engine == "copy")
-    kept = runs["host", 1][2].memory.hot
-    count = kept.count if kept is not None else 0
+    count = runs["host", 1][2].memory.hot_rows
     # Auto keeps every node with an event: of 20,000 events, far more than 5,000.
     assert count == hot if hot >= 0 else count > 5000
     _same_ring_runs(runs["host", 0], runs["host", 1], "host D=0 against host D=1")
