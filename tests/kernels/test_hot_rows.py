@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from sven.models.memory import DenseUpdate, MemoryState
+from tests.kernels.test_state_kernel import _FIELDS
 from tests.kernels.test_state_kernel import _state as random_state
+from tests.kernels.test_state_kernel import _update as random_update
 
-_FIELDS = ("memory", "last_update", "mail", "mail_ts", "mail_valid")
 _BACKENDS = ("reference", "triton")
 
 
@@ -23,25 +24,13 @@ def _state(device: str, n: int, m: int, seed: int, hot: list[int] | None = None)
 
 
 def _update(device: str, n: int, p: int, seed: int, receivers: bool) -> DenseUpdate:
-    g = torch.Generator().manual_seed(seed)
-    nodes = torch.randint(0, n + 1, (p,), generator=g)
-    key = torch.randperm(10 * p, generator=g)[:p]
-    key[torch.rand(p, generator=g) < 0.2] = -1
-    mail_nodes, mail_key = nodes, key
+    """``test_state_kernel``'s random update; ``receivers``: its mail goes to other nodes
+    than the memory's writers (APAN's neighbours), as there."""
+    up = random_update(device, n, p, seed=seed, dtype=torch.float32)
     if receivers:
-        # Other receivers than the writers (APAN's neighbours).
-        mail_nodes = torch.randint(0, n + 1, (p,), generator=g)
-        mail_key = torch.randperm(10 * p, generator=g)[:p]
-    return DenseUpdate(
-        nodes=nodes.to(device),
-        memory=torch.randn(p, 5, generator=g).to(device),
-        last_update=torch.rand(p, generator=g, dtype=torch.float64).to(device),
-        key=key.to(device),
-        mail_nodes=mail_nodes.to(device),
-        mail=torch.randn(p, 7, generator=g).to(device),
-        mail_ts=torch.rand(p, generator=g, dtype=torch.float64).to(device),
-        mail_key=mail_key.to(device),
-    )
+        other = random_update(device, n, p, seed=1000 + seed, dtype=torch.float32)
+        up.mail_nodes, up.mail_key = other.nodes, other.key
+    return up
 
 
 def _copies_match(st: MemoryState) -> None:
